@@ -1,0 +1,30 @@
+include(CMakePackageConfigHelpers)
+
+if(SKBUILD)
+  # pip install: the library goes next to the extension module inside the package
+  # (the module finds it through RPATH $ORIGIN).
+  install(TARGETS dlslime LIBRARY DESTINATION dlslime)
+  return()
+endif()
+
+install(TARGETS dlslime EXPORT dlslimeTargets
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/dlslime
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+  FILES_MATCHING PATTERN "*.h")
+install(FILES ${PROJECT_BINARY_DIR}/include/dlslime/version.h
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/dlslime)
+
+set(DLSLIME_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/dlslime)
+install(EXPORT dlslimeTargets NAMESPACE dlslime:: DESTINATION ${DLSLIME_CMAKE_DIR})
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/dlslimeConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/dlslimeConfig.cmake
+  INSTALL_DESTINATION ${DLSLIME_CMAKE_DIR})
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/dlslimeConfigVersion.cmake
+  VERSION ${PROJECT_VERSION}
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/dlslimeConfig.cmake ${PROJECT_BINARY_DIR}/dlslimeConfigVersion.cmake
+  DESTINATION ${DLSLIME_CMAKE_DIR})

@@ -1,0 +1,35 @@
+# Build options. Each may also come from the environment (DLSLIME_<OPTION> or the bare
+# option name), so `BUILD_TESTS=OFF pip install .` works without -C flags.
+function(dlslime_option name doc default)
+  set(value ${default})
+  if(DEFINED ENV{DLSLIME_${name}})
+    set(value $ENV{DLSLIME_${name}})
+  elseif(DEFINED ENV{${name}})
+    set(value $ENV{${name}})
+  endif()
+  option(${name} "${doc}" ${value})
+endfunction()
+
+dlslime_option(BUILD_TCP "Build the TCP transport (asio)" ON)
+dlslime_option(BUILD_PYTHON "Build the pybind11 module" ON)
+# pip install builds only the library and the module unless asked otherwise.
+if(SKBUILD)
+  dlslime_option(BUILD_TESTS "Build the GoogleTest suite" OFF)
+else()
+  dlslime_option(BUILD_TESTS "Build the GoogleTest suite" ON)
+endif()
+dlslime_option(BUILD_NANOCTRL "Build the NanoCtrl control plane" ON)
+# Reserved for the hardware transports; they only build where their SDK is found.
+dlslime_option(BUILD_RDMA "Build the RDMA transport (libibverbs)" OFF)
+dlslime_option(BUILD_NVLINK "Build the NVLink transport (CUDA IPC)" OFF)
+dlslime_option(BUILD_ASCEND "Build the Ascend direct transport" OFF)
+
+foreach(reserved BUILD_RDMA BUILD_NVLINK BUILD_ASCEND)
+  if(${reserved})
+    message(WARNING "${reserved}=ON: this transport is not implemented yet; the option is reserved")
+  endif()
+endforeach()
+
+if(NOT BUILD_TCP)
+  message(WARNING "BUILD_TCP=OFF: libdlslime will have no transport at all")
+endif()

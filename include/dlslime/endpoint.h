@@ -1,0 +1,107 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "dlslime/export.h"
+#include "dlslime/future.h"
+
+namespace dlslime {
+
+// One item of a one-sided batch, in DLSlime's order: `target_offset` is always the byte
+// offset in the REMOTE region and `source_offset` the offset in the LOCAL region, for read
+// and write alike. write: local[source_offset:+length] -> remote[target_offset:+length];
+// read: remote[target_offset:+length] -> local[source_offset:+length].
+struct Assignment {
+  int32_t local_handle = -1;
+  int32_t remote_handle = -1;
+  uint64_t target_offset = 0;
+  uint64_t source_offset = 0;
+  uint64_t length = 0;
+};
+
+// A two-sided buffer: the bytes [addr+offset, addr+offset+length).
+struct Chunk {
+  uintptr_t addr = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+enum class OpKind : uint8_t { kRead, kWrite, kWriteWithImm, kSend, kRecv, kImmRecv };
+DLSLIME_API const char* op_kind_name(OpKind kind) noexcept;
+
+// Everything a transport needs to start one operation. read/write/send/recv and the imm
+// ops are thin wrappers that fill one of these in and call Endpoint::submit.
+struct OpRequest {
+  OpKind kind = OpKind::kWrite;
+  std::vector<Assignment> assignments;  // read, write, write_with_imm
+  Chunk chunk;                          // send, recv
+  uint32_t imm_data = 0;                // write_with_imm
+};
+
+// What a transport can do, as data (NIXL/Mooncake style). Endpoint::submit rejects an op
+// the capabilities exclude with NotImplementedError before the transport sees it.
+struct Capabilities {
+  const char* transport = "";
+  bool read = false;
+  bool write = false;
+  bool send_recv = false;
+  bool write_with_imm = false;
+  bool imm_recv = false;
+  bool host_memory = false;
+  bool device_memory = false;
+};
+
+// The one interface every transport implements. Point to point: an endpoint talks to one
+// peer, whose endpoint_info() it is given in connect(). Thread-safe: any thread may submit.
+class DLSLIME_API Endpoint {
+ public:
+  virtual ~Endpoint();
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+
+  // What a peer needs to connect to this endpoint and to address its regions:
+  // transport-specific keys plus "mr_info" {name: {...}}. Take it again after registering
+  // more regions to publish them.
+  virtual nlohmann::json endpoint_info() const = 0;
+  // Connects to the peer described by its endpoint_info(). Symmetric: both sides call it,
+  // in either order. Throws ConnectionError if the peer cannot be reached or refuses.
+  virtual void connect(const nlohmann::json& peer_info) = 0;
+  virtual bool is_connected() const = 0;
+
+  // Registers [addr+offset, addr+offset+length) under `name`; returns the local handle.
+  // Registering an existing name again replaces that region and returns a new handle.
+  virtual int32_t register_memory_region(const std::string& name, uintptr_t addr, uint64_t offset,
+                                         uint64_t length) = 0;
+  // Makes a remote handle from one entry of the peer's endpoint_info()["mr_info"].
+  virtual int32_t register_remote_memory_region(const std::string& name, const nlohmann::json& mr_info_entry) = 0;
+  // Throws NotFoundError if no local region has this name or handle.
+  virtual void unregister_memory_region(const std::string& name) = 0;
+  virtual void unregister_memory_region(int32_t handle) = 0;
+  virtual nlohmann::json mr_info() const = 0;
+
+  // Starts one operation. Malformed requests throw InvalidArgumentError; failures while
+  // the op runs (bounds, handles, peer loss, deadline) complete the future with a status.
+  Future submit(OpRequest request);
+
+  Future read(std::vector<Assignment> assignments);
+  Future write(std::vector<Assignment> assignments);
+  Future write_with_imm(std::vector<Assignment> assignments, uint32_t imm_data = 0);
+  Future send(const Chunk& chunk);
+  Future recv(const Chunk& chunk);
+  Future imm_recv();
+
+  virtual Capabilities capabilities() const = 0;
+  // Idempotent. Pending ops complete with kCancelled; later ops fail the same way.
+  virtual void shutdown() = 0;
+
+ protected:
+  Endpoint() = default;
+  virtual Future do_submit(OpRequest request) = 0;
+};
+
+}  // namespace dlslime

@@ -1,0 +1,89 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "dlslime/endpoint.h"
+#include "dlslime/export.h"
+
+namespace dlslime {
+
+// TcpEndpoint options, parsed once at construction. Defaults are documented in docs/tcp.md;
+// from_env() applies the DLSLIME_TCP_* variables on top of them.
+struct DLSLIME_API TcpOptions {
+  // Address put into endpoint_info()["host"] when bound to a wildcard address. Empty:
+  // DLSLIME_TCP_ADVERTISE_HOST, else the address the host name resolves to.
+  std::string advertise_host;
+  // Connections ("lanes") this side dials to the peer; batches and large items are striped
+  // over them. Two-sided messages always use lane 0, so they stay in order.
+  uint32_t lanes = 2;
+  // Items larger than this are split into chunks of at most this size (striping unit).
+  uint64_t chunk_size = 1 << 20;
+  // Deadline for connect() (dial + handshake, all lanes).
+  std::chrono::milliseconds connect_timeout{10000};
+  // Deadline of read, write and send ops, counted from submission. 0 = none.
+  std::chrono::milliseconds op_timeout{30000};
+  // Deadline of recv ops, counted from posting. 0 (default) = none: a recv waits for its
+  // message, but still fails promptly when the peer is lost.
+  std::chrono::milliseconds recv_timeout{0};
+  // SO_SNDBUF / SO_RCVBUF in bytes; 0 keeps the OS default (and its autotuning).
+  int sndbuf = 0;
+  int rcvbuf = 0;
+  // TCP keepalive: a silent peer is declared dead after idle + interval*count seconds.
+  int keepalive_idle_s = 5;
+  int keepalive_interval_s = 1;
+  int keepalive_count = 5;
+  // Most ops in flight per endpoint and most items per batch; beyond: status 400.
+  uint32_t max_inflight_ops = 65536;
+  uint32_t max_batch_items = 1 << 20;
+  // Bytes of messages that arrived before a matching recv was posted and are held in
+  // memory; past it the connection stops reading until a recv is posted.
+  uint64_t unexpected_buffer_bytes = 16 << 20;
+
+  static TcpOptions from_env();
+  // Throws InvalidArgumentError naming the bad option.
+  void validate() const;
+  nlohmann::json to_json() const;
+};
+
+class TcpEndpointImpl;
+
+// Peer-to-peer transport over TCP (asio). See docs/tcp.md for the wire protocol.
+class DLSLIME_API TcpEndpoint final : public Endpoint {
+ public:
+  // Binds and listens at once; port 0 lets the OS choose. Throws ConnectionError if the
+  // address cannot be bound, InvalidArgumentError for bad options.
+  explicit TcpEndpoint(const std::string& ip = "0.0.0.0", uint16_t port = 0,
+                       TcpOptions options = TcpOptions::from_env());
+  ~TcpEndpoint() override;
+
+  nlohmann::json endpoint_info() const override;
+  void connect(const nlohmann::json& peer_info) override;
+  bool is_connected() const override;
+
+  int32_t register_memory_region(const std::string& name, uintptr_t addr, uint64_t offset,
+                                 uint64_t length) override;
+  int32_t register_remote_memory_region(const std::string& name, const nlohmann::json& mr_info_entry) override;
+  void unregister_memory_region(const std::string& name) override;
+  void unregister_memory_region(int32_t handle) override;
+  nlohmann::json mr_info() const override;
+
+  Capabilities capabilities() const override;
+  void shutdown() override;
+
+  std::string host() const;
+  uint16_t port() const;
+  const TcpOptions& options() const;
+
+ protected:
+  Future do_submit(OpRequest request) override;
+
+ private:
+  std::shared_ptr<TcpEndpointImpl> impl_;
+};
+
+}  // namespace dlslime

@@ -1,0 +1,62 @@
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+
+#include "dlslime/endpoint.h"
+#include "dlslime/status.h"
+
+namespace dlslime {
+
+// The completion object behind every Future (UCX/MORI pattern): an atomic done flag, a
+// sticky first error, a condition variable for deadline waits and an optional
+// continuation. An op may be split into parts (lanes, chunks); it completes when the last
+// part finishes, with the first error any part reported.
+//
+// Ownership: the Future handles and the transport's pending-op table share it. The
+// transport completes it from an I/O thread, never while holding a transport lock.
+class OpState {
+ public:
+  explicit OpState(OpKind kind, uint32_t parts = 1) : kind_(kind), parts_left_(parts) {}
+
+  OpKind kind() const noexcept { return kind_; }
+
+  // Adds parts before the op is handed to the I/O threads.
+  void add_parts(uint32_t n) noexcept { parts_left_.fetch_add(n, std::memory_order_relaxed); }
+  // Finishes one part. Completes the op when it was the last one. Returns true if this call
+  // completed the op.
+  bool finish_part(const Status& status, uint64_t nbytes = 0);
+  // Completes the op now with `status`, whatever parts are left (errors, deadlines,
+  // shutdown). First completion wins; returns true if this call completed it.
+  bool complete(Status status, uint64_t nbytes = 0);
+
+  bool done() const noexcept { return done_.load(std::memory_order_acquire); }
+  void wait() const;
+  bool wait_for(std::chrono::nanoseconds timeout) const;
+
+  // Valid once done().
+  const Status& status() const noexcept { return status_; }
+  uint64_t nbytes() const noexcept { return nbytes_.load(std::memory_order_relaxed); }
+
+  // Runs `fn` once the op completes (at once if it already has), on the completing thread.
+  void on_complete(std::function<void(const OpState&)> fn);
+
+ private:
+  void record_error(const Status& status);
+
+  const OpKind kind_;
+  std::atomic<uint32_t> parts_left_;
+  std::atomic<bool> done_{false};
+  std::atomic<uint64_t> nbytes_{0};
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  Status first_error_;  // guarded by mu_
+  Status status_;       // written once under mu_ before done_ is released
+  std::function<void(const OpState&)> continuation_;
+};
+
+}  // namespace dlslime

@@ -1,0 +1,11 @@
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+// One binding file per part of the library; module.cpp calls each once.
+namespace dlslime::py_bind {
+
+void bind_core(pybind11::module_& m);  // Future, status codes, logging, exceptions
+void bind_tcp(pybind11::module_& m);   // TcpEndpoint
+
+}  // namespace dlslime::py_bind

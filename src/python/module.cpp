@@ -1,0 +1,8 @@
+#include "bindings.h"
+
+PYBIND11_MODULE(_dlslime, m) {
+  m.doc() = "DLSlime peer-to-peer transfer engine (C++ core)";
+  m.attr("__version__") = DLSLIME_PY_VERSION;
+  dlslime::py_bind::bind_core(m);
+  dlslime::py_bind::bind_tcp(m);
+}

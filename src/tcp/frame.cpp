@@ -1,0 +1,67 @@
+#include "tcp/frame.h"
+
+#include <fmt/format.h>
+
+#include "tcp/wire.h"
+
+namespace dlslime::tcp {
+
+uint64_t payload_size(const FrameHeader& h) noexcept {
+  switch (h.type) {
+    case FrameType::kWriteData:
+    case FrameType::kSendData:
+    case FrameType::kWriteAck:
+    case FrameType::kSendAck:
+    case FrameType::kReadData: return h.length;
+    case FrameType::kReadRequest:
+    case FrameType::kGoodbye: return 0;
+  }
+  return 0;
+}
+
+void encode_frame_header(const FrameHeader& h, uint8_t* out) noexcept {
+  WireWriter w(out);
+  w.u16(kFrameMagic);
+  w.u8(static_cast<uint8_t>(h.type));
+  w.u8(h.flags);
+  w.i32(h.status);
+  w.u64(h.op_id);
+  w.i32(h.handle);
+  w.u32(h.index);
+  w.u64(h.offset);
+  w.u64(h.length);
+}
+
+Status parse_frame_header(const uint8_t* in, FrameHeader* out) noexcept {
+  WireReader r(in);
+  const uint16_t magic = r.u16();
+  if (magic != kFrameMagic) {
+    return Status::protocol_error(fmt::format("bad frame magic {:#06x} (expected {:#06x})", magic, kFrameMagic));
+  }
+  const uint8_t type = r.u8();
+  if (type < static_cast<uint8_t>(FrameType::kWriteData) || type > static_cast<uint8_t>(FrameType::kGoodbye)) {
+    return Status(StatusCode::kUnknownOpcode, fmt::format("unknown frame type {}", type));
+  }
+  FrameHeader h;
+  h.type = static_cast<FrameType>(type);
+  h.flags = r.u8();
+  h.status = r.i32();
+  h.op_id = r.u64();
+  h.handle = r.i32();
+  h.index = r.u32();
+  h.offset = r.u64();
+  h.length = r.u64();
+  if ((h.flags & ~kFlagLast) != 0) return Status::protocol_error(fmt::format("unknown frame flags {:#x}", h.flags));
+
+  const bool carries_text = h.type == FrameType::kWriteAck || h.type == FrameType::kSendAck ||
+                            (h.type == FrameType::kReadData && h.status != 0);
+  const uint64_t limit = carries_text ? kMaxErrorText : kMaxDataPayload;
+  if (h.type == FrameType::kReadRequest ? h.length > kMaxDataPayload : payload_size(h) > limit) {
+    return Status::protocol_error(
+        fmt::format("frame length {} exceeds the limit {} (type {})", h.length, limit, static_cast<int>(type)));
+  }
+  *out = h;
+  return Status::ok();
+}
+
+}  // namespace dlslime::tcp

@@ -1,0 +1,231 @@
+#include "tcp/tcp_connection.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <asio/post.hpp>
+#include <asio/read.hpp>
+#include <asio/write.hpp>
+#include <fmt/format.h>
+
+#include "core/log.h"
+
+namespace dlslime::tcp {
+
+void WriteItem::add_header(const FrameHeader& h) {
+  uint8_t raw[kFrameHeaderSize];
+  encode_frame_header(h, raw);
+  add_copy(raw, sizeof raw);
+}
+
+void WriteItem::add_copy(const void* data, size_t n) {
+  if (n == 0) return;
+  const size_t offset = bytes_.size();
+  bytes_.insert(bytes_.end(), static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + n);
+  if (!segments_.empty() && segments_.back().external == nullptr) {
+    segments_.back().size += n;  // contiguous with the previous owned segment
+  } else {
+    segments_.push_back({nullptr, offset, n});
+  }
+}
+
+void WriteItem::add_payload(const void* data, size_t n) {
+  if (n <= kInlinePayloadMax) {
+    add_copy(data, n);
+  } else {
+    segments_.push_back({static_cast<const uint8_t*>(data), 0, n});
+  }
+}
+
+void WriteItem::append_buffers(std::vector<asio::const_buffer>& out) const {
+  for (const Segment& s : segments_) {
+    out.emplace_back(s.external ? s.external : bytes_.data() + s.offset, s.size);
+  }
+}
+
+TcpConnection::TcpConnection(asio::ip::tcp::socket socket, FrameHandler* handler, Role role, uint16_t lane)
+    : socket_(std::move(socket)), handler_(handler), role_(role), lane_(lane), rbuf_(new uint8_t[kStagingSize]) {}
+
+std::string TcpConnection::peer_address() const {
+  std::error_code ec;
+  auto ep = socket_.remote_endpoint(ec);
+  if (ec) return "?";
+  return fmt::format("{}:{}", ep.address().to_string(), ep.port());
+}
+
+void TcpConnection::start() { schedule_read(); }
+
+Status TcpConnection::io_error(const std::error_code& ec, const char* what) const {
+  if (ec == asio::error::eof) return Status::peer_closed("the peer closed the connection");
+  return Status::peer_closed(fmt::format("connection lost while {}: {}", what, ec.message()));
+}
+
+void TcpConnection::consume(const uint8_t* src, size_t n) {
+  if (sink_.dst) {
+    std::memcpy(sink_.dst, src, n);
+    sink_.dst += n;
+  } else if (sink_.text) {
+    rx_text_.append(reinterpret_cast<const char*>(src), n);
+  }
+}
+
+void TcpConnection::finish_frame() {
+  have_header_ = false;
+  sink_ready_ = false;
+  const FrameHeader h = hdr_;
+  const PayloadSink sink = sink_;
+  sink_ = {};
+  std::string text;
+  text.swap(rx_text_);
+  handler_->on_frame(*this, h, sink, text);
+}
+
+void TcpConnection::process() {
+  while (!closed_) {
+    if (!have_header_) {
+      if (rend_ - rbeg_ < kFrameHeaderSize) break;
+      if (Status st = parse_frame_header(rbuf_.get() + rbeg_, &hdr_); !st) {
+        close(st);
+        return;
+      }
+      rbeg_ += kFrameHeaderSize;
+      have_header_ = true;
+    }
+    if (!sink_ready_) {
+      sink_ = {};
+      if (handler_->on_header(*this, hdr_, sink_) == RxAction::kPause) {
+        paused_ = true;
+        return;
+      }
+      if (closed_) return;
+      sink_ready_ = true;
+      remaining_ = payload_size(hdr_);
+    }
+    if (remaining_ > 0) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(remaining_, rend_ - rbeg_));
+      consume(rbuf_.get() + rbeg_, n);
+      rbeg_ += n;
+      remaining_ -= n;
+      if (remaining_ > 0) break;
+    }
+    finish_frame();
+  }
+  if (!closed_ && !paused_) schedule_read();
+}
+
+void TcpConnection::schedule_read() {
+  if (reading_ || closed_) return;
+  if (rbeg_ == rend_) rbeg_ = rend_ = 0;
+  if (have_header_ && sink_ready_ && sink_.dst && remaining_ >= kDirectReadMin) {
+    // Receive the rest of the payload straight into its destination: no staging copy.
+    reading_ = reading_direct_ = true;
+    asio::async_read(socket_, asio::buffer(sink_.dst, remaining_),
+                     [self = shared_from_this()](std::error_code ec, size_t n) {
+                       self->reading_ = self->reading_direct_ = false;
+                       if (self->closed_) return;
+                       if (ec) return self->close(self->io_error(ec, "receiving a payload"));
+                       self->sink_.dst += n;
+                       self->remaining_ = 0;
+                       self->finish_frame();
+                       self->process();
+                     });
+    return;
+  }
+  if (rbeg_ > 0 && kStagingSize - rend_ < kFrameHeaderSize * 4) {
+    std::memmove(rbuf_.get(), rbuf_.get() + rbeg_, rend_ - rbeg_);
+    rend_ -= rbeg_;
+    rbeg_ = 0;
+  }
+  reading_ = true;
+  socket_.async_read_some(asio::buffer(rbuf_.get() + rend_, kStagingSize - rend_),
+                          [self = shared_from_this()](std::error_code ec, size_t n) {
+                            self->reading_ = false;
+                            if (self->closed_) return;
+                            if (ec) return self->close(self->io_error(ec, "reading"));
+                            self->rend_ += n;
+                            self->process();
+                          });
+}
+
+void TcpConnection::resume_reading() {
+  if (!paused_ || closed_) return;
+  paused_ = false;
+  // Not inline: the caller may be inside another connection's frame handler.
+  asio::post(socket_.get_executor(), [self = shared_from_this()] {
+    if (!self->closed_ && !self->paused_) self->process();
+  });
+}
+
+bool TcpConnection::placing_into(uint64_t op_id) const {
+  return op_id != 0 && reading_direct_ && sink_.op_id == op_id;
+}
+
+void TcpConnection::send(WriteItem item) {
+  if (closed_) return;
+  queue_.push_back(std::move(item));
+  if (writing_items_ == 0) do_write();
+}
+
+void TcpConnection::do_write() {
+  // Gather everything queued into one vectored write: small ops coalesce into a few
+  // syscalls instead of one per item.
+  constexpr size_t kMaxIov = 1024;
+  iov_.clear();
+  writing_items_ = 0;
+  for (const WriteItem& item : queue_) {
+    if (writing_items_ > 0 && iov_.size() >= kMaxIov) break;
+    item.append_buffers(iov_);
+    ++writing_items_;
+  }
+  if (writing_items_ == 0) return;
+  asio::async_write(socket_, iov_, [self = shared_from_this()](std::error_code ec, size_t) {
+    if (self->closed_) return;
+    if (ec) return self->close(self->io_error(ec, "sending"));
+    self->queue_.erase(self->queue_.begin(), self->queue_.begin() + static_cast<ptrdiff_t>(self->writing_items_));
+    self->writing_items_ = 0;
+    if (!self->queue_.empty()) self->do_write();
+  });
+}
+
+bool TcpConnection::abandon(uint64_t op_id) {
+  for (size_t i = 0; i < writing_items_ && i < queue_.size(); ++i) {
+    if (queue_[i].op_id() == op_id) return false;
+  }
+  auto first = queue_.begin() + static_cast<ptrdiff_t>(std::min(writing_items_, queue_.size()));
+  queue_.erase(std::remove_if(first, queue_.end(), [&](const WriteItem& w) { return w.op_id() == op_id; }),
+               queue_.end());
+  return true;
+}
+
+void TcpConnection::close(const Status& why) {
+  if (closed_) return;
+  closed_ = true;
+  std::error_code ignored;
+  socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+  socket_.close(ignored);
+  queue_.clear();
+  writing_items_ = 0;
+  FrameHandler* handler = handler_;
+  handler_ = nullptr;
+  DLSLIME_DEBUG("lane {} ({}) closed: {}", lane_, role_ == Role::kDialed ? "dialed" : "accepted", why.to_string());
+  if (handler) handler->on_closed(*this, why);
+}
+
+void TcpConnection::close_quietly() {
+  if (closed_) return;
+  if (writing_items_ == 0) {
+    // Best effort: tell the peer this was an orderly shutdown, not a crash.
+    uint8_t raw[kFrameHeaderSize];
+    FrameHeader bye;
+    bye.type = FrameType::kGoodbye;
+    bye.length = 0;
+    encode_frame_header(bye, raw);
+    std::error_code ec;
+    socket_.non_blocking(true, ec);
+    if (!ec) socket_.write_some(asio::buffer(raw), ec);
+  }
+  handler_ = nullptr;
+  close(Status::cancelled("endpoint shut down"));
+}
+
+}  // namespace dlslime::tcp

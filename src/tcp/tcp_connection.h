@@ -1,0 +1,136 @@
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <asio/buffer.hpp>
+#include <asio/ip/tcp.hpp>
+
+#include "dlslime/status.h"
+#include "tcp/frame.h"
+
+namespace dlslime::tcp {
+
+// One queued unit of output: frames of one op (or one response), in wire order. Headers
+// and small payloads are copied into `bytes`; large payloads are referenced in place
+// (registered memory) and gathered by writev, never copied.
+class WriteItem {
+ public:
+  // Payloads up to this size are copied into the item: one iovec instead of two.
+  static constexpr size_t kInlinePayloadMax = 2048;
+
+  explicit WriteItem(uint64_t op_id = 0) : op_id_(op_id) {}
+
+  void add_header(const FrameHeader& h);
+  void add_payload(const void* data, size_t n);  // inline or by reference, by size
+  void add_copy(const void* data, size_t n);
+  uint64_t op_id() const { return op_id_; }
+  void append_buffers(std::vector<asio::const_buffer>& out) const;
+
+ private:
+  struct Segment {
+    const uint8_t* external;  // nullptr: the bytes are bytes_[offset, offset+size)
+    size_t offset;
+    size_t size;
+  };
+  uint64_t op_id_;  // the op whose memory external segments point into (0 = none)
+  std::vector<uint8_t> bytes_;
+  std::vector<Segment> segments_;
+};
+
+// Where the payload of the frame being read goes: into memory at dst, into the
+// connection's text buffer (error texts), or nowhere (a rejected write, a late read
+// response: the bytes are read and dropped so the stream stays in sync).
+struct PayloadSink {
+  uint8_t* dst = nullptr;  // advanced as bytes are placed
+  bool text = false;
+  uint64_t op_id = 0;  // the local op whose memory dst points into (0 = none)
+};
+
+class TcpConnection;
+
+enum class RxAction { kContinue, kPause };
+
+// Frame semantics live in the endpoint; the connection only moves bytes.
+class FrameHandler {
+ public:
+  virtual ~FrameHandler() = default;
+  // A header arrived and was validated. Fill `sink` for its payload, or pause reading
+  // until resume_reading() (flow control for unmatched messages).
+  virtual RxAction on_header(TcpConnection& conn, const FrameHeader& h, PayloadSink& sink) = 0;
+  // The frame's payload is fully placed (called at once for frames without payload).
+  virtual void on_frame(TcpConnection& conn, const FrameHeader& h, const PayloadSink& sink, std::string_view text) = 0;
+  // The connection failed or was closed by the peer. Not called for close_quietly().
+  virtual void on_closed(TcpConnection& conn, const Status& why) = 0;
+};
+
+// One TCP connection ("lane") after its handshake. asio chat-server pattern: handlers keep
+// it alive with shared_from_this, at most one write is outstanding with a queue behind it,
+// and every error takes the one close() path. All methods run on the endpoint's I/O thread.
+class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
+ public:
+  enum class Role : uint8_t { kDialed, kAccepted };
+
+  TcpConnection(asio::ip::tcp::socket socket, FrameHandler* handler, Role role, uint16_t lane);
+
+  void start();
+  void send(WriteItem item);
+  // Drops queued items of `op_id` that have not reached the socket yet. Returns false if
+  // some of its bytes are being written right now; only closing the connection stops that.
+  bool abandon(uint64_t op_id);
+  // True while the connection reads straight into the memory of local op `op_id`.
+  bool placing_into(uint64_t op_id) const;
+
+  void pause_reading() { paused_ = true; }
+  void resume_reading();
+
+  // Fails the connection: cancels its I/O and reports `why` to the handler once.
+  void close(const Status& why);
+  // Sends a goodbye frame if the socket takes it without blocking, then closes without
+  // calling the handler (endpoint shutdown).
+  void close_quietly();
+
+  bool is_open() const { return !closed_; }
+  Role role() const { return role_; }
+  uint16_t lane() const { return lane_; }
+  std::string peer_address() const;
+
+ private:
+  static constexpr size_t kStagingSize = 256 * 1024;
+  // Payload remainders at least this large are read straight into their destination.
+  static constexpr uint64_t kDirectReadMin = 16 * 1024;
+
+  void process();
+  void schedule_read();
+  void consume(const uint8_t* src, size_t n);
+  void finish_frame();
+  void do_write();
+  Status io_error(const std::error_code& ec, const char* what) const;
+
+  asio::ip::tcp::socket socket_;
+  FrameHandler* handler_;
+  const Role role_;
+  const uint16_t lane_;
+  bool closed_ = false;
+
+  // Receive side.
+  std::unique_ptr<uint8_t[]> rbuf_;
+  size_t rbeg_ = 0, rend_ = 0;
+  FrameHeader hdr_;
+  PayloadSink sink_;
+  std::string rx_text_;
+  uint64_t remaining_ = 0;
+  bool have_header_ = false, sink_ready_ = false;
+  bool paused_ = false, reading_ = false, reading_direct_ = false;
+
+  // Send side.
+  std::deque<WriteItem> queue_;
+  std::vector<asio::const_buffer> iov_;
+  size_t writing_items_ = 0;  // items at the front of queue_ handed to async_write
+};
+
+}  // namespace dlslime::tcp

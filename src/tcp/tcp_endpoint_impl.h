@@ -1,0 +1,145 @@
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
+#include <nlohmann/json.hpp>
+
+#include "core/op_state.h"
+#include "core/region_table.h"
+#include "dlslime/tcp_endpoint.h"
+#include "tcp/io_runtime.h"
+#include "tcp/tcp_connection.h"
+#include "tcp/tcp_socket.h"
+
+namespace dlslime {
+
+// The state behind a TcpEndpoint. Region tables are thread-safe and used from any
+// thread; everything else (connections, pending ops, posted receives) is owned by the
+// endpoint's I/O thread and touched only there. User threads prepare an op (resolve
+// handles, build frames) and post it to that thread.
+class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_shared_from_this<TcpEndpointImpl> {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  TcpEndpointImpl(const std::string& ip, uint16_t port, TcpOptions options);
+  ~TcpEndpointImpl() override;
+
+  void start();
+  nlohmann::json endpoint_info() const;
+  void connect(const nlohmann::json& peer_info);
+  bool is_connected() const { return connected_.load(std::memory_order_acquire); }
+  Future submit(OpRequest request);
+  void shutdown();
+
+  const std::string& host() const { return advertised_host_; }
+  uint16_t port() const { return listener_->port(); }
+  const TcpOptions& options() const { return options_; }
+
+  LocalRegionTable local_regions;
+  RemoteRegionTable remote_regions;
+
+  // tcp::FrameHandler
+  tcp::RxAction on_header(tcp::TcpConnection& conn, const tcp::FrameHeader& h, tcp::PayloadSink& sink) override;
+  void on_frame(tcp::TcpConnection& conn, const tcp::FrameHeader& h, const tcp::PayloadSink& sink,
+                std::string_view text) override;
+  void on_closed(tcp::TcpConnection& conn, const Status& why) override;
+
+ private:
+  struct ReadDest {
+    uint8_t* addr;
+    uint64_t length;
+  };
+  // An initiated op waiting for its acknowledgements or data.
+  struct PendingOp {
+    std::shared_ptr<OpState> state;
+    Clock::time_point deadline = Clock::time_point::max();
+    std::vector<ReadDest> reads;  // read: destination of each chunk, by frame index
+  };
+  // A prepared op on its way from the submitting thread to the I/O thread.
+  struct Submission {
+    uint64_t op_id = 0;
+    PendingOp op;
+    std::vector<std::pair<uint16_t, tcp::WriteItem>> items;  // (lane, frames)
+  };
+  struct PostedRecv {
+    std::shared_ptr<OpState> state;
+    uint8_t* addr = nullptr;
+    uint64_t length = 0;
+    uint64_t local_id = 0;
+    Clock::time_point deadline = Clock::time_point::max();
+  };
+  // A message from the peer, matched to a posted recv or held until one is posted.
+  struct InboundMessage {
+    uint64_t op_id = 0;  // the sender's op id, echoed in its ack
+    std::weak_ptr<tcp::TcpConnection> conn;
+    bool matched = false;
+    PostedRecv recv;               // when matched (recv.state reset once it has completed)
+    std::vector<uint8_t> buffered;  // when unmatched
+    uint64_t received = 0;
+    bool complete = false;
+    bool too_large = false;  // longer than the posted receive buffer
+  };
+  // Status of the write frames of one op arriving on one connection (they are contiguous).
+  struct InboundWrite {
+    uint64_t op_id = 0;
+    Status status;
+  };
+
+  Future fail_now(OpKind kind, Status status) const;
+  std::shared_ptr<Submission> prepare_one_sided(const OpRequest& req, uint64_t op_id, Status* error);
+  std::shared_ptr<Submission> prepare_send(const OpRequest& req, uint64_t op_id);
+  void start_op(std::shared_ptr<Submission> sub);
+  void post_recv(PostedRecv recv);
+  tcp::RxAction on_message_header(tcp::TcpConnection& conn, const tcp::FrameHeader& h, tcp::PayloadSink& sink);
+  void finish_message(InboundMessage& msg);
+  void resume_paused();
+  void ack(tcp::TcpConnection& conn, tcp::FrameType type, uint64_t op_id, const Status& status);
+  void complete_op(uint64_t op_id, const Status& status, uint64_t nbytes, bool whole);
+  void arm_sweeper();
+  void sweep();
+  void expire_op(uint64_t op_id);
+  void fail_all(const Status& why, bool close_connections);
+  Status decide_hello(const tcp::Hello& hello);
+  void adopt_accepted(asio::ip::tcp::socket socket, const tcp::Hello& hello);
+  void run_on_io(std::function<void()> fn);
+  template <class F>
+  void post(F&& fn);
+
+  TcpOptions options_;
+  std::shared_ptr<tcp::IoRuntime> runtime_;
+  asio::io_context& io_;
+  const uint64_t endpoint_id_;
+  std::string advertised_host_;
+  std::shared_ptr<tcp::TcpListener> listener_;
+  std::atomic<bool> connected_{false};
+  std::atomic<bool> shut_down_{false};
+  std::atomic<uint64_t> next_op_id_{1};
+  std::atomic<uint16_t> lanes_up_{0};
+
+  // ---- I/O thread only ----
+  uint64_t peer_id_ = 0;  // the endpoint this one is paired with (0 = none yet)
+  std::vector<std::shared_ptr<tcp::TcpConnection>> dialed_;    // by lane: our requests
+  std::vector<std::shared_ptr<tcp::TcpConnection>> accepted_;  // the peer's requests
+  std::unordered_map<uint64_t, PendingOp> pending_;
+  std::deque<PostedRecv> recvs_;
+  std::deque<std::shared_ptr<InboundMessage>> unexpected_;
+  std::shared_ptr<InboundMessage> current_msg_;  // message whose frames are arriving
+  uint64_t unexpected_bytes_ = 0;
+  std::weak_ptr<tcp::TcpConnection> paused_conn_;
+  std::unordered_map<const tcp::TcpConnection*, InboundWrite> inbound_writes_;
+  std::string last_loss_;  // why the last connection was lost, for NOT_CONNECTED errors
+  asio::steady_timer sweep_timer_;
+  bool sweeper_armed_ = false;
+  bool failing_ = false;
+};
+
+}  // namespace dlslime

@@ -1,0 +1,274 @@
+#include "tcp/tcp_socket.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <array>
+
+#include <asio/connect.hpp>
+#include <asio/read.hpp>
+#include <asio/write.hpp>
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "dlslime/errors.h"
+
+namespace dlslime::tcp {
+
+void apply_socket_options(asio::ip::tcp::socket& socket, const TcpOptions& o) {
+  std::error_code ec;
+  socket.set_option(asio::ip::tcp::no_delay(true), ec);
+  socket.set_option(asio::socket_base::keep_alive(true), ec);
+  const int fd = socket.native_handle();
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &o.keepalive_idle_s, sizeof(int));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &o.keepalive_interval_s, sizeof(int));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &o.keepalive_count, sizeof(int));
+  // Unacknowledged data fails the connection within the same bound as an idle peer.
+  const unsigned user_timeout_ms =
+      static_cast<unsigned>((o.keepalive_idle_s + o.keepalive_interval_s * o.keepalive_count) * 1000);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof user_timeout_ms);
+  if (o.sndbuf > 0) socket.set_option(asio::socket_base::send_buffer_size(o.sndbuf), ec);
+  if (o.rcvbuf > 0) socket.set_option(asio::socket_base::receive_buffer_size(o.rcvbuf), ec);
+}
+
+namespace {
+
+// One connect() call: all lanes, one deadline, one result.
+struct Dial : std::enable_shared_from_this<Dial> {
+  Dial(asio::io_context& ctx, DialRequest req, const TcpOptions& opts, std::function<void(DialResult)> cb)
+      : request(std::move(req)), options(opts), timer(ctx), done(std::move(cb)) {
+    for (uint16_t i = 0; i < request.lanes; ++i) sockets.emplace_back(ctx);
+    hellos.resize(request.lanes);
+    replies.resize(request.lanes);
+    reasons.resize(request.lanes);
+    outstanding = request.lanes;
+  }
+
+  void start() {
+    timer.expires_after(request.timeout);
+    timer.async_wait([self = shared_from_this()](std::error_code ec) {
+      if (ec) return;
+      self->fail(Status::timeout(fmt::format("connecting to {} timed out after {} ms", self->request.peer_label,
+                                             self->request.timeout.count())));
+    });
+    for (uint16_t lane = 0; lane < request.lanes; ++lane) connect_lane(lane);
+  }
+
+  void connect_lane(uint16_t lane) {
+    asio::async_connect(sockets[lane], request.addresses,
+                        [self = shared_from_this(), lane](std::error_code ec, const asio::ip::tcp::endpoint&) {
+                          if (self->finished) return;
+                          if (ec) {
+                            return self->lane_done(Status(StatusCode::kFailed,
+                                                          fmt::format("connect to {} failed: {} (is the peer endpoint "
+                                                                      "alive and listening there?)",
+                                                                      self->request.peer_label, ec.message())));
+                          }
+                          apply_socket_options(self->sockets[lane], self->options);
+                          self->send_hello(lane);
+                        });
+  }
+
+  void send_hello(uint16_t lane) {
+    Hello h;
+    h.lane_index = lane;
+    h.lane_count = request.lanes;
+    h.sender_id = request.sender_id;
+    h.target_id = request.target_id;
+    encode_hello(h, hellos[lane].data());
+    asio::async_write(sockets[lane], asio::buffer(hellos[lane]),
+                      [self = shared_from_this(), lane](std::error_code ec, size_t) {
+                        if (self->finished) return;
+                        if (ec) return self->lane_done(self->io_failure("sending the hello", ec));
+                        self->read_reply(lane);
+                      });
+  }
+
+  void read_reply(uint16_t lane) {
+    asio::async_read(sockets[lane], asio::buffer(replies[lane]),
+                     [self = shared_from_this(), lane](std::error_code ec, size_t) {
+                       if (self->finished) return;
+                       if (ec) return self->lane_done(self->io_failure("waiting for the hello reply", ec));
+                       HelloReply reply;
+                       if (Status st = parse_hello_reply(self->replies[lane].data(), &reply); !st) {
+                         return self->lane_done(st);
+                       }
+                       if (reply.status == StatusCode::kSuccess) return self->accepted(reply);
+                       self->read_reason(lane, reply);
+                     });
+  }
+
+  void read_reason(uint16_t lane, HelloReply reply) {
+    reasons[lane].resize(reply.reason_len);
+    asio::async_read(sockets[lane], asio::buffer(reasons[lane]),
+                     [self = shared_from_this(), lane, reply](std::error_code ec, size_t) {
+                       if (self->finished) return;
+                       std::string reason = ec ? std::string("(no reason given)") : self->reasons[lane];
+                       self->lane_done(Status(reply.status == StatusCode::kAccessDenied ? StatusCode::kAccessDenied
+                                                                                        : StatusCode::kProtocolError,
+                                              fmt::format("{} refused the connection: {}",
+                                                          self->request.peer_label, reason)));
+                     });
+  }
+
+  void accepted(const HelloReply& reply) {
+    if (request.target_id != 0 && reply.endpoint_id != request.target_id) {
+      return lane_done(Status::protocol_error(fmt::format(
+          "{} is a different endpoint than the one in peer_info (id {:#x}, expected {:#x})", request.peer_label,
+          reply.endpoint_id, request.target_id)));
+    }
+    if (peer_id != 0 && reply.endpoint_id != peer_id) {
+      return lane_done(Status::protocol_error("lanes of one connect() reached different endpoints"));
+    }
+    peer_id = reply.endpoint_id;
+    lane_done(Status::ok());
+  }
+
+  Status io_failure(const char* what, const std::error_code& ec) const {
+    return Status(StatusCode::kFailed, fmt::format("{}: connection lost while {}: {}", request.peer_label, what,
+                                                   ec.message()));
+  }
+
+  void lane_done(const Status& st) {
+    if (!st.is_ok()) return fail(st);
+    if (--outstanding == 0) finish(Status::ok());
+  }
+
+  void fail(const Status& st) {
+    if (finished) return;
+    for (auto& s : sockets) {
+      std::error_code ignored;
+      s.close(ignored);
+    }
+    finish(st);
+  }
+
+  void finish(const Status& st) {
+    if (finished) return;
+    finished = true;
+    timer.cancel();
+    DialResult result;
+    result.status = st;
+    result.peer_id = peer_id;
+    if (st.is_ok()) result.sockets = std::move(sockets);
+    done(std::move(result));
+  }
+
+  DialRequest request;
+  TcpOptions options;
+  asio::steady_timer timer;
+  std::function<void(DialResult)> done;
+  std::vector<asio::ip::tcp::socket> sockets;
+  std::vector<std::array<uint8_t, kHelloSize>> hellos;
+  std::vector<std::array<uint8_t, kHelloReplySize>> replies;
+  std::vector<std::string> reasons;
+  size_t outstanding = 0;
+  uint64_t peer_id = 0;
+  bool finished = false;
+};
+
+}  // namespace
+
+void dial_lanes(asio::io_context& ctx, DialRequest request, const TcpOptions& options,
+                std::function<void(DialResult)> done) {
+  std::make_shared<Dial>(ctx, std::move(request), options, std::move(done))->start();
+}
+
+struct TcpListener::Pending {
+  explicit Pending(asio::ip::tcp::socket s) : socket(std::move(s)), timer(socket.get_executor()) {}
+  asio::ip::tcp::socket socket;
+  asio::steady_timer timer;
+  std::array<uint8_t, kHelloSize> hello_raw{};
+  Hello hello;
+  std::array<uint8_t, kHelloReplySize> reply_raw{};
+  std::string reason;
+};
+
+TcpListener::TcpListener(asio::io_context& ctx, const asio::ip::tcp::endpoint& bind, const TcpOptions& options,
+                         uint64_t endpoint_id)
+    : acceptor_(ctx), options_(options), endpoint_id_(endpoint_id) {
+  std::error_code ec;
+  acceptor_.open(bind.protocol(), ec);
+  if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(bind, ec);
+  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    throw ConnectionError(fmt::format("cannot listen on {}:{}: {}", bind.address().to_string(), bind.port(),
+                                      ec.message()));
+  }
+  port_ = acceptor_.local_endpoint().port();
+}
+
+void TcpListener::start(Decide decide, Accepted accepted) {
+  decide_ = std::move(decide);
+  accepted_ = std::move(accepted);
+  accept_next();
+}
+
+void TcpListener::close() {
+  closed_ = true;
+  std::error_code ignored;
+  acceptor_.close(ignored);
+}
+
+void TcpListener::accept_next() {
+  if (closed_) return;
+  acceptor_.async_accept([self = shared_from_this()](std::error_code ec, asio::ip::tcp::socket socket) {
+    if (self->closed_) return;
+    if (ec) {
+      // Transient (EMFILE, ECONNABORTED): keep listening.
+      DLSLIME_WARN("accept failed: {}", ec.message());
+    } else if (self->pending_ >= kMaxPendingHandshakes) {
+      DLSLIME_WARN("refusing a connection: {} handshakes already pending", self->pending_);
+    } else {
+      apply_socket_options(socket, self->options_);
+      self->handshake(std::make_shared<Pending>(std::move(socket)));
+    }
+    self->accept_next();
+  });
+}
+
+void TcpListener::handshake(std::shared_ptr<Pending> p) {
+  ++pending_;
+  p->timer.expires_after(options_.connect_timeout);
+  p->timer.async_wait([p](std::error_code ec) {
+    if (ec) return;
+    std::error_code ignored;
+    p->socket.close(ignored);  // a peer that never finishes its hello
+  });
+  asio::async_read(p->socket, asio::buffer(p->hello_raw), [self = shared_from_this(), p](std::error_code ec, size_t) {
+    if (ec || self->closed_) {
+      --self->pending_;
+      p->timer.cancel();
+      return;
+    }
+    Status verdict = parse_hello(p->hello_raw.data(), &p->hello);
+    if (verdict) verdict = self->decide_(p->hello);
+    self->reply(p, verdict);
+  });
+}
+
+void TcpListener::reply(std::shared_ptr<Pending> p, const Status& verdict) {
+  HelloReply r;
+  r.endpoint_id = endpoint_id_;
+  r.status = verdict.code();
+  if (!verdict.is_ok()) {
+    p->reason = verdict.message().substr(0, kMaxReasonText);
+    r.reason_len = static_cast<uint32_t>(p->reason.size());
+  }
+  encode_hello_reply(r, p->reply_raw.data());
+  std::array<asio::const_buffer, 2> bufs{asio::buffer(p->reply_raw), asio::buffer(p->reason)};
+  asio::async_write(p->socket, bufs, [self = shared_from_this(), p, ok = verdict.is_ok()](std::error_code ec, size_t) {
+    --self->pending_;
+    p->timer.cancel();
+    std::error_code ignored;
+    if (ec || !ok || self->closed_) {
+      p->socket.close(ignored);
+      return;
+    }
+    self->accepted_(std::move(p->socket), p->hello);
+  });
+}
+
+}  // namespace dlslime::tcp
