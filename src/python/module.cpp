@@ -5,4 +5,7 @@ PYBIND11_MODULE(_dlslime, m) {
   m.attr("__version__") = DLSLIME_PY_VERSION;
   dlslime::py_bind::bind_core(m);
   dlslime::py_bind::bind_tcp(m);
+#ifdef DLSLIME_WITH_NANOCTRL
+  dlslime::py_bind::bind_nanoctrl(m);
+#endif
 }
