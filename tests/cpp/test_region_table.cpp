@@ -1,0 +1,103 @@
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/region_table.h"
+#include "dlslime/errors.h"
+
+using namespace dlslime;
+
+constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+
+TEST(RangeWithin, Edges) {
+  EXPECT_TRUE(range_within(100, 0, 0));
+  EXPECT_TRUE(range_within(100, 0, 100));    // the whole region
+  EXPECT_TRUE(range_within(100, 100, 0));    // empty range at the exact end
+  EXPECT_TRUE(range_within(100, 99, 1));     // last byte
+  EXPECT_FALSE(range_within(100, 99, 2));    // one past the end
+  EXPECT_FALSE(range_within(100, 101, 0));   // starts past the end
+  EXPECT_FALSE(range_within(100, 0, 101));
+  EXPECT_TRUE(range_within(0, 0, 0));
+  EXPECT_FALSE(range_within(0, 0, 1));
+  // offset + length would wrap around to a small number.
+  EXPECT_FALSE(range_within(100, 50, kMax));
+  EXPECT_FALSE(range_within(100, kMax, 2));
+  EXPECT_FALSE(range_within(kMax - 1, kMax - 1, 1));
+  EXPECT_TRUE(range_within(kMax, kMax - 1, 1));
+}
+
+TEST(LocalRegionTable, ResolvesInsideAndRejectsOutside) {
+  std::vector<uint8_t> buf(256);
+  LocalRegionTable t;
+  const auto base = reinterpret_cast<uintptr_t>(buf.data());
+  int32_t h = t.add("kv", base, 16, 128);  // bytes [16, 144)
+  uintptr_t addr = 0;
+  ASSERT_TRUE(t.resolve(h, 0, 128, &addr).is_ok());
+  EXPECT_EQ(addr, base + 16);
+  ASSERT_TRUE(t.resolve(h, 128, 0, &addr).is_ok());
+  EXPECT_EQ(t.resolve(h, 120, 9, &addr).code(), StatusCode::kOutOfBounds);
+  EXPECT_EQ(t.resolve(h, kMax, 1, &addr).code(), StatusCode::kOutOfBounds);
+  EXPECT_EQ(t.resolve(h + 1, 0, 1, &addr).code(), StatusCode::kUnknownHandle);
+  EXPECT_EQ(t.resolve(-1, 0, 1, &addr).code(), StatusCode::kUnknownHandle);
+}
+
+TEST(LocalRegionTable, RejectsAddressOverflowAndNull) {
+  LocalRegionTable t;
+  EXPECT_THROW(t.add("x", std::numeric_limits<uintptr_t>::max() - 10, 5, 10), InvalidArgumentError);
+  EXPECT_THROW(t.add("x", 0x1000, kMax, 1), InvalidArgumentError);
+  EXPECT_THROW(t.add("x", 0, 0, 16), InvalidArgumentError);
+  EXPECT_THROW(t.add("", 0x1000, 0, 16), InvalidArgumentError);
+}
+
+TEST(LocalRegionTable, HandlesAreNeverReused) {
+  std::vector<uint8_t> a(64), b(64);
+  LocalRegionTable t;
+  int32_t h1 = t.add("r", reinterpret_cast<uintptr_t>(a.data()), 0, 64);
+  EXPECT_EQ(t.add("r", reinterpret_cast<uintptr_t>(a.data()), 0, 64), h1);  // same bytes: same handle
+  int32_t h2 = t.add("r", reinterpret_cast<uintptr_t>(b.data()), 0, 64);      // replaced
+  EXPECT_NE(h1, h2);
+  uintptr_t addr = 0;
+  EXPECT_EQ(t.resolve(h1, 0, 1, &addr).code(), StatusCode::kUnknownHandle);
+  t.remove("r");
+  EXPECT_EQ(t.resolve(h2, 0, 1, &addr).code(), StatusCode::kUnknownHandle);
+  int32_t h3 = t.add("r", reinterpret_cast<uintptr_t>(a.data()), 0, 64);
+  EXPECT_NE(h3, h1);
+  EXPECT_NE(h3, h2);
+  EXPECT_THROW(t.remove("nope"), NotFoundError);
+  EXPECT_THROW(t.remove(12345), NotFoundError);
+}
+
+TEST(LocalRegionTable, MrInfoDescribesRegions) {
+  std::vector<uint8_t> a(64);
+  LocalRegionTable t;
+  int32_t h = t.add("a", reinterpret_cast<uintptr_t>(a.data()), 8, 32);
+  auto info = t.mr_info();
+  ASSERT_TRUE(info.contains("a"));
+  EXPECT_EQ(info["a"]["handle"], h);
+  EXPECT_EQ(info["a"]["length"], 32);
+  EXPECT_EQ(info["a"]["addr"].get<uint64_t>(), reinterpret_cast<uintptr_t>(a.data()) + 8);
+}
+
+TEST(RemoteRegionTable, AddResolveAndValidate) {
+  RemoteRegionTable t;
+  int32_t h = t.add("peer_kv", {{"handle", 5}, {"addr", 4096}, {"length", 100}});
+  RemoteRegion r;
+  ASSERT_TRUE(t.resolve(h, 10, 90, &r).is_ok());
+  EXPECT_EQ(r.peer_handle, 5);
+  EXPECT_EQ(t.resolve(h, 10, 91, &r).code(), StatusCode::kOutOfBounds);
+  EXPECT_EQ(t.resolve(h + 7, 0, 1, &r).code(), StatusCode::kUnknownHandle);
+  // Same name: updated in place, same handle (DLSlime behaviour).
+  EXPECT_EQ(t.add("peer_kv", {{"handle", 6}, {"length", 200}}), h);
+  ASSERT_TRUE(t.resolve(h, 150, 50, &r).is_ok());
+  EXPECT_EQ(r.peer_handle, 6);
+
+  EXPECT_THROW(t.add("bad", nlohmann::json::object()), InvalidArgumentError);
+  EXPECT_THROW(t.add("bad", {{"handle", "x"}, {"length", 1}}), InvalidArgumentError);
+  EXPECT_THROW(t.add("bad", {{"handle", -1}, {"length", 1}}), InvalidArgumentError);
+  EXPECT_THROW(t.add("bad", {{"handle", 1}, {"length", -5}}), InvalidArgumentError);
+  EXPECT_THROW(t.add("bad", nlohmann::json::array()), InvalidArgumentError);
+}
