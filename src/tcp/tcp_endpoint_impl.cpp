@@ -152,6 +152,7 @@ void TcpEndpointImpl::adopt_accepted(asio::ip::tcp::socket socket, const tcp::He
     return;
   }
   peer_id_ = hello.sender_id;
+  last_loss_.clear();
   auto conn = std::make_shared<TcpConnection>(std::move(socket), this, TcpConnection::Role::kAccepted, hello.lane_index);
   DLSLIME_DEBUG("accepted lane {} from peer {:#x} at {}", hello.lane_index, hello.sender_id, conn->peer_address());
   accepted_.push_back(conn);
@@ -244,6 +245,7 @@ void TcpEndpointImpl::connect(const nlohmann::json& peer_info) {
                         return result->set_value(verdict);  // a concurrent connect() won
                       }
                       self->peer_id_ = r.peer_id;
+                      self->last_loss_.clear();
                       for (size_t lane = 0; lane < r.sockets.size(); ++lane) {
                         auto conn = std::make_shared<TcpConnection>(std::move(r.sockets[lane]), self.get(),
                                                                     TcpConnection::Role::kDialed,
@@ -561,11 +563,10 @@ void TcpEndpointImpl::on_closed(TcpConnection& conn, const Status& why) {
   }
   last_loss_ = why.message();
   fail_all(Status(why.code() == StatusCode::kPeerClosed ? StatusCode::kPeerClosed : why.code(),
-                  fmt::format("connection to the peer lost: {}", why.message())),
-           true);
+                  fmt::format("connection to the peer lost: {}", why.message())));
 }
 
-void TcpEndpointImpl::fail_all(const Status& why, bool close_connections) {
+void TcpEndpointImpl::fail_all(const Status& why) {
   failing_ = true;
   auto dialed = std::move(dialed_);
   auto accepted = std::move(accepted_);
@@ -574,18 +575,19 @@ void TcpEndpointImpl::fail_all(const Status& why, bool close_connections) {
   connected_ = false;
   lanes_up_ = 0;
   peer_id_ = 0;  // a new peer may connect now
-  if (close_connections) {
-    for (auto& c : dialed) c->close_quietly();
-    for (auto& c : accepted) c->close_quietly();
-  }
+  for (auto& c : dialed) c->close_quietly();
+  for (auto& c : accepted) c->close_quietly();
   auto pending = std::move(pending_);
   pending_.clear();
   auto recvs = std::move(recvs_);
   recvs_.clear();
   auto current = std::move(current_msg_);
   current_msg_.reset();
-  unexpected_.clear();
+  // Messages that arrived whole were acknowledged to the sender: they stay deliverable
+  // to later recvs even though the peer is gone (but not past shutdown()).
+  std::erase_if(unexpected_, [&](const auto& m) { return shut_down_ || !m->complete; });
   unexpected_bytes_ = 0;
+  for (const auto& m : unexpected_) unexpected_bytes_ += m->buffered.size();
   inbound_writes_.clear();
   paused_conn_.reset();
   failing_ = false;
@@ -600,7 +602,7 @@ void TcpEndpointImpl::shutdown() {
   run_on_io([this] {
     listener_->close();
     sweep_timer_.cancel();
-    fail_all(Status::cancelled("the endpoint was shut down"), true);
+    fail_all(Status::cancelled("the endpoint was shut down"));
   });
   DLSLIME_DEBUG("TcpEndpoint {:#x} shut down", endpoint_id_);
 }
@@ -713,7 +715,14 @@ void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const 
       if (!h.last()) return;
       current_msg_.reset();
       msg->complete = true;
-      if (msg->matched) finish_message(*msg);
+      if (msg->matched) {
+        finish_message(*msg);
+      } else {
+        // Eager completion: the whole message is held here, so the sender's buffer is
+        // free again (the seed contract: a send completes without a posted recv).
+        ack(conn, FrameType::kSendAck, msg->op_id, Status::ok());
+        msg->acked = true;
+      }
       return;
     }
     case FrameType::kGoodbye: conn.close(Status::peer_closed("the peer endpoint shut down")); return;
@@ -722,7 +731,8 @@ void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const 
 
 // ---------------------------------------------------------------------------------------
 // I/O thread: two-sided messages. The sender's lane 0 carries them in order; each is
-// matched FIFO to a posted recv, or held (bounded) until one is posted.
+// matched FIFO to a posted recv, or held (bounded) until one is posted. The sender's
+// future completes once the whole message is here: placed, refused (too large), or held.
 
 RxAction TcpEndpointImpl::on_message_header(TcpConnection& conn, const FrameHeader& h, PayloadSink& sink) {
   if (current_msg_ && current_msg_->op_id != h.op_id) {
@@ -790,6 +800,8 @@ void TcpEndpointImpl::finish_message(InboundMessage& m) {
   }
   if (m.recv.state) m.recv.state->complete(st, st.is_ok() ? m.received : 0);
   m.recv.state.reset();
+  if (m.acked) return;
+  m.acked = true;
   if (auto conn = m.conn.lock()) ack(*conn, FrameType::kSendAck, m.op_id, st);
 }
 
@@ -801,6 +813,12 @@ void TcpEndpointImpl::resume_paused() {
 void TcpEndpointImpl::post_recv(PostedRecv recv) {
   if (shut_down_) {
     recv.state->complete(Status::cancelled("the endpoint is shut down"));
+    return;
+  }
+  if (unexpected_.empty() && dialed_.empty() && accepted_.empty() && !last_loss_.empty()) {
+    // The peer is gone and nothing will ever arrive; a recv posted before any peer
+    // connected, by contrast, waits for one.
+    recv.state->complete(Status::peer_closed(fmt::format("the connection to the peer was lost: {}", last_loss_)));
     return;
   }
   if (unexpected_.empty()) {

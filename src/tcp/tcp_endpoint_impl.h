@@ -87,6 +87,7 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
     uint64_t received = 0;
     bool complete = false;
     bool too_large = false;  // longer than the posted receive buffer
+    bool acked = false;      // the sender has been told the message arrived
   };
   // Status of the write frames of one op arriving on one connection (they are contiguous).
   struct InboundWrite {
@@ -107,7 +108,7 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
   void arm_sweeper();
   void sweep();
   void expire_op(uint64_t op_id);
-  void fail_all(const Status& why, bool close_connections);
+  void fail_all(const Status& why);
   Status decide_hello(const tcp::Hello& hello);
   void adopt_accepted(asio::ip::tcp::socket socket, const tcp::Hello& hello);
   void run_on_io(std::function<void()> fn);

@@ -1,0 +1,70 @@
+"""Shared fixtures for the Python suite: connected endpoint pairs, buffers, peers in
+other processes, and waiting on conditions with deadlines (never bare sleeps)."""
+
+import ctypes
+import multiprocessing
+import os
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import dlslime  # noqa: E402
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def wait_until(predicate, timeout=10.0, interval=0.01, what="condition"):
+    """Polls `predicate` until it is true; fails the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class Buffer:
+    """A zero-filled ctypes buffer with its address."""
+
+    def __init__(self, size, fill=None):
+        self.size = size
+        self.raw = ctypes.create_string_buffer(size)
+        if fill:
+            ctypes.memmove(self.raw, (bytes(fill) * (size // len(fill) + 1))[:size], size)
+        self.addr = ctypes.addressof(self.raw)
+
+    def bytes(self, start=0, end=None):
+        return self.raw.raw[start:end]
+
+    def set(self, data, at=0):
+        ctypes.memmove(self.addr + at, data, len(data))
+
+
+@pytest.fixture
+def make_buffer():
+    return Buffer
+
+
+@pytest.fixture
+def endpoint_pair():
+    """Two connected endpoints on loopback; shut down afterwards."""
+    a = dlslime.TcpEndpoint(ip="127.0.0.1", port=0)
+    b = dlslime.TcpEndpoint(ip="127.0.0.1", port=0)
+    yield a, b
+    a.shutdown()
+    b.shutdown()
+
+
+def connect_pair(a, b):
+    a.connect(b.endpoint_info())
+    b.connect(a.endpoint_info())
+
+
+@pytest.fixture
+def spawn_ctx():
+    return multiprocessing.get_context("spawn")
