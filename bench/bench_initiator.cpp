@@ -1,0 +1,276 @@
+// The initiator: drives the run, times every batch, prints the table and writes the report.
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "bench_report.h"
+#include "bench_session.h"
+#include "dlslime/version.h"
+
+namespace dlslime::bench {
+
+namespace {
+
+struct SizeOutcome {
+  ResultRow row;
+  VerifyResult verify;
+};
+
+std::string sizes_text(const std::vector<uint64_t>& sizes) {
+  if (sizes.size() == 1) return fmt::format("{}", sizes[0]);
+  return fmt::format("{}..{} ({} sizes)", sizes.front(), sizes.back(), sizes.size());
+}
+
+std::string host_name() {
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
+
+class Initiator {
+ public:
+  Initiator(BenchConfig cfg, PeerLink& link, DataPath& data) : cfg_(std::move(cfg)), link_(link), data_(data) {}
+
+  int run();
+
+ private:
+  SizeOutcome run_size(size_t index, ProgressReporter& progress);
+  std::vector<double> time_one_sided(const SlotLayout& layout, ProgressReporter& progress);
+  std::vector<double> time_send(const SlotLayout& layout, ProgressReporter& progress);
+  nlohmann::json config_json(bool all_verified, double cpu_target_total) const;
+  void print_configuration() const;
+
+  BenchConfig cfg_;
+  PeerLink& link_;
+  DataPath& data_;
+};
+
+void Initiator::print_configuration() const {
+  const TcpOptions& o = data_.endpoint->options();
+  std::string out = "DLSlime Benchmark Configurations:\n";
+  out += fmt::format("  transport: {}\n  op: {}\n", cfg_.transport, op_name(cfg_.op));
+  out += fmt::format("  mode: {}\n", cfg_.control_fd >= 0 ? "loopback pair (two processes, 127.0.0.1)"
+                                                          : fmt::format("two hosts (target {})", cfg_.peer));
+  out += fmt::format("  initiator: {}:{}\n  target: {}:{}\n", data_.endpoint->host(), data_.endpoint->port(),
+                     data_.peer_info.value("host", std::string("?")), data_.peer_info.value("port", 0));
+  out += fmt::format("  lanes: {}\n  chunk_size: {} B\n", o.lanes, o.chunk_size);
+  out += fmt::format("  batch: {}\n  layout: {}\n", cfg_.batch, cfg_.contiguous ? "contiguous" : "strided");
+  out += fmt::format("  sizes: {}\n  warmup: {}\n  iters: {}\n", sizes_text(cfg_.sizes), cfg_.warmup, cfg_.iters);
+  out += fmt::format("  verify: {}\n  buffer: {:.1f} MiB per process\n\n", cfg_.verify ? "on" : "off",
+                     static_cast<double>(data_.buffer->size()) / (1 << 20));
+  std::fputs(out.c_str(), stdout);
+}
+
+std::vector<double> Initiator::time_one_sided(const SlotLayout& layout, ProgressReporter& progress) {
+  // One prepared batch per rotation; each iteration hands the endpoint a fresh copy (made
+  // before the clock starts), as an application building its batch would.
+  std::vector<std::vector<Assignment>> batches(layout.rotations);
+  const bool is_write = cfg_.op == Op::kWrite;
+  for (uint32_t r = 0; r < layout.rotations; ++r) {
+    batches[r].reserve(layout.batch);
+    for (uint32_t i = 0; i < layout.batch; ++i) {
+      const uint64_t src = layout.offset(layout.source_slot(i, r));
+      const uint64_t dst = layout.offset(i);
+      // target_offset is the remote offset, source_offset the local one, for read and write.
+      batches[r].push_back(Assignment{data_.local_handle, data_.remote_handle, is_write ? dst : src,
+                                      is_write ? src : dst, layout.size});
+    }
+  }
+  const uint32_t total = cfg_.warmup + cfg_.iters;
+  std::vector<double> latencies;
+  latencies.reserve(cfg_.iters);
+  const char* what = is_write ? "write" : "read";
+  for (uint32_t k = 0; k < total; ++k) {
+    std::vector<Assignment> items = batches[k % layout.rotations];
+    const auto t0 = Clock::now();
+    Future f = is_write ? data_.endpoint->write(std::move(items)) : data_.endpoint->read(std::move(items));
+    link_.wait(f, what);
+    const auto t1 = Clock::now();
+    if (k >= cfg_.warmup) latencies.push_back(std::chrono::duration<double>(t1 - t0).count());
+    progress.update(k + 1);
+  }
+  return latencies;
+}
+
+std::vector<double> Initiator::time_send(const SlotLayout& layout, ProgressReporter& progress) {
+  const uint32_t total = cfg_.warmup + cfg_.iters;
+  std::vector<double> latencies;
+  latencies.reserve(cfg_.iters);
+  std::vector<Future> sends(layout.batch);
+  const uintptr_t base = data_.buffer->address();
+  for (uint32_t k = 0; k < total; ++k) {
+    const auto t0 = Clock::now();
+    for (uint32_t i = 0; i < layout.batch; ++i) {
+      sends[i] = data_.endpoint->send(Chunk{base, layout.offset(layout.source_slot(i, k)), layout.size});
+    }
+    for (const Future& f : sends) link_.wait(f, "send");
+    const auto t1 = Clock::now();
+    if (k >= cfg_.warmup) latencies.push_back(std::chrono::duration<double>(t1 - t0).count());
+    progress.update(k + 1);
+  }
+  return latencies;
+}
+
+SizeOutcome Initiator::run_size(size_t index, ProgressReporter& progress) {
+  const uint64_t size = cfg_.sizes[index];
+  const SlotLayout layout = SlotLayout::make(size, cfg_.batch, cfg_.contiguous);
+  const uint64_t seed = pattern_seed(cfg_.seed, index);
+  const uint8_t poison = poison_byte(index);
+  const bool local_is_destination = cfg_.op == Op::kRead;
+  if (local_is_destination) {
+    fill_poison(*data_.buffer, poison);
+  } else {
+    fill_source(*data_.buffer, layout, seed);
+  }
+  link_.send({{"type", "size"}, {"index", index}, {"size", size}});
+  link_.expect("ready");
+
+  const uint32_t total = cfg_.warmup + cfg_.iters;
+  progress.begin_size(index, cfg_.sizes.size(), size, cfg_.batch, total);
+  const double cpu0 = process_cpu_seconds();
+  std::vector<double> latencies =
+      cfg_.op == Op::kSend ? time_send(layout, progress) : time_one_sided(layout, progress);
+  const double cpu1 = process_cpu_seconds();
+  link_.send({{"type", "finish"}, {"last_iter", total - 1}});
+  const nlohmann::json result = link_.expect("result");
+
+  SizeOutcome out;
+  out.row.msg_size = size;
+  out.row.batch = cfg_.batch;
+  out.row.set_latencies(std::move(latencies));
+  out.row.cpu_initiator_s = cpu1 - cpu0;
+  out.row.cpu_target_s = result.value("cpu_s", 0.0);
+  const double cpu = out.row.cpu_initiator_s + out.row.cpu_target_s;
+  out.row.bytes_per_cpu_s = cpu > 0 ? static_cast<double>(size) * cfg_.batch * total / cpu : 0;
+  if (cfg_.verify) {
+    if (local_is_destination) {
+      if (cfg_.inject_corruption) data_.buffer->data()[layout.offset(layout.batch / 2) + size / 2] ^= 0x01;
+      out.verify = verify_destination(*data_.buffer, layout, seed, poison, total - 1);
+    } else {
+      out.verify.ok = result.value("ok", false);
+      out.verify.bad_items = result.value("bad_items", uint64_t{0});
+      out.verify.first_error = result.value("error", std::string());
+    }
+  }
+  out.row.verified = cfg_.verify && out.verify.ok;
+  return out;
+}
+
+nlohmann::json Initiator::config_json(bool all_verified, double cpu_target_total) const {
+  const TcpOptions& o = data_.endpoint->options();
+  char when[64] = {};
+  const std::time_t now = std::time(nullptr);
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  nlohmann::json c = run_params_to_json(cfg_);
+  c["lanes"] = o.lanes;
+  c["chunk_size"] = o.chunk_size;
+  c["mode"] = cfg_.control_fd >= 0 ? "loopback" : "two-host";
+  c["initiator"] = fmt::format("{}:{}", data_.endpoint->host(), data_.endpoint->port());
+  c["target"] = fmt::format("{}:{}", data_.peer_info.value("host", std::string("?")), data_.peer_info.value("port", 0));
+  c["tcp_options"] = o.to_json();
+  c["verified"] = all_verified;
+  c["buffer_bytes"] = data_.buffer->size();
+  c["version"] = kVersion;
+  c["hostname"] = host_name();
+  c["cpus"] = std::thread::hardware_concurrency();
+  c["date"] = when;
+  c["units"] = {{"total_mb", "1e6 bytes per batch"},
+                {"bw_gbps", "1e9 bytes per second"},
+                {"lat_us", "microseconds per batch (submit to completion of all items)"},
+                {"msgs_per_s", "items (messages for send) per second at the mean latency"},
+                {"bytes_per_cpu_s", "bytes moved in warmup + timed batches per CPU-second of both processes"}};
+  c["cpu"] = {{"initiator_s", process_cpu_seconds()}, {"target_s", cpu_target_total}};
+  return c;
+}
+
+int Initiator::run() {
+  if (!cfg_.quiet) print_configuration();
+  const std::string title = fmt::format("DLSlime {} Benchmark: {} (lanes {}, {})", cfg_.transport == "tcp" ? "TCP" : cfg_.transport,
+                                        op_name(cfg_.op), data_.endpoint->options().lanes,
+                                        cfg_.contiguous ? "contiguous" : "strided");
+  TablePrinter table(title, cfg_.op == Op::kSend);
+  ProgressReporter progress(cfg_.progress);
+  std::vector<ResultRow> rows;
+  std::vector<std::string> failures;
+  table.header();
+  for (size_t i = 0; i < cfg_.sizes.size(); ++i) {
+    SizeOutcome out;
+    try {
+      out = run_size(i, progress);
+    } catch (...) {
+      progress.clear();
+      table.footer();
+      throw;
+    }
+    progress.clear();
+    table.row(out.row);
+    rows.push_back(out.row);
+    if (!out.verify.ok) {
+      failures.push_back(fmt::format("{} B: {} item(s) differ; {}", out.row.msg_size, out.verify.bad_items,
+                                     out.verify.first_error));
+    }
+  }
+  table.footer();
+  link_.send({{"type", "bye"}});
+  const nlohmann::json bye = link_.expect("bye");
+
+  const bool all_verified = cfg_.verify && failures.empty();
+  if (cfg_.verify) {
+    if (failures.empty()) {
+      std::printf("verify: all bytes of the last batch of every size matched\n");
+    } else {
+      for (const auto& f : failures) std::fprintf(stderr, "dlslime-bench: VERIFY FAILED at %s\n", f.c_str());
+    }
+  }
+  if (!rows.empty()) {
+    const ResultRow& last = rows.back();
+    std::printf("cpu: %.2f GB moved per CPU-second at %llu B (initiator %.3f s, target %.3f s)\n",
+                last.bytes_per_cpu_s / 1e9, static_cast<unsigned long long>(last.msg_size), last.cpu_initiator_s,
+                last.cpu_target_s);
+  }
+  std::fflush(stdout);
+
+  std::string json_path = cfg_.json_path;
+  if (json_path.empty() && !cfg_.plot_path.empty()) json_path = cfg_.plot_path + ".json";
+  if (!json_path.empty()) {
+    nlohmann::json config = config_json(all_verified, bye.value("cpu_total_s", 0.0));
+    if (!failures.empty()) config["verify_errors"] = failures;
+    write_json_report(json_path, config, rows);
+  }
+  if (!cfg_.plot_path.empty()) run_plot(json_path, cfg_.plot_path);
+  return failures.empty() ? 0 : 1;
+}
+
+}  // namespace
+
+int run_initiator(BenchConfig cfg) {
+  if (cfg.seed == 0) cfg.seed = std::random_device{}() | (static_cast<uint64_t>(std::random_device{}()) << 32) | 1;
+  const auto connect_deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                   std::chrono::duration<double>(cfg.timeout_s));
+  ControlChannel channel = cfg.control_fd >= 0 ? ControlChannel(cfg.control_fd)
+                                               : ControlChannel::dial(cfg.peer, connect_deadline);
+  PeerLink link(std::move(channel), cfg.timeout_s, "target");
+  try {
+    DataPath data = DataPath::create(cfg);
+    nlohmann::json hello = data.hello_payload();
+    hello["type"] = "hello";
+    hello["params"] = run_params_to_json(cfg);
+    link.send(hello);
+    data.connect(link.expect("hello"), link.channel());
+    link.send({{"type", "connected"}});
+    link.expect("connected");
+    return Initiator(cfg, link, data).run();
+  } catch (const std::exception& e) {
+    link.abort(e.what());
+    throw;
+  }
+}
+
+}  // namespace dlslime::bench

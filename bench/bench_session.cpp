@@ -1,0 +1,140 @@
+#include "bench_session.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "dlslime/errors.h"
+
+namespace dlslime::bench {
+
+PeerLink::PeerLink(ControlChannel channel, double timeout_s, std::string peer_name)
+    : channel_(std::move(channel)), timeout_(timeout_s), peer_name_(std::move(peer_name)) {}
+
+Clock::time_point PeerLink::deadline() const {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout_);
+}
+
+nlohmann::json PeerLink::next() {
+  if (!stash_.empty()) {
+    auto msg = std::move(stash_.front());
+    stash_.pop_front();
+    return msg;
+  }
+  try {
+    return channel_.receive(deadline());
+  } catch (const ControlError& e) {
+    throw BenchFailure(fmt::format("{}: {}", peer_name_, e.what()));
+  }
+}
+
+void PeerLink::peer_aborted(const nlohmann::json& msg) {
+  throw BenchFailure(fmt::format("the {} failed: {}", peer_name_, msg.value("reason", std::string("no reason given"))));
+}
+
+nlohmann::json PeerLink::expect(const std::string& type) {
+  nlohmann::json msg = next();
+  const std::string got = msg.value("type", std::string());
+  if (got == "abort") peer_aborted(msg);
+  if (got != type) {
+    throw BenchFailure(fmt::format("protocol error: expected '{}' from the {}, got '{}'", type, peer_name_, got));
+  }
+  return msg;
+}
+
+nlohmann::json PeerLink::expect_any() {
+  nlohmann::json msg = next();
+  if (msg.value("type", std::string()) == "abort") peer_aborted(msg);
+  return msg;
+}
+
+void PeerLink::check_abort() {
+  std::optional<nlohmann::json> msg;
+  try {
+    msg = channel_.poll();
+  } catch (const ControlError& e) {
+    throw BenchFailure(fmt::format("{}: {}", peer_name_, e.what()));
+  }
+  if (!msg) return;
+  if (msg->value("type", std::string()) == "abort") peer_aborted(*msg);
+  stash_.push_back(std::move(*msg));
+}
+
+void PeerLink::abort(const std::string& reason) noexcept {
+  try {
+    channel_.send({{"type", "abort"}, {"reason", reason}});
+  } catch (...) {
+  }
+}
+
+void PeerLink::wait(const Future& f, const char* what) {
+  // wait_for returns at once for a finished op, so the slices cost nothing on the fast path.
+  const auto until = deadline();
+  while (!f.wait_for(std::chrono::milliseconds(50))) {
+    check_abort();
+    if (Clock::now() > until) {
+      throw BenchFailure(fmt::format("{} did not complete within --timeout {:.0f} s", what, timeout_.count()));
+    }
+  }
+  if (const int st = f.status(); st != 0) {
+    throw BenchFailure(fmt::format("{} failed with status {}: {}", what, st, f.message()));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+
+TcpOptions make_tcp_options(const BenchConfig& cfg) {
+  TcpOptions o = TcpOptions::from_env();
+  if (cfg.lanes) o.lanes = *cfg.lanes;
+  if (cfg.chunk_size) o.chunk_size = *cfg.chunk_size;
+  // A benchmark batch may legitimately take long on a slow link; --timeout is the guard.
+  o.op_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_s * 1000));
+  o.max_batch_items = std::max(o.max_batch_items, cfg.batch);
+  o.max_inflight_ops = std::max(o.max_inflight_ops, cfg.batch);
+  return o;
+}
+
+uint64_t buffer_bytes(const BenchConfig& cfg) {
+  uint64_t bytes = 0;
+  for (uint64_t s : cfg.sizes) bytes = std::max(bytes, SlotLayout::make(s, cfg.batch, cfg.contiguous).bytes());
+  return bytes;
+}
+
+namespace {
+
+bool is_wildcard(const std::string& ip) { return ip.empty() || ip == "0.0.0.0" || ip == "::" || ip == "[::]"; }
+
+}  // namespace
+
+DataPath DataPath::create(const BenchConfig& cfg) {
+  DataPath d;
+  d.bind_ip = !cfg.ip.empty() ? cfg.ip : cfg.control_fd >= 0 ? "127.0.0.1" : "0.0.0.0";
+  d.buffer = std::make_unique<BenchBuffer>(buffer_bytes(cfg));
+  d.endpoint = std::make_unique<TcpEndpoint>(d.bind_ip, 0, make_tcp_options(cfg));
+  d.local_handle = d.endpoint->register_memory_region("bench", d.buffer->address(), 0, d.buffer->size());
+  return d;
+}
+
+nlohmann::json DataPath::hello_payload() const {
+  const bool explicit_host = !is_wildcard(bind_ip) || !endpoint->options().advertise_host.empty();
+  return {{"endpoint_info", endpoint->endpoint_info()}, {"host_explicit", explicit_host}};
+}
+
+void DataPath::connect(const nlohmann::json& peer_hello, const ControlChannel& channel) {
+  peer_info = peer_hello.at("endpoint_info");
+  if (!peer_hello.value("host_explicit", true)) {
+    if (const std::string seen = channel.peer_ip(); !seen.empty()) peer_info["host"] = seen;
+  }
+  try {
+    endpoint->connect(peer_info);
+    if (!peer_info.contains("mr_info") || !peer_info["mr_info"].contains("bench")) {
+      throw BenchFailure("the peer's endpoint_info has no 'bench' region");
+    }
+    remote_handle = endpoint->register_remote_memory_region("bench", peer_info["mr_info"]["bench"]);
+  } catch (const Error& e) {
+    throw BenchFailure(fmt::format("connecting the data endpoint to {}:{} failed: {}",
+                                   peer_info.value("host", std::string("?")), peer_info.value("port", 0), e.what()));
+  }
+}
+
+}  // namespace dlslime::bench

@@ -1,0 +1,89 @@
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "bench_buffer.h"
+#include "bench_config.h"
+#include "control_channel.h"
+#include "dlslime/future.h"
+#include "dlslime/tcp_endpoint.h"
+
+namespace dlslime::bench {
+
+// A failure that ends the run: an op with a non-zero status, a peer that aborted, a
+// broken control connection. Verification mismatches are not thrown: they are reported
+// per size and make the exit status non-zero at the end.
+class BenchFailure : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The control link to the other process, with the message kinds of the bench protocol:
+//   initiator -> target: hello {params, endpoint_info}, connected, size {index, size},
+//                        finish {last_iter}, bye, abort {reason}
+//   target -> initiator: hello {endpoint_info}, connected, ready, result {...}, bye {...},
+//                        abort {reason}
+// A message that arrives while the side is busy waiting for ops is kept for later.
+class PeerLink {
+ public:
+  PeerLink(ControlChannel channel, double timeout_s, std::string peer_name);
+
+  void send(const nlohmann::json& msg) { channel_.send(msg); }
+  // The next message, which must be of `type`. Throws BenchFailure on abort, EOF, timeout
+  // or an unexpected message.
+  nlohmann::json expect(const std::string& type);
+  // The next message of any type but abort.
+  nlohmann::json expect_any();
+  // Throws BenchFailure if the peer has sent an abort; keeps any other message.
+  void check_abort();
+  // Best effort: tells the peer this side is failing.
+  void abort(const std::string& reason) noexcept;
+
+  // Waits for an op with the run's deadline while watching for an abort from the peer.
+  // Throws BenchFailure if the op fails or times out.
+  void wait(const Future& f, const char* what);
+
+  const ControlChannel& channel() const { return channel_; }
+  Clock::time_point deadline() const;
+
+ private:
+  nlohmann::json next();
+  [[noreturn]] void peer_aborted(const nlohmann::json& msg);
+
+  ControlChannel channel_;
+  std::deque<nlohmann::json> stash_;
+  std::chrono::duration<double> timeout_;
+  std::string peer_name_;
+};
+
+// The data-path setup both roles share: buffer, endpoint, registered region, connection.
+struct DataPath {
+  std::unique_ptr<BenchBuffer> buffer;
+  std::unique_ptr<TcpEndpoint> endpoint;
+  int32_t local_handle = -1;
+  int32_t remote_handle = -1;
+  std::string bind_ip;
+  nlohmann::json peer_info;
+
+  // Allocates the buffer for the largest size, binds the endpoint, registers the buffer.
+  static DataPath create(const BenchConfig& cfg);
+  // What to send in hello: endpoint_info and whether its host is meant to be dialed as is.
+  nlohmann::json hello_payload() const;
+  // Connects to the peer's hello. When the peer bound a wildcard address without an
+  // advertise host, its host is replaced by the address seen on the control connection,
+  // which is known to route to it.
+  void connect(const nlohmann::json& peer_hello, const ControlChannel& channel);
+};
+
+TcpOptions make_tcp_options(const BenchConfig& cfg);
+uint64_t buffer_bytes(const BenchConfig& cfg);
+
+int run_initiator(BenchConfig cfg);
+int run_target(BenchConfig cfg);
+
+}  // namespace dlslime::bench

@@ -1,0 +1,128 @@
+"""Smoke tests of dlslime-bench through `python -m dlslime.bench`.
+
+They check that the benchmark runs, that it really verifies the bytes it moved, and that its
+JSON report is well formed. Nothing here asserts a time.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+TINY = ["--sizes", "8..64", "--batch", "4", "--iters", "3", "--warmup", "1", "--progress", "none"]
+ROW_KEYS = {"msg_size", "batch", "total_mb", "max_bw_gbps", "avg_bw_gbps", "min_lat_us", "avg_lat_us", "p99_lat_us"}
+
+
+def run_bench(*args, timeout=120, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "dlslime.bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def load_report(path):
+    with open(path) as f:
+        doc = json.load(f)
+    assert set(doc) == {"config", "rows"}
+    return doc
+
+
+@pytest.mark.parametrize("op", ["write", "read", "send"])
+def test_bench_runs_verifies_and_writes_json(tmp_path, op):
+    out = tmp_path / f"{op}.json"
+    r = run_bench("--op", op, *TINY, "--json", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "verify: all bytes of the last batch of every size matched" in r.stdout
+    for header in ("MsgSize (B)", "BatchSize", "TotalSize (MB)", "Max BW (GB/s)", "Avg BW (GB/s)", "Min Lat (us)",
+                   "Avg Lat (us)", "P99 Lat (us)"):
+        assert header in r.stdout
+
+    doc = load_report(out)
+    config = doc["config"]
+    assert config["op"] == op
+    assert config["transport"] == "tcp"
+    assert config["batch"] == 4
+    assert config["verify"] is True and config["verified"] is True
+    assert config["cpu"]["initiator_s"] > 0 and config["cpu"]["target_s"] > 0
+    rows = doc["rows"]
+    assert [row["msg_size"] for row in rows] == [8, 16, 32, 64]
+    for row in rows:
+        assert ROW_KEYS <= set(row)
+        assert row["batch"] == 4
+        assert row["iters"] == 3
+        assert row["verified"] is True
+        assert row["total_mb"] == pytest.approx(row["msg_size"] * 4 / 1e6)
+        assert 0 < row["min_lat_us"] <= row["avg_lat_us"] and row["min_lat_us"] <= row["p99_lat_us"]
+        assert row["max_bw_gbps"] >= row["avg_bw_gbps"] > 0
+        assert row["msgs_per_s"] > 0
+
+
+def test_bench_contiguous_layout_and_odd_sizes(tmp_path):
+    out = tmp_path / "contig.json"
+    r = run_bench("--op", "write", "--contiguous", "--sizes", "1,3,4097", "--batch", "5", "--iters", "2",
+                  "--warmup", "0", "--progress", "none", "--json", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = load_report(out)
+    assert doc["config"]["layout"] == "contiguous"
+    assert [row["msg_size"] for row in doc["rows"]] == [1, 3, 4097]
+
+
+@pytest.mark.parametrize("op", ["write", "read", "send"])
+def test_bench_detects_corrupted_bytes(tmp_path, op):
+    # --inject-corruption flips one received byte before the check: the run must fail.
+    out = tmp_path / "bad.json"
+    r = run_bench("--op", op, *TINY, "--inject-corruption", "--json", str(out))
+    assert r.returncode != 0
+    assert "VERIFY FAILED" in r.stderr
+    doc = load_report(out)
+    assert doc["config"]["verified"] is False
+    assert all(row["verified"] is False for row in doc["rows"])
+
+
+def test_bench_two_roles_over_a_bootstrap_port(tmp_path):
+    target = subprocess.Popen(
+        [sys.executable, "-m", "dlslime.bench", "--role", "target", "--listen", "127.0.0.1:0", "--timeout", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        line = target.stderr.readline()
+        m = re.search(r"waiting for an initiator on (127\.0\.0\.1:\d+)", line)
+        assert m, line
+        out = tmp_path / "two.json"
+        r = run_bench("--role", "initiator", "--peer", m.group(1), "--op", "read", *TINY, "--json", str(out))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert load_report(out)["config"]["mode"] == "two-host"
+        assert target.wait(timeout=60) == 0
+    finally:
+        if target.poll() is None:
+            target.kill()
+            target.wait()
+
+
+def test_bench_plot(tmp_path):
+    pytest.importorskip("matplotlib", reason="--plot draws with matplotlib")
+    png = tmp_path / "bench.png"
+    r = run_bench("--op", "write", *TINY, "--plot", str(png))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_usage_errors_exit_2():
+    r = run_bench("--op", "scatter")
+    assert r.returncode == 2
+    assert "--op must be read, write or send" in r.stderr
+    r = run_bench("--sizes", "64..8")
+    assert r.returncode == 2
+
+
+def test_bench_reports_a_missing_binary(tmp_path):
+    env = dict(os.environ, DLSLIME_BENCH_BIN=str(tmp_path / "no-such-binary"))
+    r = run_bench("--help", env=env)
+    assert r.returncode == 127
+    assert "DLSLIME_BENCH_BIN" in r.stderr
