@@ -147,6 +147,9 @@ SizeOutcome Initiator::run_size(size_t index, ProgressReporter& progress) {
   out.row.set_latencies(std::move(latencies));
   out.row.cpu_initiator_s = cpu1 - cpu0;
   out.row.cpu_target_s = result.value("cpu_s", 0.0);
+  if (const double recv_s = result.value("recv_s", 0.0); cfg_.op == Op::kSend && recv_s > 0) {
+    out.row.recv_msgs_per_s = static_cast<double>(cfg_.batch) * cfg_.iters / recv_s;
+  }
   const double cpu = out.row.cpu_initiator_s + out.row.cpu_target_s;
   out.row.bytes_per_cpu_s = cpu > 0 ? static_cast<double>(size) * cfg_.batch * total / cpu : 0;
   if (cfg_.verify) {
@@ -185,6 +188,7 @@ nlohmann::json Initiator::config_json(bool all_verified, double cpu_target_total
                 {"bw_gbps", "1e9 bytes per second"},
                 {"lat_us", "microseconds per batch (submit to completion of all items)"},
                 {"msgs_per_s", "items (messages for send) per second at the mean latency"},
+                {"recv_msgs_per_s", "send: messages the target received per second over the timed batches"},
                 {"bytes_per_cpu_s", "bytes moved in warmup + timed batches per CPU-second of both processes"}};
   c["cpu"] = {{"initiator_s", process_cpu_seconds()}, {"target_s", cpu_target_total}};
   return c;

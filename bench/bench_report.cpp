@@ -47,6 +47,7 @@ nlohmann::ordered_json ResultRow::to_json() const {
           {"p99_lat_us", p99_lat_us},
           {"iters", iters},
           {"msgs_per_s", msgs_per_s},
+          {"recv_msgs_per_s", recv_msgs_per_s},
           {"cpu_initiator_s", cpu_initiator_s},
           {"cpu_target_s", cpu_target_s},
           {"bytes_per_cpu_s", bytes_per_cpu_s},
@@ -65,7 +66,7 @@ double process_cpu_seconds() {
 TablePrinter::TablePrinter(std::string title, bool with_rate) : title_(std::move(title)) {
   columns_ = {"MsgSize (B)",  "BatchSize",    "TotalSize (MB)", "Max BW (GB/s)",
               "Avg BW (GB/s)", "Min Lat (us)", "Avg Lat (us)",   "P99 Lat (us)"};
-  if (with_rate) columns_.emplace_back("Rate (Mmsg/s)");
+  if (with_rate) columns_.emplace_back("Recv Rate (Mmsg/s)");
 }
 
 namespace {
@@ -99,7 +100,7 @@ void TablePrinter::row(const ResultRow& r) const {
       fmt::format("{:.2f}", r.total_mb),      fmt::format("{:.2f}", r.max_bw_gbps),
       fmt::format("{:.2f}", r.avg_bw_gbps),   fmt::format("{:.2f}", r.min_lat_us),
       fmt::format("{:.2f}", r.avg_lat_us),    fmt::format("{:.2f}", r.p99_lat_us)};
-  if (columns_.size() > cells.size()) cells.push_back(fmt::format("{:.3f}", r.msgs_per_s / 1e6));
+  if (columns_.size() > cells.size()) cells.push_back(fmt::format("{:.3f}", r.recv_msgs_per_s / 1e6));
   std::string out = "|";
   for (size_t i = 0; i < columns_.size(); ++i) out += fmt::format("{:^{}}|", cells[i], columns_[i].size() + 2);
   out += "\n";

@@ -23,6 +23,10 @@ struct ResultRow {
   double avg_lat_us = 0;
   double p99_lat_us = 0;
   double msgs_per_s = 0;  // items (messages for send) per second at the mean latency
+  // send: messages per second that completed at the target's posted receives, from posting the
+  // first timed batch to the last completion. The table's rate column: with eager sends a
+  // sender may run ahead of the receiver, so this is the end-to-end message rate.
+  double recv_msgs_per_s = 0;
   // CPU time (user + sys, all threads, getrusage) of each process over the warmup and timed
   // batches, and the bytes those batches moved per CPU-second of both processes together.
   double cpu_initiator_s = 0;

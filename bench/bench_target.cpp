@@ -22,17 +22,21 @@ class Target {
 
  private:
   void run_size(const nlohmann::json& request);
-  void receive_all(const SlotLayout& layout, uint32_t total_batches);
+  // Posts `batch` receives per batch and waits for them; returns the seconds from posting the
+  // first timed batch to the completion of the last one.
+  double receive_all(const SlotLayout& layout, uint32_t total_batches);
 
   BenchConfig cfg_;
   PeerLink& link_;
   DataPath& data_;
 };
 
-void Target::receive_all(const SlotLayout& layout, uint32_t total_batches) {
+double Target::receive_all(const SlotLayout& layout, uint32_t total_batches) {
   std::vector<Future> recvs(layout.batch);
   const uintptr_t base = data_.buffer->address();
+  Clock::time_point timed_start = Clock::now();
   for (uint32_t k = 0; k < total_batches; ++k) {
+    if (k == cfg_.warmup) timed_start = Clock::now();
     for (uint32_t i = 0; i < layout.batch; ++i) {
       recvs[i] = data_.endpoint->recv(Chunk{base, layout.offset(i), layout.size});
     }
@@ -44,6 +48,7 @@ void Target::receive_all(const SlotLayout& layout, uint32_t total_batches) {
       }
     }
   }
+  return std::chrono::duration<double>(Clock::now() - timed_start).count();
 }
 
 void Target::run_size(const nlohmann::json& request) {
@@ -64,11 +69,11 @@ void Target::run_size(const nlohmann::json& request) {
   const uint32_t total = cfg_.warmup + cfg_.iters;
   const double cpu0 = process_cpu_seconds();
   link_.send({{"type", "ready"}});
-  if (cfg_.op == Op::kSend) receive_all(layout, total);
+  const double recv_s = cfg_.op == Op::kSend ? receive_all(layout, total) : 0.0;
 
   const nlohmann::json finish = link_.expect("finish");
   const double cpu1 = process_cpu_seconds();
-  nlohmann::json result = {{"type", "result"}, {"cpu_s", cpu1 - cpu0}, {"ok", true}};
+  nlohmann::json result = {{"type", "result"}, {"cpu_s", cpu1 - cpu0}, {"recv_s", recv_s}, {"ok", true}};
   if (cfg_.verify && local_is_destination) {
     if (cfg_.inject_corruption) data_.buffer->data()[layout.offset(layout.batch / 2) + size / 2] ^= 0x01;
     const VerifyResult v =

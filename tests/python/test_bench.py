@@ -61,6 +61,8 @@ def test_bench_runs_verifies_and_writes_json(tmp_path, op):
         assert 0 < row["min_lat_us"] <= row["avg_lat_us"] and row["min_lat_us"] <= row["p99_lat_us"]
         assert row["max_bw_gbps"] >= row["avg_bw_gbps"] > 0
         assert row["msgs_per_s"] > 0
+        if op == "send":
+            assert row["recv_msgs_per_s"] > 0
 
 
 def test_bench_contiguous_layout_and_odd_sizes(tmp_path):
