@@ -99,8 +99,8 @@ SlotLayout SlotLayout::make(uint64_t size, uint32_t batch, bool contiguous) {
 }
 
 BenchBuffer::BenchBuffer(uint64_t bytes) : size_(bytes) {
-  void* p = ::mmap(nullptr, std::max<uint64_t>(bytes, 1), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
-                   -1, 0);
+  void* p = ::mmap(nullptr, std::max<uint64_t>(bytes, 1), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (p == MAP_FAILED) {
     throw std::runtime_error(fmt::format("cannot allocate a {:.1f} MiB benchmark buffer (lower --batch or the "
                                          "largest size)",

@@ -45,6 +45,11 @@ class Initiator {
   std::vector<double> time_one_sided(const SlotLayout& layout, ProgressReporter& progress);
   std::vector<double> time_send(const SlotLayout& layout, ProgressReporter& progress);
   nlohmann::json config_json(bool all_verified, double cpu_target_total) const;
+  // --json, or the file --plot draws from; empty if neither was asked for.
+  std::string report_path() const {
+    if (!cfg_.json_path.empty() || cfg_.plot_path.empty()) return cfg_.json_path;
+    return cfg_.plot_path + ".json";
+  }
   void print_configuration() const;
 
   BenchConfig cfg_;
@@ -196,9 +201,9 @@ nlohmann::json Initiator::config_json(bool all_verified, double cpu_target_total
 
 int Initiator::run() {
   if (!cfg_.quiet) print_configuration();
-  const std::string title = fmt::format("DLSlime {} Benchmark: {} (lanes {}, {})", cfg_.transport == "tcp" ? "TCP" : cfg_.transport,
-                                        op_name(cfg_.op), data_.endpoint->options().lanes,
-                                        cfg_.contiguous ? "contiguous" : "strided");
+  const std::string title =
+      fmt::format("DLSlime {} Benchmark: {} (lanes {}, {})", cfg_.transport == "tcp" ? "TCP" : cfg_.transport,
+                  op_name(cfg_.op), data_.endpoint->options().lanes, cfg_.contiguous ? "contiguous" : "strided");
   TablePrinter table(title, cfg_.op == Op::kSend);
   ProgressReporter progress(cfg_.progress);
   std::vector<ResultRow> rows;
@@ -208,9 +213,15 @@ int Initiator::run() {
     SizeOutcome out;
     try {
       out = run_size(i, progress);
-    } catch (...) {
+    } catch (const std::exception& e) {
       progress.clear();
       table.footer();
+      // Keep what was measured: the report says where and why the run stopped.
+      if (const std::string path = report_path(); !path.empty()) {
+        nlohmann::json config = config_json(false, 0.0);
+        config["error"] = fmt::format("stopped at {} B: {}", cfg_.sizes[i], e.what());
+        write_json_report(path, config, rows);
+      }
       throw;
     }
     progress.clear();
@@ -241,8 +252,7 @@ int Initiator::run() {
   }
   std::fflush(stdout);
 
-  std::string json_path = cfg_.json_path;
-  if (json_path.empty() && !cfg_.plot_path.empty()) json_path = cfg_.plot_path + ".json";
+  const std::string json_path = report_path();
   if (!json_path.empty()) {
     nlohmann::json config = config_json(all_verified, bye.value("cpu_total_s", 0.0));
     if (!failures.empty()) config["verify_errors"] = failures;

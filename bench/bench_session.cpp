@@ -88,7 +88,7 @@ TcpOptions make_tcp_options(const BenchConfig& cfg) {
   if (cfg.lanes) o.lanes = *cfg.lanes;
   if (cfg.chunk_size) o.chunk_size = *cfg.chunk_size;
   // A benchmark batch may legitimately take long on a slow link; --timeout is the guard.
-  o.op_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_s * 1000));
+  o.op_timeout = std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(cfg.timeout_s * 1000)));
   o.max_batch_items = std::max(o.max_batch_items, cfg.batch);
   o.max_inflight_ops = std::max(o.max_inflight_ops, cfg.batch);
   return o;

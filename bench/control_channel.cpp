@@ -171,7 +171,9 @@ bool ControlChannel::read_exact(void* out, size_t n, Clock::time_point deadline)
     const int ms = remaining_ms(deadline);
     if (ms == 0) return false;
     const int ready = ::poll(&pfd, 1, ms);
-    if (ready < 0 && errno != EINTR) throw ControlError(fmt::format("poll on the control connection: {}", errno_text()));
+    if (ready < 0 && errno != EINTR) {
+      throw ControlError(fmt::format("poll on the control connection: {}", errno_text()));
+    }
     if (ready <= 0) continue;
     const ssize_t r = ::recv(fd_, p + done, n - done, 0);
     if (r == 0) throw ControlError("the peer process closed the control connection (it exited or failed)");
