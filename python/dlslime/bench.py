@@ -9,7 +9,8 @@ The binary is looked up in this order:
 1. ``$DLSLIME_BENCH_BIN`` (an explicit choice, e.g. a build tree's ``bench/dlslime-bench``);
 2. ``dlslime/bin/dlslime-bench`` inside this package (``pip install`` puts it there, and a
    build tree links it there);
-3. ``dlslime-bench`` on ``PATH``.
+3. a compiled ``dlslime-bench`` on ``PATH`` (not the console script of the same name, which
+   runs this module).
 """
 
 from __future__ import annotations
@@ -37,7 +38,21 @@ def find_binary() -> Optional[str]:
     packaged = _package_dir() / "bin" / BINARY_NAME
     if packaged.is_file() and os.access(packaged, os.X_OK):
         return str(packaged)
-    return shutil.which(BINARY_NAME)
+    # On PATH, `dlslime-bench` may be the console script that runs this very module; exec'ing
+    # it would loop. Only a compiled program will do.
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        candidate = shutil.which(BINARY_NAME, path=directory) if directory else None
+        if candidate and _is_elf(candidate):
+            return candidate
+    return None
+
+
+def _is_elf(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
 
 
 def _child_environment() -> dict:
