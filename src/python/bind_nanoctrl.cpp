@@ -1,0 +1,225 @@
+// NanoCtrl in Python: the embedded server, the client, and the `nanoctrl` command line.
+#include <pybind11/stl.h>
+
+#include <nlohmann/json.hpp>
+
+#include "bindings.h"
+#include "dlslime/errors.h"
+#include "dlslime/nanoctrl.h"
+#include "dlslime/nanoctrl_client.h"
+#include "convert.h"
+
+namespace py = pybind11;
+
+namespace dlslime::py_bind {
+
+namespace {
+
+using nlohmann::json;
+using ms = std::chrono::milliseconds;
+
+ms seconds(double s, const char* what) {
+  if (!(s >= 0)) throw InvalidArgumentError(std::string(what) + " must be a non-negative number of seconds");
+  return ms(static_cast<int64_t>(s * 1000.0 + 0.5));
+}
+
+py::object optional_json(const std::optional<json>& j) { return j ? from_json(*j) : py::none(); }
+
+// Runs `fn` without the GIL and converts its JSON result with it.
+template <typename F>
+py::object nogil_json(F&& fn) {
+  json out;
+  {
+    py::gil_scoped_release release;
+    out = fn();
+  }
+  return from_json(out);
+}
+
+template <typename F>
+py::object nogil_optional(F&& fn) {
+  std::optional<json> out;
+  {
+    py::gil_scoped_release release;
+    out = fn();
+  }
+  return optional_json(out);
+}
+
+}  // namespace
+
+void bind_nanoctrl(py::module_& m) {
+  py::class_<NanoCtrlServer>(m, "NanoCtrlServer",
+                             "The NanoCtrl control plane, embedded in this process (docs/control-plane.md).")
+      .def(py::init([](const std::string& host, int port, std::optional<std::string> redis_url, double ttl,
+                       const std::string& key_prefix, std::size_t max_body, uint32_t max_threads,
+                       uint32_t max_waiters, double max_wait, uint32_t mailbox_max, double mailbox_ttl,
+                       double keep_alive, double redis_timeout) {
+             if (port < 0 || port > 65535) throw InvalidArgumentError("port must be in 0..65535");
+             NanoCtrlConfig c;
+             c.host = host;
+             c.port = static_cast<uint16_t>(port);
+             c.redis_url = redis_url.value_or("");
+             c.ttl = seconds(ttl, "ttl");
+             c.key_prefix = key_prefix;
+             c.max_body_bytes = max_body;
+             c.max_threads = max_threads;
+             c.max_waiters = max_waiters;
+             c.max_wait = seconds(max_wait, "max_wait");
+             c.mailbox_max_messages = mailbox_max;
+             c.mailbox_ttl = seconds(mailbox_ttl, "mailbox_ttl");
+             c.keep_alive_timeout = seconds(keep_alive, "keep_alive");
+             c.redis_timeout = seconds(redis_timeout, "redis_timeout");
+             return std::make_unique<NanoCtrlServer>(c);
+           }),
+           py::arg("host") = "127.0.0.1", py::arg("port") = 4479, py::arg("redis_url") = py::none(),
+           py::arg("ttl") = 60.0, py::arg("key_prefix") = "nanoctrl:", py::arg("max_body") = 1 << 20,
+           py::arg("max_threads") = 1024, py::arg("max_waiters") = 0, py::arg("max_wait") = 60.0,
+           py::arg("mailbox_max") = 4096, py::arg("mailbox_ttl") = 600.0, py::arg("keep_alive") = 5.0,
+           py::arg("redis_timeout") = 2.0)
+      .def("start", &NanoCtrlServer::start, py::call_guard<py::gil_scoped_release>(),
+           "Connect the store and start serving; returns once requests are accepted.")
+      .def("stop", &NanoCtrlServer::stop, py::call_guard<py::gil_scoped_release>(), "Stop serving (idempotent).")
+      .def_property_readonly("url", &NanoCtrlServer::url)
+      .def_property_readonly("port", &NanoCtrlServer::port)
+      .def_property_readonly("running", &NanoCtrlServer::running)
+      .def_property_readonly("config", [](const NanoCtrlServer& s) { return from_json(s.config().to_json()); })
+      .def("__enter__",
+           [](NanoCtrlServer& s) -> NanoCtrlServer& {
+             py::gil_scoped_release release;
+             if (!s.running()) s.start();
+             return s;
+           })
+      .def("__exit__", [](NanoCtrlServer& s, py::args) {
+        py::gil_scoped_release release;
+        s.stop();
+      });
+
+  py::class_<NanoCtrlClient>(m, "NanoCtrlClient",
+                             "HTTP client of NanoCtrl. Errors: ValueError (400), KeyError (404), ConnectionError "
+                             "(unreachable or 503), TimeoutError, RuntimeError (409, 429, other).")
+      .def(py::init([](const std::string& url, std::optional<std::string> scope, double timeout) {
+             return std::make_unique<NanoCtrlClient>(url, scope.value_or(""), seconds(timeout, "timeout"));
+           }),
+           py::arg("url") = "http://127.0.0.1:4479", py::arg("scope") = py::none(), py::arg("timeout") = 10.0)
+      .def_property_readonly("url", &NanoCtrlClient::url)
+      .def_property_readonly("scope", &NanoCtrlClient::scope)
+      .def("healthz", [](NanoCtrlClient& c) { return nogil_json([&] { return c.healthz(); }); })
+      .def(
+          "start_peer_agent",
+          [](NanoCtrlClient& c, std::optional<std::string> alias, py::kwargs fields) {
+            json body = to_json(fields);
+            if (alias) body["alias"] = *alias;
+            return nogil_json([&] { return c.start_peer_agent(body); });
+          },
+          py::arg("alias") = py::none(),
+          "Register an agent; other keyword fields (address, device, ib_port, link_type, resource, metadata, "
+          "endpoint_info, name_prefix) go into its record. Returns the reply with `name`.")
+      .def("heartbeat", &NanoCtrlClient::heartbeat, py::arg("entity_id"), py::arg("entity_type") = "agent",
+           py::call_guard<py::gil_scoped_release>())
+      .def("query", [](NanoCtrlClient& c) { return nogil_json([&] { return c.query(); }); })
+      .def(
+          "get_peer_agent",
+          [](NanoCtrlClient& c, const std::string& name) { return nogil_optional([&] { return c.get_peer_agent(name); }); },
+          py::arg("name"))
+      .def(
+          "cleanup",
+          [](NanoCtrlClient& c, const std::string& name) { return nogil_json([&] { return c.cleanup(name); }); },
+          py::arg("agent_name"))
+      .def(
+          "set_desired_topology",
+          [](NanoCtrlClient& c, const std::string& agent, std::vector<std::string> targets, bool symmetric,
+             std::optional<double> min_bw) {
+            return nogil_json([&] { return c.set_desired_topology(agent, targets, symmetric, min_bw); });
+          },
+          py::arg("agent"), py::arg("target_peers"), py::arg("symmetric") = false, py::arg("min_bw") = py::none())
+      .def(
+          "get_desired_topology",
+          [](NanoCtrlClient& c, const std::string& agent) {
+            return nogil_optional([&] { return c.get_desired_topology(agent); });
+          },
+          py::arg("agent"))
+      .def(
+          "register_mr",
+          [](NanoCtrlClient& c, const std::string& agent, const std::string& mr, py::handle info) {
+            json j = to_json(info);
+            py::gil_scoped_release release;
+            c.register_mr(agent, mr, j);
+          },
+          py::arg("agent_name"), py::arg("mr_name"), py::arg("mr_info"))
+      .def(
+          "get_mr_info",
+          [](NanoCtrlClient& c, const std::string& owner, const std::string& mr) {
+            return nogil_optional([&] { return c.get_mr_info(owner, mr); });
+          },
+          py::arg("owner"), py::arg("mr_name"))
+      .def("unregister_mr", &NanoCtrlClient::unregister_mr, py::arg("agent_name"), py::arg("mr_name"),
+           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "register",
+          [](NanoCtrlClient& c, const std::string& entity_id, const std::string& kind, const std::string& type,
+             std::optional<std::string> endpoint, py::object metadata, py::object resource) {
+            json extra = json::object();
+            if (endpoint) extra["endpoint"] = *endpoint;
+            if (!metadata.is_none()) extra["metadata"] = to_json(metadata);
+            if (!resource.is_none()) extra["resource"] = to_json(resource);
+            return nogil_json([&] { return c.register_entity(entity_id, kind, type, extra); });
+          },
+          py::arg("entity_id"), py::arg("kind") = "", py::arg("entity_type") = "service",
+          py::arg("endpoint") = py::none(), py::arg("metadata") = py::none(), py::arg("resource") = py::none())
+      .def("unregister", &NanoCtrlClient::unregister_entity, py::arg("entity_id"), py::arg("entity_type") = "service",
+           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "get_entity_info",
+          [](NanoCtrlClient& c, const std::string& id, const std::string& type) {
+            return nogil_optional([&] { return c.get_entity_info(id, type); });
+          },
+          py::arg("entity_id"), py::arg("entity_type") = "service")
+      .def(
+          "list_entities",
+          [](NanoCtrlClient& c, std::optional<std::string> type, std::optional<std::string> kind) {
+            return nogil_json([&] { return c.list_entities(type.value_or(""), kind.value_or("")); });
+          },
+          py::arg("entity_type") = py::none(), py::arg("kind") = py::none())
+      .def(
+          "post",
+          [](NanoCtrlClient& c, const std::string& to, py::handle message, std::optional<std::string> sender) {
+            json j = to_json(message);
+            py::gil_scoped_release release;
+            return c.post(to, j, sender.value_or(""));
+          },
+          py::arg("to"), py::arg("message"), py::arg("sender") = py::none(),
+          "Queue `message` (any JSON value) in the mailbox of agent `to`; returns the queue depth.")
+      .def(
+          "recv",
+          [](NanoCtrlClient& c, const std::string& alias, double timeout, uint32_t max_messages) {
+            auto wait = seconds(timeout, "timeout");
+            std::vector<json> got;
+            {
+              py::gil_scoped_release release;
+              got = c.recv(alias, wait, max_messages);
+            }
+            py::list out;
+            for (const auto& m : got) out.append(from_json(m));
+            return out;
+          },
+          py::arg("alias"), py::arg("timeout") = 0.0, py::arg("max_messages") = 1,
+          "Wait up to `timeout` seconds for messages to `alias`; each is {'from', 'message', 'ts_ms'}.")
+      .def(
+          "call",
+          [](NanoCtrlClient& c, const std::string& path, py::object body) {
+            json j = body.is_none() ? json::object() : to_json(body);
+            return nogil_json([&] { return c.call(path, j); });
+          },
+          py::arg("path"), py::arg("body") = py::none(), "POST `body` to any route; returns the reply.");
+
+  m.def(
+      "_nanoctrl_main",
+      [](const std::vector<std::string>& args, const std::vector<std::string>& self_command) {
+        py::gil_scoped_release release;
+        return nanoctrl_main(args, self_command);
+      },
+      py::arg("args"), py::arg("self_command"));
+}
+
+}  // namespace dlslime::py_bind
