@@ -25,7 +25,7 @@ while [[ $# -gt 0 ]]; do
     -n) RUNS="$2"; shift 2 ;;
     -b) BUILD_DIR="$2"; shift 2 ;;
     -k) KEEP=1; shift ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     --) shift; break ;;
     *) echo "compare.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
