@@ -163,6 +163,7 @@ class NanoCtrlServerImpl {
   std::atomic<bool> running_{false};
   std::atomic<bool> started_{false};
   uint16_t port_ = 0;
+  int listen_fd_ = -1;
   std::chrono::steady_clock::time_point started_at_;
   std::mutex stop_mu_;
   std::condition_variable stopped_cv_;
@@ -200,10 +201,11 @@ void NanoCtrlServerImpl::start() {
   http_->set_tcp_nodelay(true);
   // SO_REUSEADDR (quick restarts) but not httplib's default SO_REUSEPORT, which would let a
   // second server bind the same port silently; close-on-exec so children do not inherit it.
-  http_->set_socket_options([](int sock) {
+  http_->set_socket_options([this](int sock) {
     int yes = 1;
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
     ::fcntl(sock, F_SETFD, FD_CLOEXEC);
+    listen_fd_ = sock;
   });
   http_->set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
                                                                        httplib::Response& res) {
@@ -250,6 +252,9 @@ void NanoCtrlServerImpl::start() {
                                       config_.host, config_.port));
   }
   port_ = static_cast<uint16_t>(port);
+  // httplib listens with a backlog of 5: hundreds of agents connecting at once would
+  // overflow it (dropped handshakes, resets). Listening again only enlarges the queue.
+  if (listen_fd_ >= 0) ::listen(listen_fd_, SOMAXCONN);
   started_at_ = std::chrono::steady_clock::now();
   listener_ = std::thread([this] {
     http_->listen_after_bind();
