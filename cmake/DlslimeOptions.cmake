@@ -18,7 +18,7 @@ if(SKBUILD)
 else()
   dlslime_option(BUILD_TESTS "Build the GoogleTest suite" ON)
 endif()
-dlslime_option(BUILD_NANOCTRL "Build the NanoCtrl control plane" OFF)
+dlslime_option(BUILD_NANOCTRL "Build the NanoCtrl control plane and PeerAgent" ON)
 # Reserved for the hardware transports; they only build where their SDK is found.
 dlslime_option(BUILD_RDMA "Build the RDMA transport (libibverbs)" OFF)
 dlslime_option(BUILD_NVLINK "Build the NVLink transport (CUDA IPC)" OFF)

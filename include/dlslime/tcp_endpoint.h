@@ -51,6 +51,8 @@ struct DLSLIME_API TcpOptions {
 };
 
 class TcpEndpointImpl;
+class LocalRegionTable;
+class PeerAgentImpl;
 
 // Peer-to-peer transport over TCP (asio). See docs/tcp.md for the wire protocol.
 class DLSLIME_API TcpEndpoint final : public Endpoint {
@@ -83,6 +85,11 @@ class DLSLIME_API TcpEndpoint final : public Endpoint {
   Future do_submit(OpRequest request) override;
 
  private:
+  friend class PeerAgentImpl;
+  // The endpoints of one PeerAgent share the agent's region table, so a region handle
+  // means the same region on every connection of the agent.
+  TcpEndpoint(const std::string& ip, uint16_t port, TcpOptions options, std::shared_ptr<LocalRegionTable> regions);
+
   std::shared_ptr<TcpEndpointImpl> impl_;
 };
 

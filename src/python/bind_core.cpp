@@ -6,7 +6,7 @@
 #include "dlslime/future.h"
 #include "dlslime/logging.h"
 #include "dlslime/status.h"
-#include "json_convert.h"
+#include "convert.h"
 
 namespace py = pybind11;
 

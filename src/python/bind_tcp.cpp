@@ -1,5 +1,6 @@
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -8,7 +9,7 @@
 #include "bindings.h"
 #include "dlslime/errors.h"
 #include "dlslime/tcp_endpoint.h"
-#include "json_convert.h"
+#include "convert.h"
 
 namespace py = pybind11;
 
@@ -30,8 +31,8 @@ int32_t handle_of(py::handle v, const char* what) {
   return static_cast<int32_t>(i);
 }
 
-// (local_handle, remote_handle, target_offset, source_offset, length); a single tuple or a
-// list of them.
+}  // namespace
+
 std::vector<Assignment> to_assignments(py::handle obj) {
   auto one = [](py::handle t) {
     if (!py::isinstance<py::tuple>(t) && !py::isinstance<py::list>(t)) {
@@ -70,16 +71,21 @@ Chunk to_chunk(py::handle obj) {
                non_negative(seq[2], "length")};
 }
 
+namespace {
+
 std::chrono::milliseconds seconds_option(py::handle v, const char* name) {
   const double s = v.cast<double>();
   if (s < 0) throw py::value_error(fmt::format("{} must be >= 0 seconds", name));
   return std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0 + 0.5));
 }
 
-TcpOptions options_from_kwargs(const py::kwargs& kwargs) {
+}  // namespace
+
+TcpOptions tcp_options_from_kwargs(const py::kwargs& kwargs, const std::vector<std::string>& consumed) {
   TcpOptions o = TcpOptions::from_env();
   for (auto item : kwargs) {
     const auto key = item.first.cast<std::string>();
+    if (std::find(consumed.begin(), consumed.end(), key) != consumed.end()) continue;
     py::handle v = item.second;
     if (key == "lanes") o.lanes = v.cast<uint32_t>();
     else if (key == "chunk_size") o.chunk_size = v.cast<uint64_t>();
@@ -95,19 +101,17 @@ TcpOptions options_from_kwargs(const py::kwargs& kwargs) {
     else if (key == "max_inflight_ops") o.max_inflight_ops = v.cast<uint32_t>();
     else if (key == "max_batch_items") o.max_batch_items = v.cast<uint32_t>();
     else if (key == "unexpected_buffer_bytes") o.unexpected_buffer_bytes = v.cast<uint64_t>();
-    else throw py::type_error(fmt::format("TcpEndpoint() got an unexpected keyword argument '{}'", key));
+    else throw py::type_error(fmt::format("got an unexpected keyword argument '{}'", key));
   }
   return o;
 }
-
-}  // namespace
 
 void bind_tcp(py::module_& m) {
   py::class_<TcpEndpoint, std::shared_ptr<TcpEndpoint>>(m, "TcpEndpoint",
                                                         "Peer-to-peer transfers over TCP. See docs/tcp.md.")
       .def(py::init([](const std::string& ip, int port, const py::kwargs& kwargs) {
              if (port < 0 || port > 65535) throw py::value_error("port must be in 0..65535");
-             TcpOptions options = options_from_kwargs(kwargs);
+             TcpOptions options = tcp_options_from_kwargs(kwargs);
              py::gil_scoped_release release;
              return std::make_shared<TcpEndpoint>(ip, static_cast<uint16_t>(port), std::move(options));
            }),

@@ -8,5 +8,6 @@ namespace dlslime::py_bind {
 void bind_core(pybind11::module_& m);  // Future, status codes, logging, exceptions
 void bind_tcp(pybind11::module_& m);   // TcpEndpoint
 void bind_nanoctrl(pybind11::module_& m);  // NanoCtrl server (embedded) and client
+void bind_agent(pybind11::module_& m);     // PeerAgent, PeerConnection
 
 }  // namespace dlslime::py_bind

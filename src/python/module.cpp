@@ -7,5 +7,6 @@ PYBIND11_MODULE(_dlslime, m) {
   dlslime::py_bind::bind_tcp(m);
 #ifdef DLSLIME_WITH_NANOCTRL
   dlslime::py_bind::bind_nanoctrl(m);
+  dlslime::py_bind::bind_agent(m);
 #endif
 }

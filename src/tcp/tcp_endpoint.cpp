@@ -90,7 +90,11 @@ nlohmann::json TcpOptions::to_json() const {
 }
 
 TcpEndpoint::TcpEndpoint(const std::string& ip, uint16_t port, TcpOptions options)
-    : impl_(std::make_shared<TcpEndpointImpl>(ip, port, std::move(options))) {
+    : TcpEndpoint(ip, port, std::move(options), nullptr) {}
+
+TcpEndpoint::TcpEndpoint(const std::string& ip, uint16_t port, TcpOptions options,
+                         std::shared_ptr<LocalRegionTable> regions)
+    : impl_(std::make_shared<TcpEndpointImpl>(ip, port, std::move(options), std::move(regions))) {
   impl_->start();
 }
 
@@ -102,16 +106,16 @@ bool TcpEndpoint::is_connected() const { return impl_->is_connected(); }
 
 int32_t TcpEndpoint::register_memory_region(const std::string& name, uintptr_t addr, uint64_t offset,
                                             uint64_t length) {
-  return impl_->local_regions.add(name, addr, offset, length);
+  return impl_->local_regions->add(name, addr, offset, length);
 }
 
 int32_t TcpEndpoint::register_remote_memory_region(const std::string& name, const nlohmann::json& mr_info_entry) {
   return impl_->remote_regions.add(name, mr_info_entry);
 }
 
-void TcpEndpoint::unregister_memory_region(const std::string& name) { impl_->local_regions.remove(name); }
-void TcpEndpoint::unregister_memory_region(int32_t handle) { impl_->local_regions.remove(handle); }
-nlohmann::json TcpEndpoint::mr_info() const { return impl_->local_regions.mr_info(); }
+void TcpEndpoint::unregister_memory_region(const std::string& name) { impl_->local_regions->remove(name); }
+void TcpEndpoint::unregister_memory_region(int32_t handle) { impl_->local_regions->remove(handle); }
+nlohmann::json TcpEndpoint::mr_info() const { return impl_->local_regions->mr_info(); }
 
 Capabilities TcpEndpoint::capabilities() const {
   Capabilities caps;

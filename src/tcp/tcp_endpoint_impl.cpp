@@ -74,8 +74,10 @@ std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds t
 
 }  // namespace
 
-TcpEndpointImpl::TcpEndpointImpl(const std::string& ip, uint16_t port, TcpOptions options)
-    : options_(std::move(options)),
+TcpEndpointImpl::TcpEndpointImpl(const std::string& ip, uint16_t port, TcpOptions options,
+                                 std::shared_ptr<LocalRegionTable> regions)
+    : local_regions(regions ? std::move(regions) : std::make_shared<LocalRegionTable>()),
+      options_(std::move(options)),
       runtime_(tcp::IoRuntime::shared()),
       io_(runtime_->next_context()),
       endpoint_id_(random_id()),
@@ -123,7 +125,7 @@ nlohmann::json TcpEndpointImpl::endpoint_info() const {
           {"endpoint_id", endpoint_id_},
           {"protocol_version", tcp::kProtocolVersion},
           {"lanes", options_.lanes},
-          {"mr_info", local_regions.mr_info()}};
+          {"mr_info", local_regions->mr_info()}};
 }
 
 // ---------------------------------------------------------------------------------------
@@ -336,7 +338,7 @@ std::shared_ptr<TcpEndpointImpl::Submission> TcpEndpointImpl::prepare_one_sided(
     const Assignment& a = items[i];
     uintptr_t local = 0;
     RemoteRegion remote;
-    Status st = local_regions.resolve(a.local_handle, a.source_offset, a.length, &local);
+    Status st = local_regions->resolve(a.local_handle, a.source_offset, a.length, &local);
     if (st) st = remote_regions.resolve(a.remote_handle, a.target_offset, a.length, &remote);
     if (!st) {
       *error = Status(st.code(), fmt::format("{} item {}: {}", op_kind_name(req.kind), i, st.message()));
@@ -629,7 +631,7 @@ RxAction TcpEndpointImpl::on_header(TcpConnection& conn, const FrameHeader& h, P
       InboundWrite& acc = inbound_writes_[&conn];
       if (acc.op_id != h.op_id) acc = {h.op_id, Status::ok()};
       uintptr_t addr = 0;
-      if (Status st = local_regions.resolve(h.handle, h.offset, h.length, &addr); st) {
+      if (Status st = local_regions->resolve(h.handle, h.offset, h.length, &addr); st) {
         sink.dst = reinterpret_cast<uint8_t*>(addr);
       } else if (acc.status.is_ok()) {
         acc.status = std::move(st);  // the payload is drained; the ack reports the first error
@@ -675,7 +677,7 @@ void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const 
     }
     case FrameType::kReadRequest: {
       uintptr_t addr = 0;
-      const Status st = local_regions.resolve(h.handle, h.offset, h.length, &addr);
+      const Status st = local_regions->resolve(h.handle, h.offset, h.length, &addr);
       FrameHeader r;
       r.type = FrameType::kReadData;
       r.op_id = h.op_id;
@@ -715,6 +717,13 @@ void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const 
       if (!h.last()) return;
       current_msg_.reset();
       msg->complete = true;
+      if (!msg->matched && !recvs_.empty() && !unexpected_.empty() && unexpected_.front() == msg) {
+        unexpected_.pop_front();
+        unexpected_bytes_ -= msg->buffered.size();
+        PostedRecv recv = std::move(recvs_.front());
+        recvs_.pop_front();
+        attach(*msg, std::move(recv));
+      }
       if (msg->matched) {
         finish_message(*msg);
       } else {
@@ -769,6 +778,14 @@ RxAction TcpEndpointImpl::on_message_header(TcpConnection& conn, const FrameHead
         fmt::format("message frame at offset {}, expected {}", h.offset, m.received)));
     return RxAction::kContinue;
   }
+  if (!m.matched && !recvs_.empty() && !unexpected_.empty() && unexpected_.front() == current_msg_) {
+    // A recv was posted while this held message was arriving: the rest goes straight in.
+    unexpected_.pop_front();
+    unexpected_bytes_ -= m.buffered.size();
+    PostedRecv recv = std::move(recvs_.front());
+    recvs_.pop_front();
+    attach(m, std::move(recv));
+  }
   if (m.matched) {
     if (!m.recv.state || m.too_large) return RxAction::kContinue;  // drain
     if (!range_within(m.recv.length, h.offset, h.length)) {
@@ -810,9 +827,31 @@ void TcpEndpointImpl::resume_paused() {
   paused_conn_.reset();
 }
 
+void TcpEndpointImpl::attach(InboundMessage& m, PostedRecv recv) {
+  // Only at a frame boundary of m's connection (or once m is complete): no payload of m
+  // is in flight into `buffered` then, and it holds exactly m.received bytes.
+  m.matched = true;
+  m.recv = std::move(recv);
+  if (m.received > m.recv.length) {
+    m.too_large = true;
+  } else if (m.received > 0) {
+    std::memcpy(m.recv.addr, m.buffered.data(), m.received);
+  }
+  std::vector<uint8_t>().swap(m.buffered);
+}
+
 void TcpEndpointImpl::post_recv(PostedRecv recv) {
   if (shut_down_) {
     recv.state->complete(Status::cancelled("the endpoint is shut down"));
+    return;
+  }
+  if (!unexpected_.empty() && unexpected_.front()->complete) {
+    auto msg = std::move(unexpected_.front());
+    unexpected_.pop_front();
+    unexpected_bytes_ -= msg->buffered.size();
+    attach(*msg, std::move(recv));
+    finish_message(*msg);
+    resume_paused();
     return;
   }
   if (unexpected_.empty() && dialed_.empty() && accepted_.empty() && !last_loss_.empty()) {
@@ -821,28 +860,11 @@ void TcpEndpointImpl::post_recv(PostedRecv recv) {
     recv.state->complete(Status::peer_closed(fmt::format("the connection to the peer was lost: {}", last_loss_)));
     return;
   }
-  if (unexpected_.empty()) {
-    const bool has_deadline = recv.deadline != Clock::time_point::max();
-    recvs_.push_back(std::move(recv));
-    if (has_deadline) arm_sweeper();
-    return;
-  }
-  auto msg = std::move(unexpected_.front());
-  unexpected_.pop_front();
-  unexpected_bytes_ -= msg->buffered.size();
-  msg->matched = true;
-  msg->recv = std::move(recv);
-  if (msg->buffered.size() > msg->recv.length) {
-    msg->too_large = true;
-  } else if (!msg->buffered.empty()) {
-    std::memcpy(msg->recv.addr, msg->buffered.data(), msg->buffered.size());
-  }
-  std::vector<uint8_t>().swap(msg->buffered);
-  if (msg->complete) {
-    finish_message(*msg);
-  } else if (msg->recv.deadline != Clock::time_point::max()) {
-    arm_sweeper();  // the rest of it streams straight into the posted buffer
-  }
+  // Either nothing is here yet, or the oldest held message is still arriving: it takes
+  // this recv at its next frame boundary (on_message_header) or when it completes.
+  const bool has_deadline = recv.deadline != Clock::time_point::max();
+  recvs_.push_back(std::move(recv));
+  if (has_deadline) arm_sweeper();
   resume_paused();
 }
 

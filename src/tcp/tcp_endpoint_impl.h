@@ -30,7 +30,8 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
  public:
   using Clock = std::chrono::steady_clock;
 
-  TcpEndpointImpl(const std::string& ip, uint16_t port, TcpOptions options);
+  TcpEndpointImpl(const std::string& ip, uint16_t port, TcpOptions options,
+                  std::shared_ptr<LocalRegionTable> regions);
   ~TcpEndpointImpl() override;
 
   void start();
@@ -44,7 +45,7 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
   uint16_t port() const { return listener_->port(); }
   const TcpOptions& options() const { return options_; }
 
-  LocalRegionTable local_regions;
+  const std::shared_ptr<LocalRegionTable> local_regions;  // may be shared (PeerAgent)
   RemoteRegionTable remote_regions;
 
   // tcp::FrameHandler
@@ -101,6 +102,7 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
   void start_op(std::shared_ptr<Submission> sub);
   void post_recv(PostedRecv recv);
   tcp::RxAction on_message_header(tcp::TcpConnection& conn, const tcp::FrameHeader& h, tcp::PayloadSink& sink);
+  void attach(InboundMessage& msg, PostedRecv recv);
   void finish_message(InboundMessage& msg);
   void resume_paused();
   void ack(tcp::TcpConnection& conn, tcp::FrameType type, uint64_t op_id, const Status& status);

@@ -68,3 +68,25 @@ def connect_pair(a, b):
 @pytest.fixture
 def spawn_ctx():
     return multiprocessing.get_context("spawn")
+
+
+@pytest.fixture(scope="session")
+def ctrl_url():
+    """A NanoCtrl URL: DLSLIME_TEST_CTRL_URL when set (the test command may start one),
+    else an in-process server on a free port for the whole session."""
+    url = os.environ.get("DLSLIME_TEST_CTRL_URL")
+    if url:
+        yield url
+        return
+    from dlslime import nanoctrl
+
+    with nanoctrl.serve(port=0) as url:
+        yield url
+
+
+@pytest.fixture
+def unique():
+    """A fresh name prefix, so tests sharing one NanoCtrl never collide."""
+    import uuid
+
+    return uuid.uuid4().hex[:8]

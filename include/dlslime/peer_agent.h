@@ -1,0 +1,129 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "dlslime/endpoint.h"
+#include "dlslime/export.h"
+#include "dlslime/future.h"
+#include "dlslime/tcp_endpoint.h"
+
+namespace dlslime {
+
+struct DLSLIME_API PeerAgentOptions {
+  std::string ctrl_url = "http://127.0.0.1:4479";
+  // Empty: NanoCtrl picks one ("agent-<n>").
+  std::string alias;
+  // Agents see only agents of the same scope.
+  std::string scope;
+  // How often the agent heartbeats; 0 = what NanoCtrl suggests at registration (ttl / 4).
+  std::chrono::milliseconds heartbeat_interval{0};
+  // Deadline of each control-plane request.
+  std::chrono::milliseconds ctrl_timeout{10000};
+  // Options of the TcpEndpoints the agent makes (local_host/local_port come per connection).
+  TcpOptions tcp = TcpOptions::from_env();
+};
+
+struct DLSLIME_API ConnectOptions {
+  std::string transport = "rdma";  // DLSlime's default; "tcp" works on every host
+  std::string local_host = "0.0.0.0";
+  uint16_t local_port = 0;
+  // RDMA parameters, accepted for signature parity and ignored by TCP.
+  int ib_port = 1;
+  int qp_num = 1;
+  std::string local_device;
+  std::string peer_device;
+};
+
+// One item of a named batch: regions by name instead of handle. Offsets are in PeerAgent
+// order (LOCAL first), unlike Assignment.
+struct DLSLIME_API NamedAssignment {
+  std::string local_name;
+  std::string remote_name;
+  uint64_t local_offset = 0;
+  uint64_t remote_offset = 0;
+  uint64_t length = 0;
+};
+
+class PeerConnectionState;
+
+// A handle to this agent's connection to one peer.
+class DLSLIME_API PeerConnection {
+ public:
+  explicit PeerConnection(std::shared_ptr<PeerConnectionState> state) : state_(std::move(state)) {}
+
+  // Waits until the handshake completed. Throws TimeoutError after `timeout`, and
+  // ConnectionError if the handshake failed.
+  void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(60000)) const;
+  bool is_connected() const;
+  // "connecting", "connected", "failed" or "closed".
+  std::string state() const;
+  // Why the connection failed or closed; empty otherwise.
+  std::string error() const;
+  std::string conn_id() const;
+  std::string peer_alias() const;
+  std::string transport() const;
+  // The underlying endpoint (a TcpEndpoint for transport "tcp").
+  std::shared_ptr<Endpoint> endpoint() const;
+  // The peer's endpoint_info() (with its mr_info) once the handshake completed; null before.
+  nlohmann::json peer_endpoint_info() const;
+
+ private:
+  std::shared_ptr<PeerConnectionState> state_;
+};
+
+class PeerAgentImpl;
+
+// Finds peers and connects them through NanoCtrl. The agent registers with NanoCtrl,
+// heartbeats (and registers again if NanoCtrl forgot it), and exchanges each side's
+// endpoint_info through NanoCtrl's mailbox when connect_to() is called on either side.
+// Thread-safe.
+class DLSLIME_API PeerAgent {
+ public:
+  // Throws ConnectionError if NanoCtrl is unreachable, Error (409) if the alias is taken.
+  explicit PeerAgent(PeerAgentOptions options = {});
+  ~PeerAgent();
+  PeerAgent(const PeerAgent&) = delete;
+  PeerAgent& operator=(const PeerAgent&) = delete;
+
+  const std::string& alias() const;
+  const std::string& scope() const;
+  const std::string& ctrl_url() const;
+
+  // The bytes [addr+offset, addr+offset+length), shared by every connection of the agent
+  // and published to NanoCtrl so peers can resolve the name.
+  int32_t register_memory_region(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length);
+  void unregister_memory_region(const std::string& name);
+
+  // Starts connecting to `peer_alias` and returns at once; wait on the connection. Calling it
+  // again returns the existing connection while it is alive. Throws InvalidArgumentError for
+  // a bad alias or transport, NotFoundError if no such agent is registered, Error for
+  // transport "rdma" on a host (or build) without RDMA.
+  PeerConnection connect_to(const std::string& peer_alias, const ConnectOptions& options = {});
+  std::optional<PeerConnection> connection(const std::string& peer_alias) const;
+  std::vector<std::string> peers() const;
+
+  Future send(const std::string& peer, const Chunk& chunk);
+  Future recv(const std::string& peer, const Chunk& chunk);
+  Future read(const std::string& peer, std::vector<Assignment> assignments);
+  Future write(const std::string& peer, std::vector<Assignment> assignments);
+  Future read(const std::string& peer, const std::vector<NamedAssignment>& assignments);
+  Future write(const std::string& peer, const std::vector<NamedAssignment>& assignments);
+  Future write_with_imm(const std::string& peer, std::vector<Assignment> assignments, uint32_t imm_data = 0);
+  Future imm_recv(const std::string& peer);
+
+  // Removes the agent's records from NanoCtrl (its peers are notified) and shuts down every
+  // connection; peers' pending futures on them fail promptly. Idempotent.
+  void shutdown();
+
+ private:
+  std::shared_ptr<PeerAgentImpl> impl_;
+};
+
+}  // namespace dlslime
