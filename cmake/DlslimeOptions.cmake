@@ -19,6 +19,8 @@ else()
   dlslime_option(BUILD_TESTS "Build the GoogleTest suite" ON)
 endif()
 dlslime_option(BUILD_NANOCTRL "Build the NanoCtrl control plane and PeerAgent" ON)
+# libFuzzer targets (needs clang: CXX=clang++).
+dlslime_option(BUILD_FUZZERS "Build the libFuzzer targets (tests/fuzz)" OFF)
 # Reserved for the hardware transports; they only build where their SDK is found.
 dlslime_option(BUILD_RDMA "Build the RDMA transport (libibverbs)" OFF)
 dlslime_option(BUILD_NVLINK "Build the NVLink transport (CUDA IPC)" OFF)
