@@ -29,6 +29,9 @@ def target(pipe):
     # Stay up until the initiator says it is done reading.
     done = ctypes.create_string_buffer(8)
     status = ep.recv((ctypes.addressof(done), 0, 8)).wait()
+    # Tell the initiator we are done, so it does not shut down under our connect().
+    bye = ctypes.create_string_buffer(b"bye", 3)
+    status = status or ep.send((ctypes.addressof(bye), 0, 3)).wait()
     ep.shutdown()
     sys.exit(0 if status == 0 else 1)
 
@@ -53,8 +56,10 @@ def initiator(pipe):
     ok = (status == 0 and fut.nbytes == 5000 + half and dst.raw[8:5008] == expected[1000:6000]
           and dst.raw[half:] == expected[half:])
     print(f"[initiator] read {fut.nbytes} B status={status} bytes match: {ok}")
+    bye = ctypes.create_string_buffer(8)
+    bye_fut = ep.recv((ctypes.addressof(bye), 0, 8))
     note = ctypes.create_string_buffer(b"done", 8)
-    ep.send((ctypes.addressof(note), 0, 8)).wait()
+    ok = ok and ep.send((ctypes.addressof(note), 0, 8)).wait() == 0 and bye_fut.wait() == 0
     ep.shutdown()
     sys.exit(0 if ok else 1)
 

@@ -32,6 +32,9 @@ def target(pipe):
     expected = pattern(SIZE // 2)
     ok = buf.raw[4096 : 4096 + SIZE // 2] == expected and buf.raw[:4096] == bytes(4096)
     print(f"[target] region holds the written bytes: {ok}")
+    # Tell the initiator we are done, so it does not shut down under our connect().
+    bye = ctypes.create_string_buffer(b"bye", 3)
+    ep.send((ctypes.addressof(bye), 0, 3)).wait()
     ep.shutdown()
     sys.exit(0 if ok else 1)
 
@@ -49,8 +52,10 @@ def initiator(pipe):
     # (local_handle, remote_handle, target_offset=remote, source_offset=local, length)
     status = ep.write([(h_local, h_remote, 4096, 0, SIZE // 2)]).wait()
     print(f"[initiator] write {SIZE // 2} B status={status}")
+    bye = ctypes.create_string_buffer(8)
+    bye_fut = ep.recv((ctypes.addressof(bye), 0, 8))
     note = ctypes.create_string_buffer(b"done", 8)
-    if status != 0 or ep.send((ctypes.addressof(note), 0, 8)).wait() != 0:
+    if status != 0 or ep.send((ctypes.addressof(note), 0, 8)).wait() != 0 or bye_fut.wait() != 0:
         sys.exit(1)
     ep.shutdown()
 

@@ -101,10 +101,11 @@ class DLSLIME_API PeerAgent {
   int32_t register_memory_region(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length);
   void unregister_memory_region(const std::string& name);
 
-  // Starts connecting to `peer_alias` and returns at once; wait on the connection. Calling it
-  // again returns the existing connection while it is alive. Throws InvalidArgumentError for
-  // a bad alias or transport, NotFoundError if no such agent is registered, Error for
-  // transport "rdma" on a host (or build) without RDMA.
+  // Starts connecting to `peer_alias` and returns at once; wait on the connection. A peer
+  // that has not registered yet is connected as soon as it does (agents of one job start
+  // concurrently); wait() says so if it never does. Calling it again returns the existing
+  // connection while it is alive. Throws InvalidArgumentError for a bad alias or transport,
+  // Error for transport "rdma" on a host (or build) without RDMA.
   PeerConnection connect_to(const std::string& peer_alias, const ConnectOptions& options = {});
   std::optional<PeerConnection> connection(const std::string& peer_alias) const;
   std::vector<std::string> peers() const;

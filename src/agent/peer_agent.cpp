@@ -39,7 +39,7 @@ class PeerConnectionState {
   std::string error;
   json peer_info;               // the peer's endpoint_info, once known
   uint64_t peer_endpoint_id = 0;
-  bool info_sent = false;       // our endpoint_info was posted to the peer
+  bool info_sent = false;       // our endpoint_info was posted to the peer (it had registered)
   std::map<std::string, int32_t> remote_handles;  // remote region name -> handle
 
   void finish(const std::string& new_state, const std::string& why) {
@@ -62,8 +62,13 @@ class PeerConnectionState {
 void PeerConnection::wait(std::chrono::milliseconds timeout) const {
   std::unique_lock lock(state_->mu);
   if (!state_->cv.wait_for(lock, timeout, [&] { return state_->state != "connecting"; })) {
-    throw TimeoutError(fmt::format("connection to '{}' not established within {} ms (is the peer agent running "
-                                   "and calling connect_to, or reachable?)",
+    if (!state_->info_sent) {
+      throw TimeoutError(fmt::format("connection to '{}' not established within {} ms: no agent '{}' has "
+                                     "registered with NanoCtrl (same scope?)",
+                                     state_->peer_alias, timeout.count(), state_->peer_alias));
+    }
+    throw TimeoutError(fmt::format("connection to '{}' not established within {} ms (the peer agent is "
+                                   "registered but did not answer the handshake)",
                                    state_->peer_alias, timeout.count()));
   }
   if (state_->state != "connected") {
@@ -124,6 +129,8 @@ class PeerAgentImpl {
   void publish_regions();
   std::shared_ptr<PeerConnectionState> make_connection(const std::string& peer, const ConnectOptions& options);
   void post_info(const std::shared_ptr<PeerConnectionState>& c);
+  void claim_and_post(const std::shared_ptr<PeerConnectionState>& c);
+  bool post_pending();
   void complete_handshake(const std::shared_ptr<PeerConnectionState>& c, const json& peer_info);
   void retire(const std::shared_ptr<PeerConnectionState>& c, const std::string& why);
   void mailbox_loop();
@@ -146,6 +153,8 @@ class PeerAgentImpl {
 namespace {
 
 constexpr auto kMailboxWait = std::chrono::milliseconds(500);
+// How often connections to peers that have not registered yet look for them.
+constexpr auto kPeerPoll = std::chrono::milliseconds(50);
 
 std::string local_address(const TcpOptions& tcp) {
   if (!tcp.advertise_host.empty()) return tcp.advertise_host;
@@ -226,10 +235,11 @@ void PeerAgentImpl::heartbeat_loop() {
 }
 
 void PeerAgentImpl::mailbox_loop() {
+  bool waiting_for_peers = false;
   while (!stopping_) {
     std::vector<json> messages;
     try {
-      messages = ctrl.recv(alias, kMailboxWait, 32);
+      messages = ctrl.recv(alias, waiting_for_peers ? kPeerPoll : kMailboxWait, 32);
     } catch (const std::exception& e) {
       if (stopping_) return;
       DLSLIME_WARN("PeerAgent '{}': mailbox receive failed (will retry): {}", alias, e.what());
@@ -243,6 +253,7 @@ void PeerAgentImpl::mailbox_loop() {
         DLSLIME_WARN("PeerAgent '{}': dropped a malformed mailbox message {}: {}", alias, m.dump(), e.what());
       }
     }
+    waiting_for_peers = post_pending();
   }
 }
 
@@ -370,10 +381,6 @@ PeerConnection PeerAgentImpl::connect_to(const std::string& peer, const ConnectO
     }
   }
   if (stale) retire(stale, "replaced by a new connect_to()");
-  if (!ctrl.get_peer_agent(peer)) {
-    throw NotFoundError(fmt::format("no agent '{}' is registered with NanoCtrl at {} (scope '{}')", peer, ctrl.url(),
-                                    options.scope));
-  }
   auto c = make_connection(peer, o);
   {
     std::lock_guard lock(mu_);
@@ -384,12 +391,10 @@ PeerConnection PeerAgentImpl::connect_to(const std::string& peer, const ConnectO
       return PeerConnection(it->second);
     }
   }
-  {
-    std::lock_guard lock(c->mu);
-    c->info_sent = true;
-  }
+  // Agents of one job start concurrently: a peer that has not registered yet gets our
+  // endpoint_info as soon as it does (post_pending, from the mailbox thread).
   try {
-    post_info(c);
+    if (ctrl.get_peer_agent(peer)) claim_and_post(c);
   } catch (...) {
     std::lock_guard lock(mu_);
     conns_.erase(peer);
@@ -397,6 +402,34 @@ PeerConnection PeerAgentImpl::connect_to(const std::string& peer, const ConnectO
     throw;
   }
   return PeerConnection(c);
+}
+
+void PeerAgentImpl::claim_and_post(const std::shared_ptr<PeerConnectionState>& c) {
+  {
+    std::lock_guard lock(c->mu);
+    if (c->info_sent) return;
+    c->info_sent = true;
+  }
+  post_info(c);
+}
+
+bool PeerAgentImpl::post_pending() {
+  std::vector<std::shared_ptr<PeerConnectionState>> waiting;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [peer, c] : conns_) {
+      std::lock_guard clock(c->mu);
+      if (!c->info_sent && c->state == "connecting") waiting.push_back(c);
+    }
+  }
+  for (const auto& c : waiting) {
+    try {
+      if (ctrl.get_peer_agent(c->peer_alias)) claim_and_post(c);
+    } catch (const std::exception& e) {
+      DLSLIME_DEBUG("PeerAgent '{}': waiting for '{}' to register: {}", alias, c->peer_alias, e.what());
+    }
+  }
+  return !waiting.empty();
 }
 
 std::shared_ptr<PeerConnectionState> PeerAgentImpl::find(const std::string& peer) const {

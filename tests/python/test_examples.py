@@ -8,7 +8,16 @@ import pytest
 
 from conftest import REPO
 
-EXAMPLES = ["p2p_tcp_rc_send_recv.py", "p2p_tcp_rc_write.py", "p2p_tcp_rc_read.py"]
+EXAMPLES = [
+    "p2p_tcp_rc_send_recv.py",
+    "p2p_tcp_rc_write.py",
+    "p2p_tcp_rc_read.py",
+    # Two PeerAgents in two processes; each starts an embedded NanoCtrl unless
+    # DLSLIME_CTRL_URL names one.
+    "p2p_tcp_send_recv_peer_agent.py",
+    "p2p_tcp_rc_write_peer_agent.py",
+    "p2p_tcp_rc_read_peer_agent.py",
+]
 
 
 @pytest.mark.parametrize("script", EXAMPLES)

@@ -162,8 +162,10 @@ def test_connect_orders(ctrl_url, unique, order):
 def test_bad_arguments(ctrl_url, unique):
     agent_a, agent_b = agent_pair(ctrl_url, unique)
     b = f"tcp_b_{unique}"
-    with pytest.raises(KeyError, match="no agent"):
-        agent_a.connect_to(f"nobody_{unique}", transport="tcp")
+    ghost = agent_a.connect_to(f"nobody_{unique}", transport="tcp")  # may register later...
+    with pytest.raises(TimeoutError, match="no agent 'nobody_.*' has registered"):
+        ghost.wait(0.3)  # ...but never does
+    assert ghost.state == "connecting"
     with pytest.raises(ValueError, match="itself"):
         agent_a.connect_to(f"tcp_a_{unique}", transport="tcp")
     with pytest.raises(RuntimeError, match='transport="tcp"'):
@@ -199,6 +201,17 @@ def test_duplicate_alias_is_refused_until_the_old_agent_is_gone(ctrl_url, unique
     second.shutdown()
 
 
+def test_connect_to_a_peer_that_registers_later(ctrl_url, unique):
+    early = PeerAgent(ctrl_url=ctrl_url, alias=f"early_{unique}")
+    conn = early.connect_to(f"late_{unique}", transport="tcp")
+    late = PeerAgent(ctrl_url=ctrl_url, alias=f"late_{unique}")
+    conn.wait(10)
+    wait_until(lambda: late.connection(f"early_{unique}") is not None, 10, what="late agent's side")
+    late.connection(f"early_{unique}").wait(10)
+    early.shutdown()
+    late.shutdown()
+
+
 def test_auto_alias(ctrl_url):
     with PeerAgent(ctrl_url=ctrl_url) as agent:
         assert agent.alias
@@ -208,12 +221,13 @@ def test_scopes_do_not_see_each_other(ctrl_url, unique):
     a = PeerAgent(ctrl_url=ctrl_url, alias=f"s_a_{unique}", scope=f"red_{unique}")
     b = PeerAgent(ctrl_url=ctrl_url, alias=f"s_b_{unique}", scope=f"blue_{unique}")
     b_twin = PeerAgent(ctrl_url=ctrl_url, alias=f"s_a_{unique}", scope=f"blue_{unique}")  # same alias, other scope
-    with pytest.raises(KeyError):
-        a.connect_to(f"s_b_{unique}", transport="tcp")
+    with pytest.raises(TimeoutError, match="has registered"):
+        a.connect_to(f"s_b_{unique}", transport="tcp").wait(0.3)
     conn = b.connect_to(f"s_a_{unique}", transport="tcp")
     b_twin.connect_to(f"s_b_{unique}", transport="tcp")
     conn.wait(10)
-    assert a.peers() == []
+    assert a.peers() == [f"s_b_{unique}"]  # the pending attempt only
+    assert not a.connection(f"s_b_{unique}").is_connected()
     for x in (a, b, b_twin):
         x.shutdown()
 
@@ -235,8 +249,9 @@ def test_shutdown_fails_peer_futures_promptly_and_allows_reconnect(ctrl_url, uni
     # The same alias comes back and the survivor connects to it again.
     agent_b2 = PeerAgent(ctrl_url=ctrl_url, alias=b)
     conn2 = agent_a.connect_to(b, transport="tcp")
-    agent_b2.connect_to(a, transport="tcp")
+    cb2 = agent_b2.connect_to(a, transport="tcp")
     conn2.wait(10)
+    cb2.wait(10)
     rv = agent_b2.recv(a, (box.addr, 0, 16))
     msg = Buffer(5, b"again")
     assert agent_a.send(b, (msg.addr, 0, 5)).wait_for(10) == OK
