@@ -8,7 +8,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libasio-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libcpp-httplib-dev libhiredis-dev
-  redis-server iperf3 procps iproute2
+  redis-server redis-tools iperf3 procps iproute2
 )
 PIP_PACKAGES=(
   "scikit-build-core>=0.8" "pybind11>=2.10" "pytest>=7" "pytest-timeout>=2" "numpy" "matplotlib"

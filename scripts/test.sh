@@ -26,6 +26,33 @@ step "Python package (pip install .)"
 "$PYTHON" -m pip install -q --no-build-isolation .
 (cd /tmp && "$PYTHON" -c "import dlslime; print('dlslime', dlslime.__version__, 'from', dlslime.__file__)")
 
+step "services: redis-server and a NanoCtrl daemon on it"
+# The PeerAgent tests run against this NanoCtrl (the multi-host configuration: Redis
+# store). Tests that restart Redis or NanoCtrl start their own instances.
+RUN_DIR=$(mktemp -d /tmp/dlslime-test.XXXXXX)
+free_port() { "$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+REDIS_PORT=$(free_port)
+cleanup() {
+  "$PYTHON" -m dlslime.nanoctrl stop --pid-file "$RUN_DIR/nanoctrl.pid" >/dev/null 2>&1 || true
+  [ -n "${REDIS_PID:-}" ] && kill "$REDIS_PID" 2>/dev/null || true
+  rm -rf "$RUN_DIR"
+}
+trap cleanup EXIT
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --loglevel warning \
+  >"$RUN_DIR/redis.log" 2>&1 &
+REDIS_PID=$!
+for _ in $(seq 100); do
+  redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break
+  sleep 0.1
+done
+redis-cli -p "$REDIS_PORT" ping >/dev/null
+NANOCTRL_PORT=$(free_port)
+(cd /tmp && "$PYTHON" -m dlslime.nanoctrl start --port "$NANOCTRL_PORT" \
+  --redis-url "redis://127.0.0.1:$REDIS_PORT" --pid-file "$RUN_DIR/nanoctrl.pid")
+export DLSLIME_TEST_CTRL_URL="http://127.0.0.1:$NANOCTRL_PORT"
+export DLSLIME_TEST_REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
+echo "redis on $DLSLIME_TEST_REDIS_URL, NanoCtrl on $DLSLIME_TEST_CTRL_URL"
+
 step "Python tests (pytest)"
 set +e
 (cd "$ROOT" && "$PYTHON" -m pytest tests/python -v -p no:cacheprovider "$@")
