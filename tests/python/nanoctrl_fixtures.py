@@ -12,6 +12,8 @@ import urllib.request
 
 import pytest
 
+from conftest import wait_until  # noqa: F401 (re-exported for the NanoCtrl tests)
+
 REDIS_SERVER = shutil.which("redis-server")
 
 
@@ -19,17 +21,6 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_until(predicate, timeout=10.0, interval=0.01, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 class RedisServer:
