@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Sanitizer runs (issue 6): builds libdlslime, its tests and the Python module with
+# ASan+UBSan (build-asan) and, separately, with TSan (build-tsan), then runs the C++ tests
+# (ctest) and the TCP and PeerAgent Python tests against each build. Any sanitizer report
+# fails the run.
+#
+#   scripts/sanitize.sh              # both
+#   scripts/sanitize.sh asan         # or: tsan
+#   SANITIZE_PYTEST_ARGS="-k write" scripts/sanitize.sh asan
+#
+# Environment: JOBS (2), CC/CXX (gcc/g++: the runtime preloaded into Python below must be
+# the compiler's own), SANITIZE_PYTESTS (the Python test files), SANITIZE_SOAK_SECONDS (10:
+# the soak test's duration under the sanitizers; 0 skips it).
+#
+# How the Python tests run: python3 itself is not instrumented, so the sanitizer runtime
+# must be loaded first, with LD_PRELOAD (libasan.so / libtsan.so of the same compiler).
+# The interpreter's own allocations are not leak-checked (detect_leaks=0); the C++ tests
+# keep leak checking on. The module is imported from the build tree (PYTHONPATH=<build>/python);
+# nothing is pip-installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+JOBS=${JOBS:-2}
+PYTHON=${PYTHON:-python3}
+export CC=${CC:-gcc} CXX=${CXX:-g++}
+WHICH=${1:-all}
+PYTESTS=${SANITIZE_PYTESTS:-tests/python/test_tcp.py tests/python/test_peer_agent_tcp.py tests/python/test_hostile.py tests/python/test_soak.py}
+SOAK_SECONDS=${SANITIZE_SOAK_SECONDS:-10}
+
+step() { printf '\n==== %s ====\n' "$*"; }
+now() { date +%s; }
+declare -A TIMES=()
+
+runtime_of() {  # the compiler's sanitizer runtime, e.g. libasan.so
+  local path
+  path=$("$CXX" -print-file-name="$1")
+  [ -e "$path" ] || { echo "cannot find $1 for $CXX" >&2; exit 1; }
+  readlink -f "$path"
+}
+
+run_one() {
+  local name=$1 flags=$2 runtime=$3
+  local build=build-$name t0 rc=0
+  local san_env=()
+  if [ "$name" = asan ]; then
+    san_env=(ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:halt_on_error=1:detect_stack_use_after_return=1:strict_init_order=1"
+             UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+             LSAN_OPTIONS="suppressions=$ROOT/tests/fuzz/lsan.supp")
+  else
+    san_env=(TSAN_OPTIONS="halt_on_error=0:second_deadlock_stack=1:history_size=4:suppressions=$ROOT/tests/fuzz/tsan.supp")
+  fi
+
+  step "$name: configure and build ($build, $CXX $flags)"
+  t0=$(now)
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTS=ON -DBUILD_PYTHON=ON \
+    -Dpybind11_DIR="$("$PYTHON" -c 'import pybind11; print(pybind11.get_cmake_dir())')" \
+    -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
+    -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" \
+    -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" -DCMAKE_MODULE_LINKER_FLAGS="$flags" \
+    >/dev/null
+  cmake --build "$build" -j "$JOBS"
+  TIMES[$name-build]=$(( $(now) - t0 ))
+
+  step "$name: C++ tests (ctest)"
+  t0=$(now)
+  # InstalledPackage builds an uninstrumented app against the instrumented library: skip.
+  env "${san_env[@]}" ctest --test-dir "$build" --output-on-failure -j "$JOBS" --timeout 600 \
+    -E 'InstalledPackage' || rc=1
+  TIMES[$name-ctest]=$(( $(now) - t0 ))
+
+  step "$name: Python tests ($PYTESTS)"
+  t0=$(now)
+  local py_env=("${san_env[@]}")
+  if [ "$name" = asan ]; then
+    py_env=(ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:detect_stack_use_after_return=1"
+            UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
+  fi
+  # -p no:faulthandler: its signal stack confuses the sanitizers' own SEGV reports.
+  env "${py_env[@]}" LD_PRELOAD="$runtime" PYTHONPATH="$ROOT/$build/python" \
+    DLSLIME_SOAK_SECONDS="$SOAK_SECONDS" \
+    "$PYTHON" -m pytest $PYTESTS -q -p no:cacheprovider -p no:faulthandler ${SANITIZE_PYTEST_ARGS:-} || rc=1
+  TIMES[$name-pytest]=$(( $(now) - t0 ))
+  return $rc
+}
+
+failed=()
+if [ "$WHICH" = all ] || [ "$WHICH" = asan ]; then
+  run_one asan "-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+    "$(runtime_of libasan.so)" || failed+=(asan)
+fi
+if [ "$WHICH" = all ] || [ "$WHICH" = tsan ]; then
+  run_one tsan "-fsanitize=thread -fno-omit-frame-pointer" "$(runtime_of libtsan.so)" || failed+=(tsan)
+fi
+
+step "times (seconds)"
+for k in "${!TIMES[@]}"; do echo "$k ${TIMES[$k]}"; done | sort
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "sanitizer runs FAILED: ${failed[*]}" >&2
+  exit 1
+fi
+echo "sanitizer runs clean: $WHICH"
