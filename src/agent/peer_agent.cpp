@@ -40,6 +40,7 @@ class PeerConnectionState {
   json peer_info;               // the peer's endpoint_info, once known
   uint64_t peer_endpoint_id = 0;
   bool info_sent = false;       // our endpoint_info was posted to the peer (it had registered)
+  std::chrono::steady_clock::time_point last_post;  // when, for re-posting
   std::map<std::string, int32_t> remote_handles;  // remote region name -> handle
 
   void finish(const std::string& new_state, const std::string& why) {
@@ -155,6 +156,8 @@ namespace {
 constexpr auto kMailboxWait = std::chrono::milliseconds(500);
 // How often connections to peers that have not registered yet look for them.
 constexpr auto kPeerPoll = std::chrono::milliseconds(50);
+// A handshake message not answered within this long is posted again.
+constexpr auto kRepost = std::chrono::milliseconds(1000);
 
 std::string local_address(const TcpOptions& tcp) {
   if (!tcp.advertise_host.empty()) return tcp.advertise_host;
@@ -288,6 +291,8 @@ void PeerAgentImpl::on_message(const json& envelope) {
   const uint64_t peer_id = info.at("endpoint_id").get<uint64_t>();
   std::shared_ptr<PeerConnectionState> c, stale;
   bool send_info = false;
+  bool duplicate = false;
+  const bool peer_has_ours = msg.value("have_peer_info", false);
   {
     std::lock_guard lock(mu_);
     auto it = conns_.find(from);
@@ -300,11 +305,18 @@ void PeerAgentImpl::on_message(const json& envelope) {
         stale = it->second;
         conns_.erase(it);
       } else if (it->second->peer_endpoint_id == peer_id && it->second->state != "connecting") {
-        return;  // a duplicate of a handshake that already finished
+        // A repeat of a handshake that already finished here; the peer may still lack
+        // our info (our post was lost), so answer it once more.
+        c = it->second;
+        duplicate = true;
       } else {
         c = it->second;
       }
     }
+  }
+  if (duplicate) {
+    if (!peer_has_ours) post_info(c);
+    return;
   }
   if (stale) retire(stale, "replaced: the peer agent reconnected");
   if (!c) {
@@ -320,7 +332,7 @@ void PeerAgentImpl::on_message(const json& envelope) {
     std::lock_guard lock(c->mu);
     c->peer_info = info;
     c->peer_endpoint_id = peer_id;
-    send_info = !c->info_sent;
+    send_info = !c->info_sent || !peer_has_ours;
     c->info_sent = true;
   }
   if (send_info) post_info(c);
@@ -339,9 +351,17 @@ std::shared_ptr<PeerConnectionState> PeerAgentImpl::make_connection(const std::s
 }
 
 void PeerAgentImpl::post_info(const std::shared_ptr<PeerConnectionState>& c) {
+  bool have_peer_info = false;
+  {
+    std::lock_guard lock(c->mu);
+    have_peer_info = !c->peer_info.is_null();
+    c->last_post = std::chrono::steady_clock::now();
+  }
+  // have_peer_info tells the peer whether it must (re)send its own info.
   const json msg = {{"type", "connect"},
                     {"transport", "tcp"},
                     {"conn_id", c->conn_id},
+                    {"have_peer_info", have_peer_info},
                     {"endpoint_info", c->endpoint->endpoint_info()}};
   ctrl.post(c->peer_alias, msg, alias);
 }
@@ -414,22 +434,43 @@ void PeerAgentImpl::claim_and_post(const std::shared_ptr<PeerConnectionState>& c
 }
 
 bool PeerAgentImpl::post_pending() {
-  std::vector<std::shared_ptr<PeerConnectionState>> waiting;
+  // Two kinds of connections wait on the peer: those whose peer has not registered yet,
+  // and those whose info was posted but never answered (the message can be lost, e.g. a
+  // registration that clears a stale mailbox right after we posted): post again.
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<std::shared_ptr<PeerConnectionState>> unregistered, unanswered;
   {
     std::lock_guard lock(mu_);
     for (const auto& [peer, c] : conns_) {
       std::lock_guard clock(c->mu);
-      if (!c->info_sent && c->state == "connecting") waiting.push_back(c);
+      if (c->state != "connecting") continue;
+      if (!c->info_sent) {
+        unregistered.push_back(c);
+      } else if (c->peer_info.is_null() && now - c->last_post > kRepost) {
+        unanswered.push_back(c);
+      }
     }
   }
-  for (const auto& c : waiting) {
+  for (const auto& c : unregistered) {
     try {
       if (ctrl.get_peer_agent(c->peer_alias)) claim_and_post(c);
     } catch (const std::exception& e) {
       DLSLIME_DEBUG("PeerAgent '{}': waiting for '{}' to register: {}", alias, c->peer_alias, e.what());
     }
   }
-  return !waiting.empty();
+  for (const auto& c : unanswered) {
+    try {
+      post_info(c);
+    } catch (const std::exception& e) {
+      DLSLIME_DEBUG("PeerAgent '{}': re-posting to '{}' failed: {}", alias, c->peer_alias, e.what());
+    }
+  }
+  std::lock_guard lock(mu_);
+  for (const auto& [peer, c] : conns_) {
+    std::lock_guard clock(c->mu);
+    if (c->state == "connecting") return true;
+  }
+  return false;
 }
 
 std::shared_ptr<PeerConnectionState> PeerAgentImpl::find(const std::string& peer) const {
