@@ -1,11 +1,14 @@
 #include "tcp/tcp_connection.h"
 
+#include <sys/socket.h>
+
+#include <cerrno>
+
 #include <algorithm>
 #include <cstring>
 
 #include <asio/post.hpp>
 #include <asio/read.hpp>
-#include <asio/write.hpp>
 #include <fmt/format.h>
 
 #include "core/log.h"
@@ -37,9 +40,10 @@ void WriteItem::add_payload(const void* data, size_t n) {
   }
 }
 
-void WriteItem::append_buffers(std::vector<asio::const_buffer>& out) const {
+void WriteItem::append_buffers(std::vector<iovec>& out) const {
   for (const Segment& s : segments_) {
-    out.emplace_back(s.external ? s.external : bytes_.data() + s.offset, s.size);
+    const uint8_t* base = s.external ? s.external : bytes_.data() + s.offset;
+    out.push_back({const_cast<uint8_t*>(base), s.size});
   }
 }
 
@@ -53,7 +57,12 @@ std::string TcpConnection::peer_address() const {
   return fmt::format("{}:{}", ep.address().to_string(), ep.port());
 }
 
-void TcpConnection::start() { schedule_read(); }
+void TcpConnection::start() {
+  std::error_code ec;
+  socket_.non_blocking(true, ec);  // do_write calls sendmsg itself
+  if (ec) return close(io_error(ec, "setting up the socket"));
+  schedule_read();
+}
 
 Status TcpConnection::io_error(const std::error_code& ec, const char* what) const {
   if (ec == asio::error::eof) return Status::peer_closed("the peer closed the connection");
@@ -117,18 +126,7 @@ void TcpConnection::schedule_read() {
   if (reading_ || closed_) return;
   if (rbeg_ == rend_) rbeg_ = rend_ = 0;
   if (have_header_ && sink_ready_ && sink_.dst && remaining_ >= kDirectReadMin) {
-    // Receive the rest of the payload straight into its destination: no staging copy.
-    reading_ = reading_direct_ = true;
-    asio::async_read(socket_, asio::buffer(sink_.dst, remaining_),
-                     [self = shared_from_this()](std::error_code ec, size_t n) {
-                       self->reading_ = self->reading_direct_ = false;
-                       if (self->closed_) return;
-                       if (ec) return self->close(self->io_error(ec, "receiving a payload"));
-                       self->sink_.dst += n;
-                       self->remaining_ = 0;
-                       self->finish_frame();
-                       self->process();
-                     });
+    read_direct();
     return;
   }
   if (rbeg_ > 0 && kStagingSize - rend_ < kFrameHeaderSize * 4) {
@@ -136,8 +134,13 @@ void TcpConnection::schedule_read() {
     rend_ -= rbeg_;
     rbeg_ = 0;
   }
+  // After a large payload, read just the next header; a run of small frames gets the
+  // whole staging buffer again from the read after it.
+  const size_t want = header_only_ && rend_ - rbeg_ < kFrameHeaderSize ? kFrameHeaderSize - (rend_ - rbeg_)
+                                                                       : kStagingSize - rend_;
+  header_only_ = false;
   reading_ = true;
-  socket_.async_read_some(asio::buffer(rbuf_.get() + rend_, kStagingSize - rend_),
+  socket_.async_read_some(asio::buffer(rbuf_.get() + rend_, want),
                           [self = shared_from_this()](std::error_code ec, size_t n) {
                             self->reading_ = false;
                             if (self->closed_) return;
@@ -145,6 +148,36 @@ void TcpConnection::schedule_read() {
                             self->rend_ += n;
                             self->process();
                           });
+}
+
+void TcpConnection::read_direct() {
+  // Receive the rest of the payload straight into its destination: no staging copy.
+  reading_ = reading_direct_ = true;
+  set_low_watermark(std::min<uint64_t>(remaining_, kLowWatermarkMax));
+  socket_.async_read_some(asio::buffer(sink_.dst, remaining_), [self = shared_from_this()](std::error_code ec, size_t n) {
+    self->reading_ = self->reading_direct_ = false;
+    if (self->closed_) return;
+    if (ec) return self->close(self->io_error(ec, "receiving a payload"));
+    self->sink_.dst += n;
+    self->remaining_ -= n;
+    if (self->remaining_ > 0) return self->read_direct();
+    self->set_low_watermark(1);
+    self->header_only_ = true;
+    self->finish_frame();
+    self->process();
+  });
+}
+
+void TcpConnection::set_low_watermark(uint64_t bytes) {
+  // While a large payload streams in, epoll reports the socket readable only once this
+  // many bytes are queued (SO_RCVLOWAT), so each wake-up moves hundreds of KiB instead of
+  // one loopback segment: far fewer recv and epoll_wait calls. Never above the bytes
+  // still due in this payload (the sender writes whole frames; EOF and errors wake the
+  // reader regardless), so it cannot wait for bytes that will not come; reset to 1
+  // before any header read.
+  const int want = bytes < kLowWatermarkMin ? 1 : static_cast<int>(bytes);
+  if (want == rcvlowat_) return;
+  if (::setsockopt(socket_.native_handle(), SOL_SOCKET, SO_RCVLOWAT, &want, sizeof want) == 0) rcvlowat_ = want;
 }
 
 void TcpConnection::resume_reading() {
@@ -168,23 +201,50 @@ void TcpConnection::send(WriteItem item) {
 
 void TcpConnection::do_write() {
   // Gather everything queued into one vectored write: small ops coalesce into a few
-  // syscalls instead of one per item.
-  constexpr size_t kMaxIov = 1024;
-  iov_.clear();
-  writing_items_ = 0;
-  for (const WriteItem& item : queue_) {
-    if (writing_items_ > 0 && iov_.size() >= kMaxIov) break;
-    item.append_buffers(iov_);
-    ++writing_items_;
+  // syscalls instead of one per item. sendmsg is called directly rather than through
+  // asio::async_write, which caps each syscall at 64 KiB and 64 iovecs; here one call
+  // takes up to IOV_MAX iovecs and as many bytes as the socket buffer has room for.
+  if (writing_items_ == 0) {
+    iov_.clear();
+    iov_pos_ = 0;
+    for (const WriteItem& item : queue_) {
+      if (writing_items_ > 0 && iov_.size() >= kMaxIov) break;
+      item.append_buffers(iov_);
+      ++writing_items_;
+    }
+    if (writing_items_ == 0) return;
   }
-  if (writing_items_ == 0) return;
-  asio::async_write(socket_, iov_, [self = shared_from_this()](std::error_code ec, size_t) {
-    if (self->closed_) return;
-    if (ec) return self->close(self->io_error(ec, "sending"));
-    self->queue_.erase(self->queue_.begin(), self->queue_.begin() + static_cast<ptrdiff_t>(self->writing_items_));
-    self->writing_items_ = 0;
-    if (!self->queue_.empty()) self->do_write();
-  });
+  const int fd = socket_.native_handle();
+  while (iov_pos_ < iov_.size()) {
+    msghdr msg{};
+    msg.msg_iov = iov_.data() + iov_pos_;
+    msg.msg_iovlen = std::min<size_t>(iov_.size() - iov_pos_, kMaxIov);
+    const ssize_t sent = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (sent < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        // The socket buffer is full: continue once it has room.
+        socket_.async_wait(asio::socket_base::wait_write, [self = shared_from_this()](std::error_code ec) {
+          if (self->closed_) return;
+          if (ec) return self->close(self->io_error(ec, "sending"));
+          self->do_write();
+        });
+        return;
+      }
+      return close(io_error(std::error_code(errno, std::system_category()), "sending"));
+    }
+    for (auto left = static_cast<size_t>(sent); left > 0;) {  // skip what was sent
+      iovec& v = iov_[iov_pos_];
+      const size_t n = std::min(left, v.iov_len);
+      v.iov_base = static_cast<uint8_t*>(v.iov_base) + n;
+      v.iov_len -= n;
+      left -= n;
+      if (v.iov_len == 0) ++iov_pos_;
+    }
+  }
+  queue_.erase(queue_.begin(), queue_.begin() + static_cast<ptrdiff_t>(writing_items_));
+  writing_items_ = 0;
+  if (!queue_.empty()) do_write();
 }
 
 bool TcpConnection::abandon(uint64_t op_id) {

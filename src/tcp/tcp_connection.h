@@ -1,5 +1,7 @@
 #pragma once
 
+#include <sys/uio.h>
+
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -29,7 +31,7 @@ class WriteItem {
   void add_payload(const void* data, size_t n);  // inline or by reference, by size
   void add_copy(const void* data, size_t n);
   uint64_t op_id() const { return op_id_; }
-  void append_buffers(std::vector<asio::const_buffer>& out) const;
+  void append_buffers(std::vector<iovec>& out) const;
 
  private:
   struct Segment {
@@ -103,11 +105,16 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
   static constexpr size_t kStagingSize = 256 * 1024;
   // Payload remainders at least this large are read straight into their destination.
   static constexpr uint64_t kDirectReadMin = 16 * 1024;
+  // Receive low watermark while reading a payload directly (set_low_watermark).
+  static constexpr uint64_t kLowWatermarkMin = 128 * 1024;
+  static constexpr uint64_t kLowWatermarkMax = 512 * 1024;
 
   void process();
   void schedule_read();
   void consume(const uint8_t* src, size_t n);
   void finish_frame();
+  void read_direct();
+  void set_low_watermark(uint64_t bytes);
   void do_write();
   Status io_error(const std::error_code& ec, const char* what) const;
 
@@ -126,10 +133,16 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
   uint64_t remaining_ = 0;
   bool have_header_ = false, sink_ready_ = false;
   bool paused_ = false, reading_ = false, reading_direct_ = false;
+  // The last payload was read directly: the next frame is likely large too, so the next
+  // staging read takes only its header instead of copying the start of its payload.
+  bool header_only_ = false;
+  int rcvlowat_ = 1;  // SO_RCVLOWAT now set on the socket
 
   // Send side.
   std::deque<WriteItem> queue_;
-  std::vector<asio::const_buffer> iov_;
+  static constexpr size_t kMaxIov = 1024;  // IOV_MAX on Linux
+  std::vector<iovec> iov_;  // the write in progress: queue_'s first writing_items_ items
+  size_t iov_pos_ = 0;      // first iovec not fully sent
   size_t writing_items_ = 0;  // items at the front of queue_ handed to async_write
 };
 
