@@ -196,7 +196,28 @@ bool TcpConnection::placing_into(uint64_t op_id) const {
 void TcpConnection::send(WriteItem item) {
   if (closed_) return;
   queue_.push_back(std::move(item));
-  if (writing_items_ == 0) do_write();
+  schedule_flush();
+}
+
+WriteItem& TcpConnection::control() {
+  // Append to the last queued item unless it is being written (its buffers are in iov_)
+  // or belongs to an op (abandon() must be able to drop exactly that op's frames).
+  if (queue_.size() <= writing_items_ || queue_.back().op_id() != 0) queue_.emplace_back(0);
+  schedule_flush();
+  return queue_.back();
+}
+
+void TcpConnection::schedule_flush() {
+  // Write once the current handler returns, not at once: everything a handler queues
+  // (all answers to one staging buffer of frames, all ops posted in a burst) goes out in
+  // one vectored write instead of one syscall per frame. A post from the I/O thread to
+  // its own context wakes nothing.
+  if (closed_ || writing_items_ > 0 || flush_posted_) return;
+  flush_posted_ = true;
+  asio::post(socket_.get_executor(), [self = shared_from_this()] {
+    self->flush_posted_ = false;
+    if (!self->closed_ && self->writing_items_ == 0) self->do_write();
+  });
 }
 
 void TcpConnection::do_write() {
@@ -274,15 +295,31 @@ void TcpConnection::close(const Status& why) {
 void TcpConnection::close_quietly() {
   if (closed_) return;
   if (writing_items_ == 0) {
-    // Best effort: tell the peer this was an orderly shutdown, not a crash.
+    // Best effort, without blocking: the answers already queued (acknowledgements of
+    // messages a local recv has completed, read responses) and a goodbye, so the peer
+    // learns their outcome and sees an orderly shutdown, not a crash. Frames of local
+    // ops are dropped: those ops are being cancelled. Items are whole frames, so
+    // stopping at an item boundary keeps the stream well formed.
     uint8_t raw[kFrameHeaderSize];
     FrameHeader bye;
     bye.type = FrameType::kGoodbye;
     bye.length = 0;
     encode_frame_header(bye, raw);
-    std::error_code ec;
-    socket_.non_blocking(true, ec);
-    if (!ec) socket_.write_some(asio::buffer(raw), ec);
+    iov_.clear();
+    for (const WriteItem& item : queue_) {
+      if (item.op_id() != 0) continue;
+      const size_t before = iov_.size();
+      item.append_buffers(iov_);
+      if (iov_.size() >= kMaxIov) {
+        iov_.resize(before);
+        break;
+      }
+    }
+    iov_.push_back({raw, sizeof raw});
+    msghdr msg{};
+    msg.msg_iov = iov_.data();
+    msg.msg_iovlen = iov_.size();
+    (void)::sendmsg(socket_.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
   }
   handler_ = nullptr;
   close(Status::cancelled("endpoint shut down"));

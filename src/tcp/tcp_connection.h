@@ -80,7 +80,13 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
   TcpConnection(asio::ip::tcp::socket socket, FrameHandler* handler, Role role, uint16_t lane);
 
   void start();
+  // Queues the frames of local op `item.op_id()` (they may reference its memory, so
+  // abandon() can drop them). Nothing is written before the current handler returns.
   void send(WriteItem item);
+  // The open item for frames that reference no local op (acknowledgements, read
+  // responses): they accumulate into one buffer, so a burst of answers costs one iovec
+  // and one write. Valid until the handler returns; nothing is written before then.
+  WriteItem& control();
   // Drops queued items of `op_id` that have not reached the socket yet. Returns false if
   // some of its bytes are being written right now; only closing the connection stops that.
   bool abandon(uint64_t op_id);
@@ -113,6 +119,7 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
   void schedule_read();
   void consume(const uint8_t* src, size_t n);
   void finish_frame();
+  void schedule_flush();
   void read_direct();
   void set_low_watermark(uint64_t bytes);
   void do_write();
@@ -144,6 +151,7 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
   std::vector<iovec> iov_;  // the write in progress: queue_'s first writing_items_ items
   size_t iov_pos_ = 0;      // first iovec not fully sent
   size_t writing_items_ = 0;  // items at the front of queue_ handed to async_write
+  bool flush_posted_ = false;
 };
 
 }  // namespace dlslime::tcp

@@ -400,8 +400,10 @@ std::shared_ptr<TcpEndpointImpl::Submission> TcpEndpointImpl::prepare_one_sided(
       item.add_payload(p.local, p.length);
     }
   }
-  // Parts: one acknowledgement per lane for a write, one response per piece for a read.
-  sub->op.state = std::make_shared<OpState>(req.kind, is_read ? static_cast<uint32_t>(pieces.size()) : lanes_used);
+  // Parts: one acknowledgement per lane for a write. A read completes once, when the
+  // I/O thread has counted a response for every piece (reads_left).
+  sub->op.reads_left = is_read ? static_cast<uint32_t>(pieces.size()) : 0;
+  sub->op.state = std::make_shared<OpState>(req.kind, is_read ? 1 : lanes_used);
   return sub;
 }
 
@@ -613,16 +615,15 @@ void TcpEndpointImpl::shutdown() {
 // I/O thread: frames from the peer
 
 void TcpEndpointImpl::ack(TcpConnection& conn, FrameType type, uint64_t op_id, const Status& status) {
-  WriteItem item;
   FrameHeader h;
   h.type = type;
   h.op_id = op_id;
   h.status = status.raw_code();
-  const std::string text = status.message().substr(0, tcp::kMaxErrorText);
+  const std::string_view text = std::string_view(status.message()).substr(0, tcp::kMaxErrorText);
   h.length = text.size();
+  WriteItem& item = conn.control();
   item.add_header(h);
   item.add_copy(text.data(), text.size());
-  conn.send(std::move(item));
 }
 
 RxAction TcpEndpointImpl::on_header(TcpConnection& conn, const FrameHeader& h, PayloadSink& sink) {
@@ -683,30 +684,39 @@ void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const 
       r.op_id = h.op_id;
       r.index = h.index;
       r.status = st.raw_code();
-      WriteItem item;
+      // All answers to the requests in one read from the socket share one item.
+      WriteItem& item = conn.control();
       if (st) {
         r.length = h.length;
         item.add_header(r);
         item.add_payload(reinterpret_cast<const void*>(addr), h.length);
       } else {
-        const std::string reason = st.message().substr(0, tcp::kMaxErrorText);
+        const std::string_view reason = std::string_view(st.message()).substr(0, tcp::kMaxErrorText);
         r.length = reason.size();
         item.add_header(r);
         item.add_copy(reason.data(), reason.size());
       }
-      conn.send(std::move(item));
       return;
     }
     case FrameType::kWriteAck:
       complete_op(h.op_id, h.status == 0 ? Status::ok() : remote_status(h, text), 0, false);
       return;
-    case FrameType::kReadData:
+    case FrameType::kReadData: {
+      // Counted here, on the I/O thread, and completed once: no atomic per piece.
+      auto it = pending_.find(h.op_id);
+      if (it == pending_.end()) return;  // it expired; the bytes were drained
+      PendingOp& op = it->second;
       if (h.status != 0) {
-        complete_op(h.op_id, remote_status(h, text), 0, false);
-      } else if (sink.op_id != 0) {
-        complete_op(h.op_id, Status::ok(), h.length, false);
+        if (op.error.is_ok()) op.error = remote_status(h, text);
+      } else {
+        op.nbytes += h.length;
       }
+      if (--op.reads_left > 0) return;
+      const Status st = std::move(op.error);  // complete_op erases `op`
+      const uint64_t nbytes = st.is_ok() ? op.nbytes : 0;
+      complete_op(h.op_id, st, nbytes, true);
       return;
+    }
     case FrameType::kSendAck:
       complete_op(h.op_id, h.status == 0 ? Status::ok() : remote_status(h, text), 0, true);
       return;
@@ -734,7 +744,17 @@ void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const 
       }
       return;
     }
-    case FrameType::kGoodbye: conn.close(Status::peer_closed("the peer endpoint shut down")); return;
+    case FrameType::kGoodbye: {
+      // The peer sends nothing more on this connection, but what it sent earlier on its
+      // other connections (the acknowledgement of a message, say) may still be unread
+      // there. Its ops fail only once every connection has said goodbye or closed.
+      const auto closing = conn.shared_from_this();
+      std::erase(dialed_, closing);
+      std::erase(accepted_, closing);
+      conn.close_quietly();
+      if (dialed_.empty() && accepted_.empty()) on_closed(conn, Status::peer_closed("the peer endpoint shut down"));
+      return;
+    }
   }
 }
 

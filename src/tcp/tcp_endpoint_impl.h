@@ -64,6 +64,9 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
     std::shared_ptr<OpState> state;
     Clock::time_point deadline = Clock::time_point::max();
     std::vector<ReadDest> reads;  // read: destination of each chunk, by frame index
+    uint32_t reads_left = 0;      // read: responses still due
+    uint64_t nbytes = 0;          // read: bytes placed so far
+    Status error;                 // read: the first error a response reported
   };
   // A prepared op on its way from the submitting thread to the I/O thread.
   struct Submission {
