@@ -299,7 +299,7 @@ Future TcpEndpointImpl::submit(OpRequest req) {
     recv.local_id = op_id;
     recv.deadline = deadline_after(options_.recv_timeout);
     Future f(recv.state);
-    post([recv = std::move(recv)](TcpEndpointImpl& self) mutable { self.post_recv(std::move(recv)); });
+    hand_off({nullptr, std::move(recv)});
     return f;
   }
   std::shared_ptr<Submission> sub;
@@ -311,8 +311,35 @@ Future TcpEndpointImpl::submit(OpRequest req) {
     if (!sub) return fail_now(req.kind, std::move(error));
   }
   Future f(sub->op.state);
-  post([sub = std::move(sub)](TcpEndpointImpl& self) mutable { self.start_op(std::move(sub)); });
+  hand_off({std::move(sub), {}});
   return f;
+}
+
+void TcpEndpointImpl::hand_off(Handoff h) {
+  bool first = false;
+  {
+    std::lock_guard lock(handoff_mu_);
+    first = handoffs_.empty();
+    handoffs_.push_back(std::move(h));
+  }
+  if (first) post([](TcpEndpointImpl& self) { self.drain_handoffs(); });
+}
+
+void TcpEndpointImpl::drain_handoffs() {
+  {
+    std::lock_guard lock(handoff_mu_);
+    draining_.swap(handoffs_);
+  }
+  // In submission order. A continuation run from here may submit again: that lands in
+  // handoffs_ and posts its own drain.
+  for (Handoff& h : draining_) {
+    if (h.op) {
+      start_op(std::move(h.op));
+    } else {
+      post_recv(std::move(h.recv));
+    }
+  }
+  draining_.clear();
 }
 
 std::shared_ptr<TcpEndpointImpl::Submission> TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id,

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -81,6 +82,11 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
     uint64_t local_id = 0;
     Clock::time_point deadline = Clock::time_point::max();
   };
+  // A submitted op (op set) or recv on its way to the I/O thread.
+  struct Handoff {
+    std::shared_ptr<Submission> op;
+    PostedRecv recv;
+  };
   // A message from the peer, matched to a posted recv or held until one is posted.
   struct InboundMessage {
     uint64_t op_id = 0;  // the sender's op id, echoed in its ack
@@ -102,6 +108,8 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
   Future fail_now(OpKind kind, Status status) const;
   std::shared_ptr<Submission> prepare_one_sided(const OpRequest& req, uint64_t op_id, Status* error);
   std::shared_ptr<Submission> prepare_send(const OpRequest& req, uint64_t op_id);
+  void hand_off(Handoff h);
+  void drain_handoffs();
   void start_op(std::shared_ptr<Submission> sub);
   void post_recv(PostedRecv recv);
   tcp::RxAction on_message_header(tcp::TcpConnection& conn, const tcp::FrameHeader& h, tcp::PayloadSink& sink);
@@ -130,11 +138,17 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
   std::atomic<bool> shut_down_{false};
   std::atomic<uint64_t> next_op_id_{1};
   std::atomic<uint16_t> lanes_up_{0};
+  // Submitted ops and recvs not yet taken by the I/O thread. Only the submission that
+  // finds the list empty posts a drain, so a burst costs one post and one wake-up, and
+  // the ops drained in one turn leave in one write per lane.
+  std::mutex handoff_mu_;
+  std::vector<Handoff> handoffs_;  // guarded by handoff_mu_
 
   // ---- I/O thread only ----
   uint64_t peer_id_ = 0;  // the endpoint this one is paired with (0 = none yet)
   std::vector<std::shared_ptr<tcp::TcpConnection>> dialed_;    // by lane: our requests
   std::vector<std::shared_ptr<tcp::TcpConnection>> accepted_;  // the peer's requests
+  std::vector<Handoff> draining_;  // the batch being started (its capacity is reused)
   std::unordered_map<uint64_t, PendingOp> pending_;
   std::deque<PostedRecv> recvs_;
   std::deque<std::shared_ptr<InboundMessage>> unexpected_;
