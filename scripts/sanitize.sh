@@ -41,13 +41,17 @@ runtime_of() {  # the compiler's sanitizer runtime, e.g. libasan.so
 run_one() {
   local name=$1 flags=$2 runtime=$3
   local build=build-$name t0 rc=0
+  local logs=$ROOT/$build/sanitizer-logs
+  # Reports go to files as well as stderr: pytest captures stderr and loses it when the
+  # process aborts. Any file there after a run is a finding.
+  rm -rf "$logs" && mkdir -p "$logs"
   local san_env=()
   if [ "$name" = asan ]; then
-    san_env=(ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:halt_on_error=1:detect_stack_use_after_return=1:strict_init_order=1"
-             UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+    san_env=(ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:detect_stack_use_after_return=1:strict_init_order=1:log_path=$logs/asan"
+             UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$logs/ubsan"
              LSAN_OPTIONS="suppressions=$ROOT/tests/fuzz/lsan.supp")
   else
-    san_env=(TSAN_OPTIONS="halt_on_error=0:second_deadlock_stack=1:history_size=4:suppressions=$ROOT/tests/fuzz/tsan.supp")
+    san_env=(TSAN_OPTIONS="halt_on_error=0:second_deadlock_stack=1:log_path=$logs/tsan:suppressions=$ROOT/tests/fuzz/tsan.supp")
   fi
 
   step "$name: configure and build ($build, $CXX $flags)"
@@ -72,14 +76,23 @@ run_one() {
   t0=$(now)
   local py_env=("${san_env[@]}")
   if [ "$name" = asan ]; then
-    py_env=(ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:detect_stack_use_after_return=1"
-            UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
+    py_env=(ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:detect_stack_use_after_return=1:log_path=$logs/asan"
+            UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$logs/ubsan")
   fi
+  # libstdc++ is preloaded too: python3 does not link it, and the runtime must find the real
+  # __cxa_throw when it starts ("CHECK failed: real___cxa_throw != 0" otherwise).
+  local preload
+  preload="$runtime $(readlink -f "$("$CXX" -print-file-name=libstdc++.so)")"
   # -p no:faulthandler: its signal stack confuses the sanitizers' own SEGV reports.
-  env "${py_env[@]}" LD_PRELOAD="$runtime" PYTHONPATH="$ROOT/$build/python" \
+  env "${py_env[@]}" LD_PRELOAD="$preload" PYTHONPATH="$ROOT/$build/python" \
     DLSLIME_SOAK_SECONDS="$SOAK_SECONDS" \
     "$PYTHON" -m pytest $PYTESTS -q -p no:cacheprovider -p no:faulthandler ${SANITIZE_PYTEST_ARGS:-} || rc=1
   TIMES[$name-pytest]=$(( $(now) - t0 ))
+  if compgen -G "$logs/*" >/dev/null; then
+    step "$name: sanitizer reports ($logs)"
+    for f in "$logs"/*; do echo "--- $f"; head -n 80 "$f"; done
+    rc=1
+  fi
   return $rc
 }
 

@@ -28,6 +28,7 @@
 #include "core/region_table.h"
 #include "dlslime/logging.h"
 #include "fuzz_common.h"
+#include "tcp/io_runtime.h"
 #include "tcp/tcp_connection.h"
 #include "tcp/tcp_endpoint_impl.h"
 
@@ -55,7 +56,11 @@ struct Fixture {
     FUZZ_CHECK(regions->add("r3", reinterpret_cast<uintptr_t>(r3), 0, 1) == 3);
     options.unexpected_buffer_bytes = 64 * 1024;  // small, so flow control (pause) is reachable
     options.op_timeout = std::chrono::milliseconds(0);
+    // Keeps the process-wide I/O pool alive between inputs (it stops with its last user,
+    // and starting a thread per input would dominate the run time).
+    runtime = tcp::IoRuntime::shared();
   }
+  std::shared_ptr<tcp::IoRuntime> runtime;
   std::shared_ptr<LocalRegionTable> regions;
   uint8_t* r0;
   uint8_t* r1;

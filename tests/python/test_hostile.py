@@ -636,3 +636,19 @@ def test_pairing_limitation_endpoint_id_is_not_a_secret():
     finally:
         a.shutdown()
         b.shutdown()
+
+
+# --- NanoCtrl ------------------------------------------------------------------------------
+
+
+def test_nanoctrl_answers_400_to_a_number_overflow(ctrl_url):
+    """Regression for tests/fuzz/corpus/fuzz_nanoctrl_request/crash-number-overflow-500."""
+    import urllib.error
+    import urllib.request
+
+    for body in (b'{"x": 1e400}', b'{"alias": "a", "ib_port": -1e999}', b"[1e400]"):
+        req = urllib.request.Request(ctrl_url + "/start_peer_agent", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=10)
+        assert err.value.code == 400, (body, err.value.code, err.value.read()[:200])
