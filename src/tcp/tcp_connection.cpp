@@ -21,6 +21,12 @@ void WriteItem::add_header(const FrameHeader& h) {
   add_copy(raw, sizeof raw);
 }
 
+void WriteItem::reserve(size_t frames, uint64_t payload) {
+  const uint64_t inline_bytes = std::min<uint64_t>(payload, frames * kInlinePayloadMax);
+  bytes_.reserve(bytes_.size() + frames * kFrameHeaderSize + inline_bytes);
+  segments_.reserve(segments_.size() + 2 * frames);
+}
+
 void WriteItem::add_copy(const void* data, size_t n) {
   if (n == 0) return;
   const size_t offset = bytes_.size();

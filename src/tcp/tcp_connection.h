@@ -27,6 +27,9 @@ class WriteItem {
 
   explicit WriteItem(uint64_t op_id = 0) : op_id_(op_id) {}
 
+  // Room for `frames` frames carrying `payload` bytes in all, so that building a batch
+  // allocates once instead of regrowing (and re-copying) its buffers.
+  void reserve(size_t frames, uint64_t payload);
   void add_header(const FrameHeader& h);
   void add_payload(const void* data, size_t n);  // inline or by reference, by size
   void add_copy(const void* data, size_t n);

@@ -406,6 +406,7 @@ std::shared_ptr<TcpEndpointImpl::Submission> TcpEndpointImpl::prepare_one_sided(
     if (frames_on[lane] == 0) continue;
     item_of_lane[lane] = static_cast<int>(sub->items.size());
     sub->items.emplace_back(lane, WriteItem(op_id));
+    sub->items.back().second.reserve(frames_on[lane], is_read ? 0 : load[lane] - frames_on[lane] * tcp::kFrameHeaderSize);
     ++lanes_used;
   }
   if (is_read) sub->op.reads.reserve(pieces.size());
