@@ -9,6 +9,7 @@ APT_PACKAGES=(
   libasio-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libcpp-httplib-dev libhiredis-dev
   redis-server redis-tools iperf3 procps iproute2
+  clang libclang-rt-14-dev
 )
 PIP_PACKAGES=(
   "scikit-build-core>=0.8" "pybind11>=2.10" "pytest>=7" "pytest-timeout>=2" "numpy" "matplotlib"

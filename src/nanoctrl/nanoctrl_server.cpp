@@ -33,56 +33,10 @@ namespace dlslime {
 
 using nlohmann::json;
 using nanoctrl::ApiError;
+using nanoctrl::parse_body;
 using nanoctrl::StoreUnavailable;
 
 namespace {
-
-// JSON nested deeper than this is refused before parsing: recursion over the value (dump,
-// destruction) must stay well inside a thread's stack.
-constexpr int kMaxJsonDepth = 64;
-
-bool too_deep(const std::string& body) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : body) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth) return true;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return false;
-}
-
-json parse_body(const std::string& body) {
-  if (body.find_first_not_of(" \t\r\n") == std::string::npos) return json::object();
-  if (too_deep(body)) {
-    throw ApiError(400, fmt::format("request body is nested deeper than {} levels", kMaxJsonDepth));
-  }
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    // Parse again for the position of the error.
-    try {
-      json again = json::parse(body);
-      (void)again;
-    } catch (const json::parse_error& e) {
-      throw ApiError(400, std::string("malformed JSON body: ") + e.what());
-    }
-    throw ApiError(400, "malformed JSON body");
-  }
-  if (!j.is_object()) throw ApiError(400, std::string("request body must be a JSON object, got ") + j.type_name());
-  return j;
-}
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 

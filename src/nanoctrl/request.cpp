@@ -1,5 +1,7 @@
 #include "nanoctrl/request.h"
 
+#include <fmt/format.h>
+
 namespace dlslime::nanoctrl {
 
 namespace {
@@ -11,7 +13,55 @@ bool name_char(char c) {
 
 const char* type_name(const nlohmann::json& v) { return v.type_name(); }
 
+// JSON nested deeper than this is refused before parsing: recursion over the value (dump,
+// destruction) must stay well inside a thread's stack.
+constexpr int kMaxJsonDepth = 64;
+
+bool too_deep(const std::string& body) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : body) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
 }  // namespace
+
+nlohmann::json parse_body(const std::string& body) {
+  if (body.find_first_not_of(" \t\r\n") == std::string::npos) return nlohmann::json::object();
+  if (too_deep(body)) {
+    throw ApiError(400, fmt::format("request body is nested deeper than {} levels", kMaxJsonDepth));
+  }
+  nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    // Parse again for the position of the error. Not only parse_error: a number that
+    // overflows a double (1e400) is out_of_range, and bad input all the same (was a 500).
+    try {
+      nlohmann::json again = nlohmann::json::parse(body);
+      (void)again;
+    } catch (const nlohmann::json::exception& e) {
+      throw ApiError(400, std::string("malformed JSON body: ") + e.what());
+    }
+    throw ApiError(400, "malformed JSON body");
+  }
+  if (!j.is_object()) throw ApiError(400, std::string("request body must be a JSON object, got ") + j.type_name());
+  return j;
+}
 
 bool is_valid_name(const std::string& s, std::size_t max_len) {
   if (s.empty() || s.size() > max_len) return false;

@@ -23,6 +23,10 @@ class ApiError : public std::runtime_error {
 
 inline ApiError bad_request(const std::string& message) { return ApiError(400, message); }
 
+// Parses a request body: empty means {}; anything that is not a JSON object, nests deeper
+// than 64 levels, or does not parse (numbers overflowing a double included) is a 400.
+nlohmann::json parse_body(const std::string& body);
+
 // What a name (alias, scope, entity type) may contain: it becomes one ':'-separated key
 // component, so ':' and glob characters are excluded.
 bool is_valid_name(const std::string& s, std::size_t max_len = 128);

@@ -30,56 +30,6 @@ using namespace dlslime::nanoctrl;
 
 namespace {
 
-// --- A copy of parse_body() from src/nanoctrl/nanoctrl_server.cpp (it sits in an anonymous
-// namespace there). Keep in step; better: move it to nanoctrl/request.h and call it here.
-// One deliberate difference: the re-parse below catches json::exception, not only
-// json::parse_error. The server's copy lets json::out_of_range (a number that overflows a
-// double, e.g. {"x": 1e400}) escape as an HTTP 500 - found by this target, reproducer
-// corpus/fuzz_nanoctrl_request/crash-number-overflow-500, pytest
-// test_hostile.py::test_nanoctrl_answers_400_to_a_number_overflow (xfail until fixed).
-constexpr int kMaxJsonDepth = 64;
-
-bool too_deep(const std::string& body) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : body) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth) return true;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return false;
-}
-
-json parse_body(const std::string& body) {
-  if (body.find_first_not_of(" \t\r\n") == std::string::npos) return json::object();
-  if (too_deep(body)) throw ApiError(400, fmt::format("request body is nested deeper than {} levels", kMaxJsonDepth));
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    try {
-      json again = json::parse(body);
-      (void)again;
-    } catch (const json::exception& e) {
-      throw ApiError(400, std::string("malformed JSON body: ") + e.what());
-    }
-    throw ApiError(400, "malformed JSON body");
-  }
-  if (!j.is_object()) throw ApiError(400, std::string("request body must be a JSON object, got ") + j.type_name());
-  return j;
-}
-// --- end of the copy.
-
 const NanoCtrlConfig& config() {
   static const NanoCtrlConfig cfg = [] {
     set_log_level("off");
