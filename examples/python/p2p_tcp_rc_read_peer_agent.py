@@ -7,7 +7,7 @@ connection's endpoint and the peer's endpoint_info (as in the seed guide).
 import ctypes
 import sys
 
-from _two_agents import run
+from _two_process import run_agents as run
 
 SIZE = 1024 * 1024
 

@@ -6,7 +6,7 @@
 import ctypes
 import sys
 
-from _two_agents import run
+from _two_process import run_agents as run
 
 SIZE = 4 * 1024 * 1024
 
