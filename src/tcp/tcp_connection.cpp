@@ -95,10 +95,20 @@ void TcpConnection::finish_frame() {
   handler_->on_frame(*this, h, sink, text);
 }
 
+size_t TcpConnection::queued_answers() const {
+  size_t total = 0;  // few items: answers of one handler turn share one
+  for (const WriteItem& item : queue_) {
+    if (item.op_id() == 0) total += item.memory();
+  }
+  return total;
+}
+
 void TcpConnection::process() {
   while (!closed_) {
     if (!have_header_) {
       if (rend_ - rbeg_ < kFrameHeaderSize) break;
+      answers_full_ = queued_answers() > kMaxQueuedAnswers;
+      if (answers_full_) break;  // do_write resumes once they drain
       if (Status st = parse_frame_header(rbuf_.get() + rbeg_, &hdr_); !st) {
         close(st);
         return;
@@ -108,10 +118,8 @@ void TcpConnection::process() {
     }
     if (!sink_ready_) {
       sink_ = {};
-      if (handler_->on_header(*this, hdr_, sink_) == RxAction::kPause) {
-        paused_ = true;
-        return;
-      }
+      paused_ = handler_->on_header(*this, hdr_, sink_) == RxAction::kPause;
+      if (paused_) break;
       if (closed_) return;
       sink_ready_ = true;
       remaining_ = payload_size(hdr_);
@@ -125,13 +133,17 @@ void TcpConnection::process() {
     }
     finish_frame();
   }
-  if (!closed_ && !paused_) schedule_read();
+  if (!closed_) schedule_read();
 }
 
 void TcpConnection::schedule_read() {
   if (reading_ || closed_) return;
   if (rbeg_ == rend_) rbeg_ = rend_ = 0;
-  if (have_header_ && sink_ready_ && sink_.dst && remaining_ >= kDirectReadMin) {
+  // Stalled (flow control, or too many answers queued): frames are not processed, but
+  // the staging buffer keeps filling while it has room, so a peer that leaves is still
+  // noticed (its EOF) instead of holding the pairing until the stall ends.
+  const bool stalled = paused_ || answers_full_;
+  if (!stalled && have_header_ && sink_ready_ && sink_.dst && remaining_ >= kDirectReadMin) {
     read_direct();
     return;
   }
@@ -142,8 +154,10 @@ void TcpConnection::schedule_read() {
   }
   // After a large payload, read just the next header; a run of small frames gets the
   // whole staging buffer again from the read after it.
-  const size_t want = header_only_ && rend_ - rbeg_ < kFrameHeaderSize ? kFrameHeaderSize - (rend_ - rbeg_)
-                                                                       : kStagingSize - rend_;
+  if (stalled && rend_ == kStagingSize) return;  // full: resume_reading() or do_write() restarts
+  const size_t want = !stalled && header_only_ && rend_ - rbeg_ < kFrameHeaderSize
+                          ? kFrameHeaderSize - (rend_ - rbeg_)
+                          : kStagingSize - rend_;
   header_only_ = false;
   reading_ = true;
   socket_.async_read_some(asio::buffer(rbuf_.get() + rend_, want),
@@ -191,7 +205,7 @@ void TcpConnection::resume_reading() {
   paused_ = false;
   // Not inline: the caller may be inside another connection's frame handler.
   asio::post(socket_.get_executor(), [self = shared_from_this()] {
-    if (!self->closed_ && !self->paused_) self->process();
+    if (!self->closed_) self->process();
   });
 }
 
@@ -271,6 +285,12 @@ void TcpConnection::do_write() {
   }
   queue_.erase(queue_.begin(), queue_.begin() + static_cast<ptrdiff_t>(writing_items_));
   writing_items_ = 0;
+  if (answers_full_ && queued_answers() <= kMaxQueuedAnswers / 2) {
+    answers_full_ = false;
+    asio::post(socket_.get_executor(), [self = shared_from_this()] {
+      if (!self->closed_) self->process();
+    });
+  }
   if (!queue_.empty()) do_write();
 }
 

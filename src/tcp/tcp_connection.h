@@ -35,6 +35,8 @@ class WriteItem {
   void add_copy(const void* data, size_t n);
   uint64_t op_id() const { return op_id_; }
   void append_buffers(std::vector<iovec>& out) const;
+  // Memory the item holds (copied bytes and its segment list), not what it references.
+  size_t memory() const { return bytes_.capacity() + segments_.capacity() * sizeof(Segment); }
 
  private:
   struct Segment {
@@ -112,6 +114,12 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
 
  private:
   static constexpr size_t kStagingSize = 256 * 1024;
+  // Answers (acknowledgements, read responses) queued for a peer that does not read them
+  // may hold at most this much memory; past it the connection stops reading the peer's
+  // requests until half of it has drained (bounded memory against a peer that sends
+  // requests and never reads). Only answers count: requests are bounded by
+  // max_inflight_ops, and pausing on them could wait on the peer's own pause.
+  static constexpr size_t kMaxQueuedAnswers = 8 << 20;
   // Payload remainders at least this large are read straight into their destination.
   static constexpr uint64_t kDirectReadMin = 16 * 1024;
   // Receive low watermark while reading a payload directly (set_low_watermark).
@@ -126,6 +134,7 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
   void read_direct();
   void set_low_watermark(uint64_t bytes);
   void do_write();
+  size_t queued_answers() const;
   Status io_error(const std::error_code& ec, const char* what) const;
 
   asio::ip::tcp::socket socket_;
@@ -143,6 +152,7 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
   uint64_t remaining_ = 0;
   bool have_header_ = false, sink_ready_ = false;
   bool paused_ = false, reading_ = false, reading_direct_ = false;
+  bool answers_full_ = false;  // stopped reading: too many answers queued (kMaxQueuedAnswers)
   // The last payload was read directly: the next frame is likely large too, so the next
   // staging read takes only its header instead of copying the start of its payload.
   bool header_only_ = false;

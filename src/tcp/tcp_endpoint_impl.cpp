@@ -153,12 +153,22 @@ void TcpEndpointImpl::adopt_accepted(asio::ip::tcp::socket socket, const tcp::He
     DLSLIME_WARN("dropping a connection accepted before a conflicting one: {}", verdict.message());
     return;
   }
-  peer_id_ = hello.sender_id;
+  pair_with(hello.sender_id);
   last_loss_.clear();
   auto conn = std::make_shared<TcpConnection>(std::move(socket), this, TcpConnection::Role::kAccepted, hello.lane_index);
   DLSLIME_DEBUG("accepted lane {} from peer {:#x} at {}", hello.lane_index, hello.sender_id, conn->peer_address());
   accepted_.push_back(conn);
   conn->start();
+}
+
+void TcpEndpointImpl::pair_with(uint64_t peer_id) {
+  // Messages held from an earlier peer stay deliverable after it left (its sends were
+  // acknowledged), but not to the recvs of a different peer's conversation.
+  if (previous_peer_id_ != 0 && previous_peer_id_ != peer_id) {
+    unexpected_.clear();
+    unexpected_bytes_ = 0;
+  }
+  peer_id_ = previous_peer_id_ = peer_id;
 }
 
 void TcpEndpointImpl::connect(const nlohmann::json& peer_info) {
@@ -246,7 +256,7 @@ void TcpEndpointImpl::connect(const nlohmann::json& peer_info) {
                         }
                         return result->set_value(verdict);  // a concurrent connect() won
                       }
-                      self->peer_id_ = r.peer_id;
+                      self->pair_with(r.peer_id);
                       self->last_loss_.clear();
                       for (size_t lane = 0; lane < r.sockets.size(); ++lane) {
                         auto conn = std::make_shared<TcpConnection>(std::move(r.sockets[lane]), self.get(),
@@ -844,7 +854,8 @@ RxAction TcpEndpointImpl::on_message_header(TcpConnection& conn, const FrameHead
     sink.op_id = m.recv.local_id;
     return RxAction::kContinue;
   }
-  if (unexpected_bytes_ > 0 && unexpected_bytes_ + h.length > options_.unexpected_buffer_bytes) {
+  // A hard bound: even a single frame larger than the whole budget waits for a recv.
+  if (unexpected_bytes_ + h.length > options_.unexpected_buffer_bytes) {
     paused_conn_ = conn.shared_from_this();  // flow control: wait for a recv
     return RxAction::kPause;
   }

@@ -123,6 +123,7 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
   void expire_op(uint64_t op_id);
   void fail_all(const Status& why);
   Status decide_hello(const tcp::Hello& hello);
+  void pair_with(uint64_t peer_id);
   void adopt_accepted(asio::ip::tcp::socket socket, const tcp::Hello& hello);
   void run_on_io(std::function<void()> fn);
   template <class F>
@@ -146,6 +147,7 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
 
   // ---- I/O thread only ----
   uint64_t peer_id_ = 0;  // the endpoint this one is paired with (0 = none yet)
+  uint64_t previous_peer_id_ = 0;  // the last one it was paired with, even after a loss
   std::vector<std::shared_ptr<tcp::TcpConnection>> dialed_;    // by lane: our requests
   std::vector<std::shared_ptr<tcp::TcpConnection>> accepted_;  // the peer's requests
   std::vector<Handoff> draining_;  // the batch being started (its capacity is reused)

@@ -498,13 +498,6 @@ def test_unmatched_message_flood_is_bounded_by_flow_control():
         s.shutdown()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=pytest.fail.Exception,
-    reason="finding (issue 6): a connection paused by flow control reads nothing, so it never "
-    "sees its peer's EOF; the endpoint stays paired with the departed peer and refuses every "
-    "new one ('already connected') until the application posts a recv",
-)
 def test_peer_that_leaves_while_paused_does_not_keep_the_endpoint():
     """A peer that fills the unexpected-message buffer (so its connection is paused) and
     then disconnects must not keep the endpoint paired: a new peer can connect without the
@@ -565,13 +558,6 @@ def unread_bytes(server_port, client_port):
 
 
 @pytest.mark.parametrize("kind,count", [("read", 60_000), ("write", 1_000_000)])
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="finding (issue 6): the answers to a peer's requests are queued without a bound "
-    "(TcpConnection::queue_); a peer that sends requests and never reads the answers grows "
-    "the endpoint's memory ~5-50x the bytes it sends",
-)
 def test_requests_from_a_peer_that_never_reads_answers_are_bounded(server, kind, count):
     """Read requests of 2 KiB (copied into their answer) or empty writes to an unknown
     handle (answered with error text), never reading the answers. A bounded endpoint stops
