@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <asio/io_context.hpp>
+#include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 #include <nlohmann/json.hpp>
 
@@ -23,8 +24,9 @@
 
 namespace dlslime {
 
-// The state behind a TcpEndpoint. Region tables are thread-safe and used from any
-// thread; everything else (connections, pending ops, posted receives) is owned by the
+// The state behind a TcpEndpoint (tcp_endpoint_impl.cpp: lifecycle, connecting,
+// deadlines, failure; tcp_submit.cpp: preparing ops; tcp_frames.cpp: the peer's frames).
+// Region tables are thread-safe and used from any thread; everything else (connections, pending ops, posted receives) is owned by the
 // endpoint's I/O thread and touched only there. User threads prepare an op (resolve
 // handles, build frames) and post it to that thread.
 class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_shared_from_this<TcpEndpointImpl> {
@@ -126,8 +128,11 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
   void pair_with(uint64_t peer_id);
   void adopt_accepted(asio::ip::tcp::socket socket, const tcp::Hello& hello);
   void run_on_io(std::function<void()> fn);
+  // Runs fn(*this) on the I/O thread; the endpoint stays alive until it has run.
   template <class F>
-  void post(F&& fn);
+  void post(F&& fn) {
+    asio::post(io_, [self = shared_from_this(), fn = std::forward<F>(fn)]() mutable { fn(*self); });
+  }
 
   TcpOptions options_;
   std::shared_ptr<tcp::IoRuntime> runtime_;

@@ -1,0 +1,311 @@
+#include "tcp/tcp_endpoint_impl.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "dlslime/errors.h"
+
+// TcpEndpointImpl, part 3 of 3: the frames from the peer (targets of reads and writes,
+// acknowledgements) and two-sided messages, on the I/O thread. Part 1
+// (tcp_endpoint_impl.cpp) holds the lifecycle, connecting, deadlines and failure; part 2
+// (tcp_submit.cpp) prepares operations.
+namespace dlslime {
+
+using tcp::FrameHeader;
+using tcp::FrameType;
+using tcp::PayloadSink;
+using tcp::RxAction;
+using tcp::TcpConnection;
+using tcp::WriteItem;
+
+namespace {
+
+Status remote_status(const FrameHeader& h, std::string_view text) {
+  return Status(static_cast<StatusCode>(h.status), fmt::format("the peer reported: {}", text));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// I/O thread: frames from the peer
+
+void TcpEndpointImpl::ack(TcpConnection& conn, FrameType type, uint64_t op_id, const Status& status) {
+  FrameHeader h;
+  h.type = type;
+  h.op_id = op_id;
+  h.status = status.raw_code();
+  const std::string_view text = std::string_view(status.message()).substr(0, tcp::kMaxErrorText);
+  h.length = text.size();
+  WriteItem& item = conn.control();
+  item.add_header(h);
+  item.add_copy(text.data(), text.size());
+}
+
+RxAction TcpEndpointImpl::on_header(TcpConnection& conn, const FrameHeader& h, PayloadSink& sink) {
+  switch (h.type) {
+    case FrameType::kWriteData: {
+      InboundWrite& acc = inbound_writes_[&conn];
+      if (acc.op_id != h.op_id) acc = {h.op_id, Status::ok()};
+      uintptr_t addr = 0;
+      if (Status st = local_regions->resolve(h.handle, h.offset, h.length, &addr); st) {
+        sink.dst = reinterpret_cast<uint8_t*>(addr);
+      } else if (acc.status.is_ok()) {
+        acc.status = std::move(st);  // the payload is drained; the ack reports the first error
+      }
+      return RxAction::kContinue;
+    }
+    case FrameType::kWriteAck:
+    case FrameType::kSendAck: sink.text = true; return RxAction::kContinue;
+    case FrameType::kReadData: {
+      if (h.status != 0) {
+        sink.text = true;
+        return RxAction::kContinue;
+      }
+      auto it = pending_.find(h.op_id);
+      if (it == pending_.end()) return RxAction::kContinue;  // expired: drain
+      const auto& reads = it->second.reads;
+      if (h.index >= reads.size() || reads[h.index].length != h.length) {
+        conn.close(Status::protocol_error(
+            fmt::format("read response {} of op {} does not match any requested piece", h.index, h.op_id)));
+        return RxAction::kContinue;
+      }
+      sink.dst = reads[h.index].addr;
+      sink.op_id = h.op_id;
+      return RxAction::kContinue;
+    }
+    case FrameType::kSendData: return on_message_header(conn, h, sink);
+    case FrameType::kReadRequest:
+    case FrameType::kGoodbye: return RxAction::kContinue;
+  }
+  return RxAction::kContinue;
+}
+
+void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const PayloadSink& /*sink*/,
+                               std::string_view text) {
+  switch (h.type) {
+    case FrameType::kWriteData: {
+      if (!h.last()) return;
+      auto it = inbound_writes_.find(&conn);
+      Status st = (it != inbound_writes_.end() && it->second.op_id == h.op_id) ? it->second.status : Status::ok();
+      if (it != inbound_writes_.end()) it->second = {};
+      ack(conn, FrameType::kWriteAck, h.op_id, st);
+      return;
+    }
+    case FrameType::kReadRequest: {
+      uintptr_t addr = 0;
+      const Status st = local_regions->resolve(h.handle, h.offset, h.length, &addr);
+      FrameHeader r;
+      r.type = FrameType::kReadData;
+      r.op_id = h.op_id;
+      r.index = h.index;
+      r.status = st.raw_code();
+      // All answers to the requests in one read from the socket share one item.
+      WriteItem& item = conn.control();
+      if (st) {
+        r.length = h.length;
+        item.add_header(r);
+        item.add_payload(reinterpret_cast<const void*>(addr), h.length);
+      } else {
+        const std::string_view reason = std::string_view(st.message()).substr(0, tcp::kMaxErrorText);
+        r.length = reason.size();
+        item.add_header(r);
+        item.add_copy(reason.data(), reason.size());
+      }
+      return;
+    }
+    case FrameType::kWriteAck:
+      complete_op(h.op_id, h.status == 0 ? Status::ok() : remote_status(h, text), 0, false);
+      return;
+    case FrameType::kReadData: {
+      // Counted here, on the I/O thread, and completed once: no atomic per piece.
+      auto it = pending_.find(h.op_id);
+      if (it == pending_.end()) return;  // it expired; the bytes were drained
+      PendingOp& op = it->second;
+      if (h.status != 0) {
+        if (op.error.is_ok()) op.error = remote_status(h, text);
+      } else {
+        op.nbytes += h.length;
+      }
+      if (--op.reads_left > 0) return;
+      const Status st = std::move(op.error);  // complete_op erases `op`
+      const uint64_t nbytes = st.is_ok() ? op.nbytes : 0;
+      complete_op(h.op_id, st, nbytes, true);
+      return;
+    }
+    case FrameType::kSendAck:
+      complete_op(h.op_id, h.status == 0 ? Status::ok() : remote_status(h, text), 0, true);
+      return;
+    case FrameType::kSendData: {
+      auto msg = current_msg_;
+      if (!msg) return;
+      msg->received = h.offset + h.length;
+      if (!h.last()) return;
+      current_msg_.reset();
+      msg->complete = true;
+      if (!msg->matched && !recvs_.empty() && !unexpected_.empty() && unexpected_.front() == msg) {
+        unexpected_.pop_front();
+        unexpected_bytes_ -= msg->buffered.size();
+        PostedRecv recv = std::move(recvs_.front());
+        recvs_.pop_front();
+        attach(*msg, std::move(recv));
+      }
+      if (msg->matched) {
+        finish_message(*msg);
+      } else {
+        // Eager completion: the whole message is held here, so the sender's buffer is
+        // free again (the seed contract: a send completes without a posted recv).
+        ack(conn, FrameType::kSendAck, msg->op_id, Status::ok());
+        msg->acked = true;
+      }
+      return;
+    }
+    case FrameType::kGoodbye: {
+      // The peer sends nothing more on this connection, but what it sent earlier on its
+      // other connections (the acknowledgement of a message, say) may still be unread
+      // there. Its ops fail only once every connection has said goodbye or closed.
+      const auto closing = conn.shared_from_this();
+      std::erase(dialed_, closing);
+      std::erase(accepted_, closing);
+      conn.close_quietly();
+      if (dialed_.empty() && accepted_.empty()) on_closed(conn, Status::peer_closed("the peer endpoint shut down"));
+      return;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// I/O thread: two-sided messages. The sender's lane 0 carries them in order; each is
+// matched FIFO to a posted recv, or held (bounded) until one is posted. The sender's
+// future completes once the whole message is here: placed, refused (too large), or held.
+
+RxAction TcpEndpointImpl::on_message_header(TcpConnection& conn, const FrameHeader& h, PayloadSink& sink) {
+  if (current_msg_ && current_msg_->op_id != h.op_id) {
+    // The sender gave up on the previous message half-way (its send timed out).
+    auto old = std::move(current_msg_);
+    if (old->matched && old->recv.state) {
+      old->recv.state->complete(Status::failed(
+          fmt::format("the sender abandoned the message after {} bytes", old->received)));
+    } else if (!old->matched) {
+      unexpected_bytes_ -= old->buffered.size();
+      unexpected_.erase(std::remove(unexpected_.begin(), unexpected_.end(), old), unexpected_.end());
+    }
+  }
+  if (!current_msg_) {
+    if (h.offset != 0) {
+      conn.close(Status::protocol_error(fmt::format("message frame at offset {} without its start", h.offset)));
+      return RxAction::kContinue;
+    }
+    auto msg = std::make_shared<InboundMessage>();
+    msg->op_id = h.op_id;
+    msg->conn = conn.shared_from_this();
+    if (!recvs_.empty()) {
+      msg->matched = true;
+      msg->recv = std::move(recvs_.front());
+      recvs_.pop_front();
+    } else {
+      unexpected_.push_back(msg);
+    }
+    current_msg_ = std::move(msg);
+  }
+  InboundMessage& m = *current_msg_;
+  if (h.offset != m.received) {
+    conn.close(Status::protocol_error(
+        fmt::format("message frame at offset {}, expected {}", h.offset, m.received)));
+    return RxAction::kContinue;
+  }
+  if (!m.matched && !recvs_.empty() && !unexpected_.empty() && unexpected_.front() == current_msg_) {
+    // A recv was posted while this held message was arriving: the rest goes straight in.
+    unexpected_.pop_front();
+    unexpected_bytes_ -= m.buffered.size();
+    PostedRecv recv = std::move(recvs_.front());
+    recvs_.pop_front();
+    attach(m, std::move(recv));
+  }
+  if (m.matched) {
+    if (!m.recv.state || m.too_large) return RxAction::kContinue;  // drain
+    if (!range_within(m.recv.length, h.offset, h.length)) {
+      m.too_large = true;  // nothing is written past the posted buffer
+      return RxAction::kContinue;
+    }
+    sink.dst = m.recv.addr + h.offset;
+    sink.op_id = m.recv.local_id;
+    return RxAction::kContinue;
+  }
+  // A hard bound: even a single frame larger than the whole budget waits for a recv.
+  if (unexpected_bytes_ + h.length > options_.unexpected_buffer_bytes) {
+    paused_conn_ = conn.shared_from_this();  // flow control: wait for a recv
+    return RxAction::kPause;
+  }
+  m.buffered.resize(h.offset + h.length);
+  unexpected_bytes_ += h.length;
+  sink.dst = m.buffered.data() + h.offset;
+  return RxAction::kContinue;
+}
+
+void TcpEndpointImpl::finish_message(InboundMessage& m) {
+  Status st = Status::ok();
+  if (m.too_large) {
+    st = Status(StatusCode::kMessageTooLarge,
+                fmt::format("a message of {} bytes does not fit the posted receive buffer of {} bytes", m.received,
+                            m.recv.length));
+  } else if (!m.recv.state) {
+    st = Status::timeout("the receiver's recv timed out before the message arrived");
+  }
+  if (m.recv.state) m.recv.state->complete(st, st.is_ok() ? m.received : 0);
+  m.recv.state.reset();
+  if (m.acked) return;
+  m.acked = true;
+  if (auto conn = m.conn.lock()) ack(*conn, FrameType::kSendAck, m.op_id, st);
+}
+
+void TcpEndpointImpl::resume_paused() {
+  if (auto conn = paused_conn_.lock()) conn->resume_reading();
+  paused_conn_.reset();
+}
+
+void TcpEndpointImpl::attach(InboundMessage& m, PostedRecv recv) {
+  // Only at a frame boundary of m's connection (or once m is complete): no payload of m
+  // is in flight into `buffered` then, and it holds exactly m.received bytes.
+  m.matched = true;
+  m.recv = std::move(recv);
+  if (m.received > m.recv.length) {
+    m.too_large = true;
+  } else if (m.received > 0) {
+    std::memcpy(m.recv.addr, m.buffered.data(), m.received);
+  }
+  std::vector<uint8_t>().swap(m.buffered);
+}
+
+void TcpEndpointImpl::post_recv(PostedRecv recv) {
+  if (shut_down_) {
+    recv.state->complete(Status::cancelled("the endpoint is shut down"));
+    return;
+  }
+  if (!unexpected_.empty() && unexpected_.front()->complete) {
+    auto msg = std::move(unexpected_.front());
+    unexpected_.pop_front();
+    unexpected_bytes_ -= msg->buffered.size();
+    attach(*msg, std::move(recv));
+    finish_message(*msg);
+    resume_paused();
+    return;
+  }
+  if (unexpected_.empty() && dialed_.empty() && accepted_.empty() && !last_loss_.empty()) {
+    // The peer is gone and nothing will ever arrive; a recv posted before any peer
+    // connected, by contrast, waits for one.
+    recv.state->complete(Status::peer_closed(fmt::format("the connection to the peer was lost: {}", last_loss_)));
+    return;
+  }
+  // Either nothing is here yet, or the oldest held message is still arriving: it takes
+  // this recv at its next frame boundary (on_message_header) or when it completes.
+  const bool has_deadline = recv.deadline != Clock::time_point::max();
+  recvs_.push_back(std::move(recv));
+  if (has_deadline) arm_sweeper();
+  resume_paused();
+}
+
+}  // namespace dlslime
