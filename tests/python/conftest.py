@@ -15,6 +15,23 @@ import dlslime  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
+# Process resources, for the bounded-memory tests. Under scripts/sanitize.sh the allocator keeps freed memory in quarantine and shadow
+# memory grows with use: RSS bounds only mean something in a plain build.
+SANITIZED = any(name in os.environ.get("LD_PRELOAD", "") for name in ("libasan", "libtsan"))
+RSS_SLACK = (1 << 30) if SANITIZED else 0
+
+
+def rss_bytes():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def fd_count():
+    return len(os.listdir("/proc/self/fd"))
+
 
 def wait_until(predicate, timeout=10.0, interval=0.01, what="condition"):
     """Polls `predicate` until it is true; fails the test after `timeout` seconds."""

@@ -25,7 +25,7 @@ import time
 import pytest
 
 from dlslime import TcpEndpoint
-from conftest import Buffer, connect_pair, wait_until
+from conftest import RSS_SLACK, Buffer, connect_pair, fd_count, rss_bytes, wait_until
 
 OK = 0
 OUT_OF_BOUNDS = 404
@@ -119,22 +119,6 @@ class Raw:
         self.sock.close()
 
 
-# Under scripts/sanitize.sh the allocator keeps freed memory in quarantine and shadow
-# memory grows with use: RSS bounds only mean something in a plain build.
-SANITIZED = any(name in os.environ.get("LD_PRELOAD", "") for name in ("libasan", "libtsan"))
-RSS_SLACK = (1 << 30) if SANITIZED else 0
-
-
-def rss_bytes():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
-
-
-def fd_count():
-    return len(os.listdir("/proc/self/fd"))
 
 
 # --- fixtures ---------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import pytest
 
 import dlslime
 from dlslime import TcpEndpoint
-from conftest import connect_pair
+from conftest import SANITIZED, connect_pair, fd_count, rss_bytes
 
 OK = 0
 DURATION = float(os.environ.get("DLSLIME_SOAK_SECONDS", "60"))
@@ -35,21 +35,6 @@ OP_DEADLINE = 30  # seconds any single op may take before the soak fails
 EXIT = b"__soak_exit__"
 
 
-# Under scripts/sanitize.sh (LD_PRELOAD of the sanitizer runtime) freed memory sits in
-# quarantine and shadow memory grows: the RSS bound only applies to a plain build.
-SANITIZED = any(name in os.environ.get("LD_PRELOAD", "") for name in ("libasan", "libtsan"))
-
-
-def rss_bytes():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
-
-
-def fd_count():
-    return len(os.listdir("/proc/self/fd"))
 
 
 class Failures:

@@ -608,17 +608,23 @@ def start_peer(spawn_ctx, size, seed):
     return proc, parent, parent.recv()
 
 
+def connect_to_peer(ep, local, pipe, peer_info):
+    """Registers `local` (a numpy array) as 'local', connects both ways with the peer
+    process, and returns (local handle, handle of the peer's region 'peer')."""
+    h_local = ep.register_memory_region("local", local.ctypes.data, 0, local.nbytes)
+    ep.connect(peer_info)
+    pipe.send(ep.endpoint_info())
+    assert pipe.poll(30) and pipe.recv() == "connected"
+    return h_local, ep.register_remote_memory_region("peer", peer_info["mr_info"]["peer"])
+
+
 def test_endpoints_in_two_processes(spawn_ctx):
     size = 1 << 20
     proc, pipe, peer_info = start_peer(spawn_ctx, size, seed=5)
     try:
         ep = TcpEndpoint(ip="127.0.0.1", port=0)
         local = np.zeros(size, dtype=np.uint8)
-        h_local = ep.register_memory_region("local", local.ctypes.data, 0, size)
-        ep.connect(peer_info)
-        pipe.send(ep.endpoint_info())
-        assert pipe.poll(30) and pipe.recv() == "connected"
-        h_peer = ep.register_remote_memory_region("peer", peer_info["mr_info"]["peer"])
+        h_local, h_peer = connect_to_peer(ep, local, pipe, peer_info)
         # read the peer's pattern
         assert ep.read([(h_local, h_peer, 0, 0, size)]).wait_for(30) == OK
         pipe.send(("bytes", 0, size))
@@ -656,11 +662,7 @@ def test_peer_killed_mid_transfer_fails_pending_futures(spawn_ctx):
     try:
         ep = TcpEndpoint(ip="127.0.0.1", port=0, timeout=60)
         local = np.ones(size, dtype=np.uint8)
-        h_local = ep.register_memory_region("local", local.ctypes.data, 0, size)
-        ep.connect(peer_info)
-        pipe.send(ep.endpoint_info())
-        assert pipe.poll(30) and pipe.recv() == "connected"
-        h_peer = ep.register_remote_memory_region("peer", peer_info["mr_info"]["peer"])
+        h_local, h_peer = connect_to_peer(ep, local, pipe, peer_info)
         box = Buffer(64)
         futures = [ep.recv((box.addr, 0, 64))]
         for _ in range(4):
@@ -699,11 +701,7 @@ def test_stopped_peer_times_out_writes(spawn_ctx):
     try:
         ep = TcpEndpoint(ip="127.0.0.1", port=0, timeout=1.0)
         local = np.ones(size, dtype=np.uint8)
-        h_local = ep.register_memory_region("local", local.ctypes.data, 0, size)
-        ep.connect(peer_info)
-        pipe.send(ep.endpoint_info())
-        assert pipe.poll(30) and pipe.recv() == "connected"
-        h_peer = ep.register_remote_memory_region("peer", peer_info["mr_info"]["peer"])
+        h_local, h_peer = connect_to_peer(ep, local, pipe, peer_info)
         os.kill(proc.pid, signal.SIGSTOP)
         t0 = time.monotonic()
         fut = ep.write([(h_local, h_peer, 0, 0, size)])
