@@ -567,7 +567,7 @@ def test_requests_from_a_peer_that_never_reads_answers_are_bounded(server, kind,
         time.sleep(0.02)  # polling a condition with a deadline
     grown = rss_bytes() - rss0
     c.close()
-    assert grown <= 48 << 20, f"RSS grew by {grown >> 20} MiB for {count} unread requests"
+    assert grown <= (48 << 20) + RSS_SLACK, f"RSS grew by {grown >> 20} MiB for {count} unread requests"
 
 
 # --- the pairing limitation ---------------------------------------------------------------
