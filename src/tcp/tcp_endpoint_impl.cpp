@@ -18,12 +18,7 @@
 
 namespace dlslime {
 
-using tcp::FrameHeader;
-using tcp::FrameType;
-using tcp::PayloadSink;
-using tcp::RxAction;
 using tcp::TcpConnection;
-using tcp::WriteItem;
 
 namespace {
 
