@@ -44,6 +44,13 @@ class DLSLIME_API ConnectionError : public Error {
   explicit ConnectionError(const std::string& what, StatusCode code = StatusCode::kFailed) : Error(code, what) {}
 };
 
+// The peer or the control plane refused our credentials: a missing or wrong shared-secret
+// token (Python: PermissionError).
+class DLSLIME_API AuthenticationError : public Error {
+ public:
+  explicit AuthenticationError(const std::string& what) : Error(StatusCode::kAccessDenied, what) {}
+};
+
 // A blocking call ran past its deadline (Python: TimeoutError).
 class DLSLIME_API TimeoutError : public Error {
  public:

@@ -72,6 +72,8 @@ void bind_core(py::module_& m) {
       PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const NotFoundError& e) {
       PyErr_SetString(PyExc_KeyError, e.what());
+    } catch (const AuthenticationError& e) {
+      PyErr_SetString(PyExc_PermissionError, e.what());
     } catch (const ConnectionError& e) {
       PyErr_SetString(PyExc_ConnectionError, e.what());
     } catch (const TimeoutError& e) {
