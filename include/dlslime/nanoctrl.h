@@ -41,10 +41,15 @@ struct DLSLIME_API NanoCtrlConfig {
   std::chrono::milliseconds keep_alive_timeout{5000};
   // Redis connect and command timeout (a blocked receive adds its own wait to it).
   std::chrono::milliseconds redis_timeout{2000};
+  // Shared secret: when set, every request but GET /healthz must carry
+  // `Authorization: Bearer <token>` (others get 401). Empty = no authentication. 1-4096
+  // visible ASCII characters without spaces. Never logged: to_json()/to_string() say only
+  // whether it is set.
+  std::string token;
 
   // Throws InvalidArgumentError naming the bad field.
   void validate() const;
-  // The configuration as JSON (the Redis password is masked).
+  // The configuration as JSON (the Redis password is masked; "token" is "set" or "none").
   nlohmann::json to_json() const;
   std::string to_string() const;
 };

@@ -19,21 +19,28 @@ class NanoCtrlClientImpl;
 // from several threads run concurrently on separate connections, so a blocked mailbox
 // receive never holds up a heartbeat.
 //
-// Errors: a 400 or 413 reply throws InvalidArgumentError, 404 NotFoundError, 409/429/other
-// 4xx Error, 503 or an unreachable server ConnectionError, a reply that did not come in
-// time TimeoutError. The exception text is the server's message.
+// Errors: a 400 or 413 reply throws InvalidArgumentError, 401 (missing or wrong token)
+// AuthenticationError, 404 NotFoundError, 409/429/other 4xx Error, 503 or an unreachable
+// server ConnectionError, a reply that did not come in time TimeoutError. The exception text
+// is the server's message.
 class DLSLIME_API NanoCtrlClient {
  public:
   // `url`: "http://host:port" (the scheme may be left out). `scope`: added to every request;
-  // empty = no scope. `timeout`: connect and reply deadline of ordinary calls.
+  // empty = no scope. `timeout`: connect and reply deadline of ordinary calls. `token`: the
+  // NanoCtrl's bearer token, sent as `Authorization: Bearer <token>` with every request;
+  // empty = the environment variable DLSLIME_NANOCTRL_TOKEN, and no header when that is unset
+  // or empty too. Throws InvalidArgumentError for a token an HTTP header cannot carry.
   explicit NanoCtrlClient(const std::string& url = "http://127.0.0.1:4479", std::string scope = "",
-                          std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
+                          std::chrono::milliseconds timeout = std::chrono::milliseconds(10000),
+                          const std::string& token = "");
   ~NanoCtrlClient();
   NanoCtrlClient(const NanoCtrlClient&) = delete;
   NanoCtrlClient& operator=(const NanoCtrlClient&) = delete;
 
   const std::string& url() const;
   const std::string& scope() const;
+  // Whether requests carry a bearer token (the token itself is not readable back).
+  bool has_token() const;
 
   // GET /healthz. Returns the body; throws ConnectionError when unhealthy or unreachable.
   nlohmann::json healthz();

@@ -1,5 +1,6 @@
 #include "dlslime/nanoctrl_client.h"
 
+#include <cstdlib>
 #include <mutex>
 #include <vector>
 
@@ -7,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dlslime/errors.h"
+#include "nanoctrl/auth.h"
 
 namespace dlslime {
 
@@ -23,6 +25,18 @@ std::string normalize_url(std::string url) {
   return url;
 }
 
+// The explicit token, else $DLSLIME_NANOCTRL_TOKEN; "" = none.
+std::string resolve_token(const std::string& token) {
+  if (!token.empty()) {
+    nanoctrl::validate_token(token, "the NanoCtrl token");
+    return token;
+  }
+  const char* env = std::getenv("DLSLIME_NANOCTRL_TOKEN");
+  if (env == nullptr || *env == '\0') return "";
+  nanoctrl::validate_token(env, "DLSLIME_NANOCTRL_TOKEN");
+  return env;
+}
+
 template <typename Rep, typename Period>
 std::pair<time_t, time_t> split(std::chrono::duration<Rep, Period> d) {
   auto us = std::chrono::duration_cast<std::chrono::microseconds>(d).count();
@@ -34,8 +48,8 @@ std::pair<time_t, time_t> split(std::chrono::duration<Rep, Period> d) {
 
 class NanoCtrlClientImpl {
  public:
-  NanoCtrlClientImpl(std::string url, std::string scope, std::chrono::milliseconds timeout)
-      : url_(normalize_url(std::move(url))), scope_(std::move(scope)), timeout_(timeout) {
+  NanoCtrlClientImpl(std::string url, std::string scope, std::chrono::milliseconds timeout, const std::string& token)
+      : url_(normalize_url(std::move(url))), scope_(std::move(scope)), timeout_(timeout), token_(resolve_token(token)) {
     if (url_.rfind("http://", 0) != 0 && url_.rfind("https://", 0) != 0) {
       throw InvalidArgumentError("NanoCtrl URL '" + url_ + "' must be http://host:port");
     }
@@ -81,6 +95,7 @@ class NanoCtrlClientImpl {
     switch (status) {
       case 400:
       case 413: throw InvalidArgumentError(what);
+      case 401: throw AuthenticationError(what);
       case 404: throw NotFoundError(what);
       case 503: throw ConnectionError(what);
       default: throw Error(StatusCode::kFailed, what);
@@ -90,6 +105,7 @@ class NanoCtrlClientImpl {
   const std::string url_;
   const std::string scope_;
   const std::chrono::milliseconds timeout_;
+  const std::string token_;
 
  private:
   std::unique_ptr<httplib::Client> acquire() {
@@ -104,6 +120,7 @@ class NanoCtrlClientImpl {
     auto c = std::make_unique<httplib::Client>(url_);
     c->set_keep_alive(true);
     c->set_tcp_nodelay(true);
+    if (!token_.empty()) c->set_bearer_token_auth(token_);
     return c;
   }
 
@@ -116,13 +133,15 @@ class NanoCtrlClientImpl {
   std::vector<std::unique_ptr<httplib::Client>> idle_;
 };
 
-NanoCtrlClient::NanoCtrlClient(const std::string& url, std::string scope, std::chrono::milliseconds timeout)
-    : impl_(std::make_unique<NanoCtrlClientImpl>(url, std::move(scope), timeout)) {}
+NanoCtrlClient::NanoCtrlClient(const std::string& url, std::string scope, std::chrono::milliseconds timeout,
+                               const std::string& token)
+    : impl_(std::make_unique<NanoCtrlClientImpl>(url, std::move(scope), timeout, token)) {}
 
 NanoCtrlClient::~NanoCtrlClient() = default;
 
 const std::string& NanoCtrlClient::url() const { return impl_->url_; }
 const std::string& NanoCtrlClient::scope() const { return impl_->scope_; }
+bool NanoCtrlClient::has_token() const { return !impl_->token_.empty(); }
 
 json NanoCtrlClient::healthz() { return impl_->request("GET", "/healthz", json::object()); }
 

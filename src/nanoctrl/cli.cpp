@@ -7,9 +7,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -60,17 +62,27 @@ server / start options:
   --keep-alive SEC         idle HTTP connection timeout (default 5)
   --redis-timeout SEC      Redis connect/command timeout (default 2)
   --log-level LEVEL        trace|debug|info|warn|error|off (default info)
+  --token TOKEN            require `Authorization: Bearer TOKEN` on every route but
+                           /healthz (default $NANOCTRL_TOKEN; none = no authentication).
+                           Visible on the command line (ps): prefer --token-file or
+                           the variable
+  --token-file PATH        read the token from the first line of PATH (stripped)
   --pid-file PATH          pid file; its metadata goes to PATH.json (default
                            $NANOCTRL_RUNTIME_DIR, $XDG_RUNTIME_DIR/nanoctrl or
                            /tmp/nanoctrl-$UID, file nanoctrl.pid)
 start options:
   --log-file PATH          daemon output (default: next to the pid file, nanoctrl.log)
   --wait SEC               how long to wait for /healthz (default 15)
+                           (the daemon gets the token through its environment, never
+                           on its command line)
 stop options:
   --timeout SEC            how long to wait for the exit (default 8)
   --force                  SIGKILL if it has not exited by then
 status options:
   --url URL                check this server's /healthz instead of the daemon's
+  --token, --token-file    also check that the server accepts this token (default
+                           $NANOCTRL_TOKEN); exit 1 if it refuses it
+(stop accepts --token/--token-file too and ignores them: it only signals the process.)
 )";
 
 struct Args {
@@ -91,7 +103,7 @@ bool known_option(const std::string& cmd, const std::string& name) {
     return false;
   };
   bool server_opt = std::find(kServerOptions.begin(), kServerOptions.end(), name) != kServerOptions.end();
-  if (name == "pid-file") return true;
+  if (name == "pid-file" || name == "token" || name == "token-file") return true;
   if (cmd == "server") return server_opt;
   if (cmd == "start") return server_opt || in({"log-file", "wait"});
   if (cmd == "stop") return in({"timeout"});
@@ -159,6 +171,38 @@ uint64_t to_uint(const std::string& name, const std::string& v, uint64_t max) {
   }
 }
 
+// The token from --token, --token-file (first line, whitespace stripped) or $NANOCTRL_TOKEN,
+// in that order; "" = none. Errors never contain the token.
+std::string token_from(const Args& a) {
+  auto tok = a.opts.find("token");
+  auto file = a.opts.find("token-file");
+  if (tok != a.opts.end() && file != a.opts.end()) {
+    throw InvalidArgumentError("give either --token or --token-file, not both");
+  }
+  if (tok != a.opts.end()) {
+    if (tok->second.empty()) throw InvalidArgumentError("--token must not be empty");
+    return tok->second;
+  }
+  if (file != a.opts.end()) {
+    std::ifstream in(file->second);
+    if (!in) {
+      throw Error(StatusCode::kFailed,
+                  "cannot read --token-file " + file->second + ": " + std::strerror(errno));
+    }
+    std::string line;
+    std::getline(in, line);
+    const char* ws = " \t\r\n\v\f";
+    auto first = line.find_first_not_of(ws);
+    if (first == std::string::npos) {
+      throw Error(StatusCode::kFailed, "--token-file " + file->second + ": the first line is empty");
+    }
+    line = line.substr(first, line.find_last_not_of(ws) - first + 1);
+    return line;
+  }
+  if (const char* env = std::getenv("NANOCTRL_TOKEN"); env && *env) return env;
+  return "";
+}
+
 std::chrono::milliseconds ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0 + 0.5));
 }
@@ -187,6 +231,7 @@ NanoCtrlConfig config_from(const Args& a) {
   if (auto v = get("mailbox-ttl")) c.mailbox_ttl = ms(to_seconds("mailbox-ttl", *v));
   if (auto v = get("keep-alive")) c.keep_alive_timeout = ms(to_seconds("keep-alive", *v));
   if (auto v = get("redis-timeout")) c.redis_timeout = ms(to_seconds("redis-timeout", *v));
+  c.token = token_from(a);
   c.validate();
   return c;
 }
@@ -282,6 +327,23 @@ std::optional<json> health(const std::string& url, std::string* why) {
   return body.is_object() ? body : json::object();
 }
 
+// Whether the server at `url` accepts `token` (GET /metrics, which needs it when the server
+// has one). Empty optional: accepted; otherwise why not.
+std::optional<std::string> token_refused(const std::string& url, const std::string& token) {
+  httplib::Client c(url);
+  c.set_connection_timeout(1, 0);
+  c.set_read_timeout(3, 0);
+  c.set_bearer_token_auth(token);
+  auto res = c.Get("/metrics");
+  if (!res) return "no answer: " + httplib::to_string(res.error());
+  if (res->status == 200) return std::nullopt;
+  json body = json::parse(res->body, nullptr, false);
+  std::string msg = body.is_object() && body.contains("message") && body["message"].is_string()
+                        ? body["message"].get<std::string>()
+                        : res->body.substr(0, 200);
+  return "HTTP " + std::to_string(res->status) + ": " + msg;
+}
+
 std::string tail(const fs::path& file, std::size_t max_bytes = 2000) {
   std::ifstream in(file, std::ios::binary);
   std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -321,7 +383,8 @@ int run_server(const Args& a) {
     write_atomically(*pid_file, std::to_string(::getpid()) + "\n");
   }
   std::cout << "nanoctrl serving " << server.url() << " (store: "
-            << config.to_json().value("store", std::string("memory")) << ")" << std::endl;
+            << config.to_json().value("store", std::string("memory"))
+            << (config.token.empty() ? "" : ", bearer token required") << ")" << std::endl;
 
   int sig = 0;
   sigwait(&sigs, &sig);
@@ -332,7 +395,7 @@ int run_server(const Args& a) {
 }
 
 int run_start(const Args& a, const std::vector<std::string>& self_command) {
-  config_from(a);  // validate before spawning
+  const NanoCtrlConfig config = config_from(a);  // validate (and read the token file) before spawning
   fs::path pid_file = pid_file_of(a);
   fs::path dir = pid_file.parent_path().empty() ? fs::path(".") : pid_file.parent_path();
   std::error_code ec;
@@ -351,7 +414,8 @@ int run_start(const Args& a, const std::vector<std::string>& self_command) {
   std::vector<std::string> argv = self_command;
   argv.push_back("server");
   for (const auto& [k, v] : a.opts) {
-    if (k == "log-file" || k == "wait" || k == "pid-file") continue;
+    // The token goes through the environment below: a command line is readable by anyone (ps).
+    if (k == "log-file" || k == "wait" || k == "pid-file" || k == "token" || k == "token-file") continue;
     argv.push_back("--" + k);
     argv.push_back(v);
   }
@@ -360,6 +424,16 @@ int run_start(const Args& a, const std::vector<std::string>& self_command) {
   std::vector<char*> cargv;
   for (auto& s : argv) cargv.push_back(s.data());
   cargv.push_back(nullptr);
+  // The daemon's environment: ours, with NANOCTRL_TOKEN set to the resolved token (or
+  // removed when there is none, which is then also what ours held).
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::strncmp(*e, "NANOCTRL_TOKEN=", 15) != 0) env_strings.emplace_back(*e);
+  }
+  if (!config.token.empty()) env_strings.push_back("NANOCTRL_TOKEN=" + config.token);
+  std::vector<char*> cenv;
+  for (auto& s : env_strings) cenv.push_back(s.data());
+  cenv.push_back(nullptr);
 
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
@@ -374,7 +448,7 @@ int run_start(const Args& a, const std::vector<std::string>& self_command) {
   sigemptyset(&none);
   posix_spawnattr_setsigmask(&attr, &none);
   pid_t child = 0;
-  int rc = posix_spawn(&child, cargv[0], &actions, &attr, cargv.data(), environ);
+  int rc = posix_spawn(&child, cargv[0], &actions, &attr, cargv.data(), cenv.data());
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   if (rc != 0) {
@@ -475,8 +549,15 @@ int run_status(const Args& a) {
     std::cout << who << " is unhealthy: " << why << std::endl;
     return pid ? 1 : 3;
   }
+  if (std::string token = token_from(a); !token.empty()) {
+    if (auto refused = token_refused(url, token)) {
+      std::cout << who << " is running but refuses the token: " << *refused << std::endl;
+      return 1;
+    }
+  }
   std::cout << who << " is healthy (store " << body->value("store_url", "?") << ", up "
-            << static_cast<int64_t>(body->value("uptime_s", 0.0)) << " s)" << std::endl;
+            << static_cast<int64_t>(body->value("uptime_s", 0.0)) << " s"
+            << (body->value("auth", "") == "bearer" ? ", bearer token required" : "") << ")" << std::endl;
   return 0;
 }
 

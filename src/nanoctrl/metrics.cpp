@@ -22,6 +22,7 @@ std::string prom_label(const std::string& v) {
 const char* Metrics::error_kind(int status) {
   switch (status) {
     case 400: return "bad_request";
+    case 401: return "unauthorized";
     case 404: return "not_found";
     case 405: return "method_not_allowed";
     case 409: return "conflict";
@@ -49,8 +50,8 @@ std::string Metrics::render_counters() const {
   }
   out += "# HELP nanoctrl_errors_total Error replies of this process, by kind.\n";
   out += "# TYPE nanoctrl_errors_total counter\n";
-  for (const char* kind : {"bad_request", "not_found", "method_not_allowed", "conflict", "payload_too_large",
-                           "too_many_requests", "store_unavailable", "internal", "client_error"}) {
+  for (const char* kind : {"bad_request", "unauthorized", "not_found", "method_not_allowed", "conflict",
+                           "payload_too_large", "too_many_requests", "store_unavailable", "internal", "client_error"}) {
     auto it = errors_.find(kind);
     out += fmt::format("nanoctrl_errors_total{{kind=\"{}\"}} {}\n", kind, it == errors_.end() ? 0 : it->second);
   }
@@ -60,6 +61,10 @@ std::string Metrics::render_counters() const {
   out += "# HELP nanoctrl_mailbox_waiters_rejected_total Receives refused because max_waiters were blocked.\n";
   out += "# TYPE nanoctrl_mailbox_waiters_rejected_total counter\n";
   out += fmt::format("nanoctrl_mailbox_waiters_rejected_total {}\n", waiters_rejected.load());
+  out += "# HELP nanoctrl_auth_failures_total Requests refused with 401: no bearer token (missing) or a wrong one.\n";
+  out += "# TYPE nanoctrl_auth_failures_total counter\n";
+  out += fmt::format("nanoctrl_auth_failures_total{{reason=\"missing\"}} {}\n", auth_failures_missing.load());
+  out += fmt::format("nanoctrl_auth_failures_total{{reason=\"wrong\"}} {}\n", auth_failures_wrong.load());
   return out;
 }
 

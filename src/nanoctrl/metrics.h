@@ -18,6 +18,8 @@ class Metrics {
 
   std::atomic<int64_t> waiters{0};            // mailbox receives blocked right now
   std::atomic<uint64_t> waiters_rejected{0};  // receives refused with 429 (max_waiters)
+  std::atomic<uint64_t> auth_failures_missing{0};  // 401: no bearer token (token configured)
+  std::atomic<uint64_t> auth_failures_wrong{0};    // 401: a bearer token that is not ours
 
  private:
   static const char* error_kind(int status);

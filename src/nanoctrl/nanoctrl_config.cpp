@@ -2,6 +2,7 @@
 
 #include "dlslime/errors.h"
 #include "dlslime/nanoctrl.h"
+#include "nanoctrl/auth.h"
 #include "nanoctrl/redis_store.h"
 
 namespace dlslime {
@@ -25,6 +26,7 @@ void NanoCtrlConfig::validate() const {
   if (mailbox_ttl.count() < 1000) fail("mailbox_ttl must be at least 1000 ms");
   if (keep_alive_timeout.count() < 1000) fail("keep_alive_timeout must be at least 1000 ms");
   if (redis_timeout.count() < 10) fail("redis_timeout must be at least 10 ms");
+  if (!token.empty()) nanoctrl::validate_token(token, "NanoCtrl config: token");
 }
 
 nlohmann::json NanoCtrlConfig::to_json() const {
@@ -40,7 +42,8 @@ nlohmann::json NanoCtrlConfig::to_json() const {
           {"mailbox_max_messages", mailbox_max_messages},
           {"mailbox_ttl_ms", mailbox_ttl.count()},
           {"keep_alive_timeout_ms", keep_alive_timeout.count()},
-          {"redis_timeout_ms", redis_timeout.count()}};
+          {"redis_timeout_ms", redis_timeout.count()},
+          {"token", token.empty() ? "none" : "set"}};
 }
 
 std::string NanoCtrlConfig::to_string() const { return to_json().dump(); }

@@ -22,6 +22,7 @@
 #include "dlslime/errors.h"
 #include "dlslime/nanoctrl.h"
 #include "dlslime/version.h"
+#include "nanoctrl/auth.h"
 #include "nanoctrl/control_service.h"
 #include "nanoctrl/memory_store.h"
 #include "nanoctrl/metrics.h"
@@ -74,8 +75,7 @@ void shutdown_accepted_sockets(uint16_t port) {
 
 class NanoCtrlServerImpl {
  public:
-  explicit NanoCtrlServerImpl(NanoCtrlConfig config) : config_(std::move(config)) {
-    config_.validate();
+  explicit NanoCtrlServerImpl(NanoCtrlConfig config) : config_(std::move(config)), auth_(validated(config_).token) {
     if (config_.max_waiters == 0) config_.max_waiters = config_.max_threads / 2;
   }
 
@@ -101,11 +101,17 @@ class NanoCtrlServerImpl {
   void add(const char* method, const std::string& pattern, const std::string& route, Handler fn);
   void respond(const std::string& route, const httplib::Request& req, httplib::Response& res, const Handler& fn);
   void fallback(const httplib::Request& req, httplib::Response& res);
+  static const NanoCtrlConfig& validated(const NanoCtrlConfig& c) {
+    c.validate();
+    return c;
+  }
+  bool authorized(const std::string& route, const httplib::Request& req, httplib::Response& res);
   json mailbox_recv(const json& body);
   void healthz(httplib::Response& res);
   void metrics(httplib::Response& res);
 
   NanoCtrlConfig config_;
+  const nanoctrl::BearerAuth auth_;
   std::unique_ptr<nanoctrl::Store> store_;
   std::unique_ptr<nanoctrl::ControlService> service_;
   std::unique_ptr<httplib::Server> http_;
@@ -228,6 +234,7 @@ void NanoCtrlServerImpl::start() {
     stop();
     throw ConnectionError("NanoCtrl's HTTP server did not start");
   }
+  // to_string() says only whether a token is set, never the token.
   DLSLIME_INFO("nanoctrl: serving {} with store {} ({})", url(), store_->describe(), config_.to_string());
 }
 
@@ -268,8 +275,35 @@ void NanoCtrlServerImpl::add(const char* method, const std::string& pattern, con
   known_.emplace_back(std::regex(pattern), m);
 }
 
+// With a token configured, a request without the right `Authorization: Bearer` header gets
+// 401 here, before its route runs. Checked after httplib has read the body (bounded by
+// max_body), so the keep-alive connection stays in step.
+bool NanoCtrlServerImpl::authorized(const std::string& route, const httplib::Request& req, httplib::Response& res) {
+  if (!auth_.enabled()) return true;
+  auto result = auth_.check(req.get_header_value("Authorization"));
+  if (result == nanoctrl::BearerAuth::Result::kOk) return true;
+  std::string msg;
+  if (result == nanoctrl::BearerAuth::Result::kMissing) {
+    msg = "this NanoCtrl requires a bearer token: send the header 'Authorization: Bearer <token>' "
+          "(NanoCtrlClient: the token argument or DLSLIME_NANOCTRL_TOKEN)";
+    metrics_.auth_failures_missing.fetch_add(1);
+  } else {
+    msg = "the bearer token is wrong: this NanoCtrl was started with a different token";
+    metrics_.auth_failures_wrong.fetch_add(1);
+  }
+  res.status = 401;
+  // RFC 6750: the challenge names the scheme; error="invalid_token" when one was presented.
+  res.set_header("WWW-Authenticate", result == nanoctrl::BearerAuth::Result::kMissing
+                                         ? std::string("Bearer realm=\"nanoctrl\"")
+                                         : std::string("Bearer realm=\"nanoctrl\", error=\"invalid_token\""));
+  res.set_content(dump(error_body(msg)), "application/json");
+  metrics_.count_request(route, 401);
+  return false;
+}
+
 void NanoCtrlServerImpl::respond(const std::string& route, const httplib::Request& req, httplib::Response& res,
                                  const Handler& fn) {
+  if (!authorized(route, req, res)) return;
   int status = 200;
   json body;
   try {
@@ -310,8 +344,11 @@ json NanoCtrlServerImpl::mailbox_recv(const json& body) {
 
 void NanoCtrlServerImpl::healthz(httplib::Response& res) {
   double uptime = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_at_).count();
-  json body = {{"store", store_->kind()}, {"store_url", store_->describe()}, {"version", DLSLIME_VERSION_STRING},
-               {"uptime_s", uptime}};
+  json body = {{"store", store_->kind()},
+               {"store_url", store_->describe()},
+               {"version", DLSLIME_VERSION_STRING},
+               {"uptime_s", uptime},
+               {"auth", auth_.enabled() ? "bearer" : "none"}};
   try {
     store_->ping();
     body["status"] = "ok";
@@ -358,6 +395,8 @@ void NanoCtrlServerImpl::metrics(httplib::Response& res) {
 }
 
 void NanoCtrlServerImpl::fallback(const httplib::Request& req, httplib::Response& res) {
+  // Unauthenticated clients learn nothing about which paths exist.
+  if (!authorized("(unrouted)", req, res)) return;
   std::string allowed;
   for (const auto& [re, method] : known_) {
     if (std::regex_match(req.path, re)) allowed += (allowed.empty() ? "" : ", ") + method;
@@ -379,14 +418,17 @@ void NanoCtrlServerImpl::fallback(const httplib::Request& req, httplib::Response
 void NanoCtrlServerImpl::install_routes() {
   auto& s = *service_;
   using R = const httplib::Request&;
-  http_->Get("/", [this](R, httplib::Response& res) {
+  http_->Get("/", [this](R req, httplib::Response& res) {
+    if (!authorized("/", req, res)) return;
     res.set_content("NanoCtrl Server Running", "text/plain");
     metrics_.count_request("/", 200);
   });
   known_.emplace_back(std::regex("/"), "GET");
   http_->Get("/healthz", [this](R, httplib::Response& res) { healthz(res); });
   known_.emplace_back(std::regex("/healthz"), "GET");
-  http_->Get("/metrics", [this](R, httplib::Response& res) { metrics(res); });
+  http_->Get("/metrics", [this](R req, httplib::Response& res) {
+    if (authorized("/metrics", req, res)) metrics(res);
+  });
   known_.emplace_back(std::regex("/metrics"), "GET");
 
   auto post = [&](const std::string& path, json (nanoctrl::ControlService::*fn)(const json&)) {

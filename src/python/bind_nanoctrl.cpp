@@ -54,7 +54,7 @@ void bind_nanoctrl(py::module_& m) {
       .def(py::init([](const std::string& host, int port, std::optional<std::string> redis_url, double ttl,
                        const std::string& key_prefix, std::size_t max_body, uint32_t max_threads,
                        uint32_t max_waiters, double max_wait, uint32_t mailbox_max, double mailbox_ttl,
-                       double keep_alive, double redis_timeout) {
+                       double keep_alive, double redis_timeout, std::optional<std::string> token) {
              if (port < 0 || port > 65535) throw InvalidArgumentError("port must be in 0..65535");
              NanoCtrlConfig c;
              c.host = host;
@@ -70,13 +70,16 @@ void bind_nanoctrl(py::module_& m) {
              c.mailbox_ttl = seconds(mailbox_ttl, "mailbox_ttl");
              c.keep_alive_timeout = seconds(keep_alive, "keep_alive");
              c.redis_timeout = seconds(redis_timeout, "redis_timeout");
+             c.token = token.value_or("");
              return std::make_unique<NanoCtrlServer>(c);
            }),
            py::arg("host") = "127.0.0.1", py::arg("port") = 4479, py::arg("redis_url") = py::none(),
            py::arg("ttl") = 60.0, py::arg("key_prefix") = "nanoctrl:", py::arg("max_body") = 1 << 20,
            py::arg("max_threads") = 1024, py::arg("max_waiters") = 0, py::arg("max_wait") = 60.0,
            py::arg("mailbox_max") = 4096, py::arg("mailbox_ttl") = 600.0, py::arg("keep_alive") = 5.0,
-           py::arg("redis_timeout") = 2.0)
+           py::arg("redis_timeout") = 2.0, py::arg("token") = py::none(),
+           "token: when set, every request but GET /healthz must carry 'Authorization: Bearer <token>' "
+           "(others get 401); None or '' = no authentication.")
       .def("start", &NanoCtrlServer::start, py::call_guard<py::gil_scoped_release>(),
            "Connect the store and start serving; returns once requests are accepted.")
       .def("stop", &NanoCtrlServer::stop, py::call_guard<py::gil_scoped_release>(), "Stop serving (idempotent).")
@@ -96,14 +99,21 @@ void bind_nanoctrl(py::module_& m) {
       });
 
   py::class_<NanoCtrlClient>(m, "NanoCtrlClient",
-                             "HTTP client of NanoCtrl. Errors: ValueError (400), KeyError (404), ConnectionError "
-                             "(unreachable or 503), TimeoutError, RuntimeError (409, 429, other).")
-      .def(py::init([](const std::string& url, std::optional<std::string> scope, double timeout) {
-             return std::make_unique<NanoCtrlClient>(url, scope.value_or(""), seconds(timeout, "timeout"));
+                             "HTTP client of NanoCtrl. Errors: ValueError (400), PermissionError (401: missing or "
+                             "wrong token), KeyError (404), ConnectionError (unreachable or 503), TimeoutError, "
+                             "RuntimeError (409, 429, other).")
+      .def(py::init([](const std::string& url, std::optional<std::string> scope, double timeout,
+                       std::optional<std::string> token) {
+             return std::make_unique<NanoCtrlClient>(url, scope.value_or(""), seconds(timeout, "timeout"),
+                                                     token.value_or(""));
            }),
-           py::arg("url") = "http://127.0.0.1:4479", py::arg("scope") = py::none(), py::arg("timeout") = 10.0)
+           py::arg("url") = "http://127.0.0.1:4479", py::arg("scope") = py::none(), py::arg("timeout") = 10.0,
+           py::arg("token") = py::none(),
+           "token: the server's bearer token, sent with every request; None or '' = the environment "
+           "variable DLSLIME_NANOCTRL_TOKEN, no token when that is unset.")
       .def_property_readonly("url", &NanoCtrlClient::url)
       .def_property_readonly("scope", &NanoCtrlClient::scope)
+      .def_property_readonly("has_token", &NanoCtrlClient::has_token)
       .def("healthz", [](NanoCtrlClient& c) { return nogil_json([&] { return c.healthz(); }); })
       .def(
           "start_peer_agent",

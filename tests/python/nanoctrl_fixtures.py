@@ -67,6 +67,12 @@ class RedisServer:
 
 def http(url, path, body=None, method="POST", raw=None, headers=None, timeout=10.0):
     """One request; returns (status, parsed JSON body or text). `raw` sends bytes as is."""
+    status, parsed, _ = http_with_headers(url, path, body, method, raw, headers, timeout)
+    return status, parsed
+
+
+def http_with_headers(url, path, body=None, method="POST", raw=None, headers=None, timeout=10.0):
+    """Like http(), and the reply's headers as a third element (an email.message.Message)."""
     data = raw if raw is not None else (json.dumps(body if body is not None else {}).encode())
     if method == "GET" and raw is None and body is None:
         data = None
@@ -76,13 +82,13 @@ def http(url, path, body=None, method="POST", raw=None, headers=None, timeout=10
         req.add_header(k, v)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            status, text = r.status, r.read().decode()
+            status, text, reply_headers = r.status, r.read().decode(), r.headers
     except urllib.error.HTTPError as e:
-        status, text = e.code, e.read().decode()
+        status, text, reply_headers = e.code, e.read().decode(), e.headers
     try:
-        return status, json.loads(text)
+        return status, json.loads(text), reply_headers
     except ValueError:
-        return status, text
+        return status, text, reply_headers
 
 
 def is_error(status, body, code):

@@ -6,6 +6,9 @@ In-process (tests, single host)::
     with dlslime.nanoctrl.serve(port=0) as url:
         client = dlslime.nanoctrl.NanoCtrlClient(url)
 
+    with dlslime.nanoctrl.serve(port=0, token=secret) as url:      # requests need the token
+        client = dlslime.nanoctrl.NanoCtrlClient(url, token=secret)  # or $DLSLIME_NANOCTRL_TOKEN
+
 As a service: ``nanoctrl server`` (foreground) or ``nanoctrl start|stop|status`` (daemon);
 ``python -m dlslime.nanoctrl`` is the same command. See docs/control-plane.md.
 """
@@ -24,14 +27,18 @@ DEFAULT_URL = "http://127.0.0.1:4479"
 
 
 @contextlib.contextmanager
-def serve(host: str = "127.0.0.1", port: int = 0, redis_url: Optional[str] = None, **options) -> Iterator[str]:
+def serve(host: str = "127.0.0.1", port: int = 0, redis_url: Optional[str] = None, token: Optional[str] = None,
+          **options) -> Iterator[str]:
     """Run a NanoCtrl server in this process for the duration of the ``with`` block.
 
     Yields its URL (``port=0`` picks a free port). ``redis_url=None`` uses the in-memory store.
+    ``token``: when set, every request but ``GET /healthz`` must carry
+    ``Authorization: Bearer <token>`` (``NanoCtrlClient(url, token=...)`` sends it); a request
+    without it gets 401 (``PermissionError`` in the client). ``None`` = no authentication.
     Other keyword options are ``NanoCtrlServer``'s (ttl, max_threads, max_waiters, max_wait,
     mailbox_max, mailbox_ttl, key_prefix, max_body, keep_alive, redis_timeout).
     """
-    server = NanoCtrlServer(host=host, port=port, redis_url=redis_url, **options)
+    server = NanoCtrlServer(host=host, port=port, redis_url=redis_url, token=token, **options)
     server.start()
     try:
         yield server.url
