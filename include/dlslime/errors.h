@@ -48,7 +48,7 @@ class DLSLIME_API ConnectionError : public Error {
 // token (Python: PermissionError).
 class DLSLIME_API AuthenticationError : public Error {
  public:
-  explicit AuthenticationError(const std::string& what) : Error(StatusCode::kAccessDenied, what) {}
+  explicit AuthenticationError(const std::string& what) : Error(StatusCode::kAuthenticationFailed, what) {}
 };
 
 // A blocking call ran past its deadline (Python: TimeoutError).

@@ -26,7 +26,10 @@ struct DLSLIME_API PeerAgentOptions {
   std::chrono::milliseconds heartbeat_interval{0};
   // Deadline of each control-plane request.
   std::chrono::milliseconds ctrl_timeout{10000};
-  // Options of the TcpEndpoints the agent makes (local_host/local_port come per connection).
+  // NanoCtrl's bearer token. Empty: DLSLIME_NANOCTRL_TOKEN (none when that is unset too).
+  std::string ctrl_token;
+  // Options of the TcpEndpoints the agent makes (local_host/local_port come per connection);
+  // tcp.token is the shared secret every TCP connection of the agent authenticates with.
   TcpOptions tcp = TcpOptions::from_env();
 };
 

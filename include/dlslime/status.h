@@ -26,7 +26,8 @@ enum class StatusCode : int32_t {
   kNotConnected = 410,        // the endpoint has no connection to a peer yet
   kProtocolError = 411,       // the byte stream from the peer is corrupt
   kNotImplemented = 412,      // the transport cannot do this op
-  kAccessDenied = 413,        // the peer refused the connection (e.g. bad token)
+  kAccessDenied = 413,        // the peer refused the connection (already paired, stale info, full)
+  kAuthenticationFailed = 414,  // the shared-secret token is missing on one side or differs
 };
 
 DLSLIME_API const char* status_code_name(StatusCode code) noexcept;

@@ -37,18 +37,20 @@ class PeerConnectionState {
   std::condition_variable cv;
   std::string state = "connecting";  // connecting | connected | failed | closed
   std::string error;
+  bool auth_failed = false;     // failed because the tokens differ (wait() raises AuthenticationError)
   json peer_info;               // the peer's endpoint_info, once known
   uint64_t peer_endpoint_id = 0;
   bool info_sent = false;       // our endpoint_info was posted to the peer (it had registered)
   std::chrono::steady_clock::time_point last_post;  // when, for re-posting
   std::map<std::string, int32_t> remote_handles;  // remote region name -> handle
 
-  void finish(const std::string& new_state, const std::string& why) {
+  void finish(const std::string& new_state, const std::string& why, bool auth = false) {
     {
       std::lock_guard lock(mu);
       if (state == "closed") return;
       state = new_state;
       error = why;
+      auth_failed = auth;
     }
     cv.notify_all();
   }
@@ -71,6 +73,9 @@ void PeerConnection::wait(std::chrono::milliseconds timeout) const {
     throw TimeoutError(fmt::format("connection to '{}' not established within {} ms (the peer agent is "
                                    "registered but did not answer the handshake)",
                                    state_->peer_alias, timeout.count()));
+  }
+  if (state_->auth_failed) {
+    throw AuthenticationError(fmt::format("connection to '{}' failed: {}", state_->peer_alias, state_->error));
   }
   if (state_->state != "connected") {
     throw ConnectionError(fmt::format("connection to '{}' {}: {}", state_->peer_alias, state_->state, state_->error));
@@ -184,7 +189,7 @@ std::string local_address(const TcpOptions& tcp) {
 }  // namespace
 
 PeerAgentImpl::PeerAgentImpl(PeerAgentOptions opts)
-    : options(std::move(opts)), ctrl(options.ctrl_url, options.scope, options.ctrl_timeout) {
+    : options(std::move(opts)), ctrl(options.ctrl_url, options.scope, options.ctrl_timeout, options.ctrl_token) {
   options.tcp.validate();
   if (options.heartbeat_interval.count() < 0) throw InvalidArgumentError("heartbeat_interval must be >= 0");
 }
@@ -372,7 +377,7 @@ void PeerAgentImpl::complete_handshake(const std::shared_ptr<PeerConnectionState
     c->finish("connected", "");
     DLSLIME_INFO("PeerAgent '{}': connected to '{}' over tcp ({})", alias, c->peer_alias, c->conn_id);
   } catch (const std::exception& e) {
-    c->finish("failed", e.what());
+    c->finish("failed", e.what(), dynamic_cast<const AuthenticationError*>(&e) != nullptr);
     DLSLIME_WARN("PeerAgent '{}': connecting to '{}' failed: {}", alias, c->peer_alias, e.what());
   }
 }

@@ -21,6 +21,7 @@ const char* status_code_name(StatusCode code) noexcept {
     case StatusCode::kProtocolError: return "PROTOCOL_ERROR";
     case StatusCode::kNotImplemented: return "NOT_IMPLEMENTED";
     case StatusCode::kAccessDenied: return "ACCESS_DENIED";
+    case StatusCode::kAuthenticationFailed: return "AUTHENTICATION_FAILED";
   }
   return "UNKNOWN_STATUS";
 }

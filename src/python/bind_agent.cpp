@@ -1,6 +1,7 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <fmt/format.h>
@@ -133,7 +134,18 @@ void bind_agent(py::module_& m) {
                o.heartbeat_interval = std::chrono::milliseconds(
                    static_cast<int64_t>(heartbeat_interval.cast<double>() * 1000));
              }
-             o.tcp = tcp_options_from_kwargs(kwargs);
+             // token= is the one secret for both planes; ctrl_token= (or nanoctrl_token=) and
+             // tcp_token= set one of them alone. None keeps the environment's default.
+             const std::vector<std::string> tokens = {"token", "ctrl_token", "nanoctrl_token", "tcp_token"};
+             o.tcp = tcp_options_from_kwargs(kwargs, tokens);
+             auto token_kw = [&](const char* key) -> std::optional<std::string> {
+               if (!kwargs.contains(key) || kwargs[key].is_none()) return std::nullopt;
+               return kwargs[key].cast<std::string>();
+             };
+             if (auto t = token_kw("token")) o.ctrl_token = o.tcp.token = *t;
+             if (auto t = token_kw("nanoctrl_token")) o.ctrl_token = *t;
+             if (auto t = token_kw("ctrl_token")) o.ctrl_token = *t;
+             if (auto t = token_kw("tcp_token")) o.tcp.token = *t;
              py::gil_scoped_release release;
              return std::make_shared<PeerAgent>(std::move(o));
            }),

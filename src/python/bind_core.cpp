@@ -90,7 +90,8 @@ void bind_core(py::module_& m) {
                        StatusCode::kTimeout, StatusCode::kFailed, StatusCode::kOutOfBounds,
                        StatusCode::kUnknownHandle, StatusCode::kCancelled, StatusCode::kPeerClosed,
                        StatusCode::kMessageTooLarge, StatusCode::kInvalidArgument, StatusCode::kNotConnected,
-                       StatusCode::kProtocolError, StatusCode::kNotImplemented, StatusCode::kAccessDenied}) {
+                       StatusCode::kProtocolError, StatusCode::kNotImplemented, StatusCode::kAccessDenied,
+                       StatusCode::kAuthenticationFailed}) {
     codes.value(status_code_name(c), c);
   }
   codes.def("__int__", [](StatusCode c) { return static_cast<int>(c); });

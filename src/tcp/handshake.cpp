@@ -24,6 +24,7 @@ void encode_hello(const Hello& h, uint8_t* out) noexcept {
   w.u16(h.lane_count);
   w.u64(h.sender_id);
   w.u64(h.target_id);
+  w.bytes(h.nonce.data(), h.nonce.size());
 }
 
 Status parse_hello(const uint8_t* in, Hello* out) noexcept {
@@ -38,11 +39,14 @@ Status parse_hello(const uint8_t* in, Hello* out) noexcept {
   h.lane_count = r.u16();
   h.sender_id = r.u64();
   h.target_id = r.u64();
+  r.bytes(h.nonce.data(), h.nonce.size());
   if (h.version != kProtocolVersion) {
     return Status::protocol_error(fmt::format("protocol version {} is not supported (this endpoint speaks version {})",
                                               h.version, kProtocolVersion));
   }
-  if (h.flags != 0) return Status::protocol_error(fmt::format("unsupported hello flags {:#x}", h.flags));
+  if ((h.flags & ~kHelloFlagAuth) != 0) {
+    return Status::protocol_error(fmt::format("unsupported hello flags {:#x}", h.flags));
+  }
   if (h.lane_count == 0 || h.lane_count > kMaxLanes || h.lane_index >= h.lane_count) {
     return Status::protocol_error(fmt::format("bad lane {} of {}", h.lane_index, h.lane_count));
   }

@@ -39,6 +39,7 @@ void env_ms(const char* name, std::chrono::milliseconds& out) {
 TcpOptions TcpOptions::from_env() {
   TcpOptions o;
   if (const char* host = std::getenv("DLSLIME_TCP_ADVERTISE_HOST"); host && *host) o.advertise_host = host;
+  if (const char* token = std::getenv("DLSLIME_TCP_TOKEN"); token && *token) o.token = token;
   env_number("DLSLIME_TCP_LANES", o.lanes);
   env_number("DLSLIME_TCP_CHUNK_SIZE", o.chunk_size);
   env_ms("DLSLIME_TCP_CONNECT_TIMEOUT_MS", o.connect_timeout);
@@ -86,7 +87,9 @@ nlohmann::json TcpOptions::to_json() const {
           {"keepalive_count", keepalive_count},
           {"max_inflight_ops", max_inflight_ops},
           {"max_batch_items", max_batch_items},
-          {"unexpected_buffer_bytes", unexpected_buffer_bytes}};
+          {"unexpected_buffer_bytes", unexpected_buffer_bytes},
+          // Whether a token is set, never the token.
+          {"authenticated", !token.empty()}};
 }
 
 TcpEndpoint::TcpEndpoint(const std::string& ip, uint16_t port, TcpOptions options)

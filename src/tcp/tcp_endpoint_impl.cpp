@@ -259,6 +259,7 @@ void TcpEndpointImpl::connect(const nlohmann::json& peer_info) {
   }
   const Status st = outcome.get();
   if (st.code() == StatusCode::kTimeout) throw TimeoutError(st.message());
+  if (st.code() == StatusCode::kAuthenticationFailed) throw AuthenticationError(st.message());
   if (!st) throw ConnectionError(st.message(), st.code());
   for (const auto& [name, entry] : regions) remote_regions.add(name, entry);
 }

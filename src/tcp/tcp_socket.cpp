@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 
 #include <array>
+#include <cstring>
 
 #include <asio/connect.hpp>
 #include <asio/read.hpp>
@@ -42,6 +43,7 @@ struct Dial : std::enable_shared_from_this<Dial> {
     hellos.resize(request.lanes);
     replies.resize(request.lanes);
     reasons.resize(request.lanes);
+    auth.resize(request.lanes);
     outstanding = request.lanes;
   }
 
@@ -76,6 +78,10 @@ struct Dial : std::enable_shared_from_this<Dial> {
     h.lane_count = request.lanes;
     h.sender_id = request.sender_id;
     h.target_id = request.target_id;
+    if (!options.token.empty()) {
+      h.flags |= kHelloFlagAuth;
+      h.nonce = random_nonce();
+    }
     encode_hello(h, hellos[lane].data());
     asio::async_write(sockets[lane], asio::buffer(hellos[lane]),
                       [self = shared_from_this(), lane](std::error_code ec, size_t) {
@@ -90,13 +96,60 @@ struct Dial : std::enable_shared_from_this<Dial> {
                      [self = shared_from_this(), lane](std::error_code ec, size_t) {
                        if (self->finished) return;
                        if (ec) return self->lane_done(self->io_failure("waiting for the hello reply", ec));
+                       if (is_challenge(self->replies[lane].data())) return self->read_challenge(lane);
                        HelloReply reply;
                        if (Status st = parse_hello_reply(self->replies[lane].data(), &reply); !st) {
                          return self->lane_done(st);
                        }
-                       if (reply.status == StatusCode::kSuccess) return self->accepted(reply);
-                       self->read_reason(lane, reply);
+                       if (reply.status != StatusCode::kSuccess) return self->read_reason(lane, reply);
+                       if (!self->options.token.empty() && !self->auth[lane].proven) {
+                         return self->lane_done(Status(
+                             StatusCode::kAuthenticationFailed,
+                             fmt::format("{} accepted the connection without authenticating itself; this endpoint "
+                                         "has a token and only talks to peers that hold it",
+                                         self->request.peer_label)));
+                       }
+                       self->accepted(reply);
                      });
+  }
+
+  // The acceptor's challenge: its first 32 bytes are already in replies[lane].
+  void read_challenge(uint16_t lane) {
+    if (options.token.empty() || auth[lane].proven) {
+      return lane_done(Status::protocol_error(fmt::format("{} sent an auth challenge this side did not ask for",
+                                                          request.peer_label)));
+    }
+    std::memcpy(auth[lane].challenge.data(), replies[lane].data(), kHelloReplySize);
+    asio::async_read(sockets[lane], asio::buffer(auth[lane].challenge.data() + kHelloReplySize,
+                                                 kChallengeSize - kHelloReplySize),
+                     [self = shared_from_this(), lane](std::error_code ec, size_t) {
+                       if (self->finished) return;
+                       if (ec) return self->lane_done(self->io_failure("reading the auth challenge", ec));
+                       self->answer_challenge(lane);
+                     });
+  }
+
+  void answer_challenge(uint16_t lane) {
+    LaneAuth& a = auth[lane];
+    Challenge challenge;
+    if (Status st = parse_challenge(a.challenge.data(), &challenge); !st) return lane_done(st);
+    const Mac expected = auth_mac(options.token, AuthRole::kAcceptor, hellos[lane].data(), kHelloSize,
+                                  challenge.nonce, challenge.endpoint_id);
+    if (!mac_equal(expected, challenge.mac)) {
+      return lane_done(Status(StatusCode::kAuthenticationFailed,
+                              fmt::format("{} could not prove it holds this endpoint's token (the tokens differ)",
+                                          request.peer_label)));
+    }
+    a.proven = true;
+    Proof proof;
+    proof.mac = auth_mac(options.token, AuthRole::kDialer, hellos[lane].data(), kHelloSize, challenge.nonce,
+                         challenge.endpoint_id);
+    encode_proof(proof, a.proof.data());
+    asio::async_write(sockets[lane], asio::buffer(a.proof), [self = shared_from_this(), lane](std::error_code ec, size_t) {
+      if (self->finished) return;
+      if (ec) return self->lane_done(self->io_failure("sending the auth proof", ec));
+      self->read_reply(lane);
+    });
   }
 
   void read_reason(uint16_t lane, HelloReply reply) {
@@ -105,8 +158,9 @@ struct Dial : std::enable_shared_from_this<Dial> {
                      [self = shared_from_this(), lane, reply](std::error_code ec, size_t) {
                        if (self->finished) return;
                        std::string reason = ec ? std::string("(no reason given)") : self->reasons[lane];
-                       self->lane_done(Status(reply.status == StatusCode::kAccessDenied ? StatusCode::kAccessDenied
-                                                                                        : StatusCode::kProtocolError,
+                       const bool refusal = reply.status == StatusCode::kAccessDenied ||
+                                            reply.status == StatusCode::kAuthenticationFailed;
+                       self->lane_done(Status(refusal ? reply.status : StatusCode::kProtocolError,
                                               fmt::format("{} refused the connection: {}",
                                                           self->request.peer_label, reason)));
                      });
@@ -163,6 +217,12 @@ struct Dial : std::enable_shared_from_this<Dial> {
   std::vector<std::array<uint8_t, kHelloSize>> hellos;
   std::vector<std::array<uint8_t, kHelloReplySize>> replies;
   std::vector<std::string> reasons;
+  struct LaneAuth {
+    std::array<uint8_t, kChallengeSize> challenge{};
+    std::array<uint8_t, kProofSize> proof{};
+    bool proven = false;  // the acceptor's MAC checked out
+  };
+  std::vector<LaneAuth> auth;
   size_t outstanding = 0;
   uint64_t peer_id = 0;
   bool finished = false;
@@ -181,6 +241,9 @@ struct TcpListener::Pending {
   asio::steady_timer timer;
   std::array<uint8_t, kHelloSize> hello_raw{};
   Hello hello;
+  Nonce nonce{};  // this side's challenge nonce
+  std::array<uint8_t, kChallengeSize> challenge_raw{};
+  std::array<uint8_t, kProofSize> proof_raw{};
   std::array<uint8_t, kHelloReplySize> reply_raw{};
   std::string reason;
 };
@@ -238,15 +301,63 @@ void TcpListener::handshake(std::shared_ptr<Pending> p) {
     p->socket.close(ignored);  // a peer that never finishes its hello
   });
   asio::async_read(p->socket, asio::buffer(p->hello_raw), [self = shared_from_this(), p](std::error_code ec, size_t) {
-    if (ec || self->closed_) {
-      --self->pending_;
-      p->timer.cancel();
-      return;
-    }
+    if (ec || self->closed_) return self->abandon(p);
     Status verdict = parse_hello(p->hello_raw.data(), &p->hello);
+    if (verdict) verdict = self->check_auth_flag(p->hello);
+    if (verdict && !self->options_.token.empty()) return self->challenge(p);
     if (verdict) verdict = self->decide_(p->hello);
     self->reply(p, verdict);
   });
+}
+
+Status TcpListener::check_auth_flag(const Hello& hello) const {
+  const bool peer_has_token = (hello.flags & kHelloFlagAuth) != 0;
+  if (!options_.token.empty() && !peer_has_token) {
+    return Status(StatusCode::kAuthenticationFailed,
+                  "this endpoint requires a token; connect with the same TcpEndpoint(token=...) or DLSLIME_TCP_TOKEN");
+  }
+  if (options_.token.empty() && peer_has_token) {
+    return Status(StatusCode::kAuthenticationFailed,
+                  "this endpoint has no token, but the peer asked to authenticate with one; set the same token on "
+                  "both sides (TcpEndpoint(token=...) or DLSLIME_TCP_TOKEN)");
+  }
+  return Status::ok();
+}
+
+// Authentication runs before decide_(), so a peer without the token learns nothing about
+// this endpoint (not even whether its target id matches) beyond the fact that it wants one.
+void TcpListener::challenge(std::shared_ptr<Pending> p) {
+  Challenge c;
+  c.nonce = p->nonce = random_nonce();
+  c.endpoint_id = endpoint_id_;
+  c.mac = auth_mac(options_.token, AuthRole::kAcceptor, p->hello_raw.data(), kHelloSize, c.nonce, endpoint_id_);
+  encode_challenge(c, p->challenge_raw.data());
+  asio::async_write(p->socket, asio::buffer(p->challenge_raw), [self = shared_from_this(), p](std::error_code ec,
+                                                                                              size_t) {
+    if (ec || self->closed_) return self->abandon(p);
+    asio::async_read(p->socket, asio::buffer(p->proof_raw), [self, p](std::error_code ec, size_t) {
+      if (ec || self->closed_) return self->abandon(p);
+      Proof proof;
+      Status verdict = parse_proof(p->proof_raw.data(), &proof);
+      if (verdict) {
+        const Mac expected =
+            auth_mac(self->options_.token, AuthRole::kDialer, p->hello_raw.data(), kHelloSize, p->nonce,
+                     self->endpoint_id_);
+        if (!mac_equal(expected, proof.mac)) {
+          verdict = Status(StatusCode::kAuthenticationFailed, "wrong token: the peer's proof does not match this endpoint's");
+        }
+      }
+      if (verdict) verdict = self->decide_(p->hello);
+      self->reply(p, verdict);
+    });
+  });
+}
+
+void TcpListener::abandon(const std::shared_ptr<Pending>& p) {
+  --pending_;
+  p->timer.cancel();
+  std::error_code ignored;
+  p->socket.close(ignored);
 }
 
 void TcpListener::reply(std::shared_ptr<Pending> p, const Status& verdict) {

@@ -64,6 +64,9 @@ class TcpListener : public std::enable_shared_from_this<TcpListener> {
 
   void accept_next();
   void handshake(std::shared_ptr<Pending> p);
+  Status check_auth_flag(const Hello& hello) const;
+  void challenge(std::shared_ptr<Pending> p);
+  void abandon(const std::shared_ptr<Pending>& p);
   void reply(std::shared_ptr<Pending> p, const Status& verdict);
 
   asio::ip::tcp::acceptor acceptor_;

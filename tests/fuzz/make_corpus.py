@@ -60,12 +60,18 @@ def handshakes():
     write(t, "hello-lane3of4", b"\0" + hello(lane=3, lanes=4, target=0x99))
     write(t, "hello-v2", b"\0" + hello(version=2))
     write(t, "hello-token-flag", b"\0" + hello(flags=1))
+    write(t, "hello-unknown-flag", b"\0" + hello(flags=2))
     write(t, "hello-bad-lane", b"\0" + hello(lane=4, lanes=4))
     write(t, "hello-no-sender", b"\0" + hello(sender=0))
     write(t, "reply-ok", b"\1" + reply())
     write(t, "reply-refused", b"\1" + reply(status=413, reason_len=40))
     write(t, "reply-long-reason", b"\1" + reply(status=411, reason_len=513))
     write(t, "reply-bad-magic", b"\1" + reply(magic=b"DLSLIMEX"))
+    # Auth messages (src/tcp/auth.h): challenge = magic, nonce, acceptor id, MAC; proof = magic, MAC.
+    write(t, "challenge", b"\2" + b"DLSLIMEC" + bytes(range(16)) + struct.pack("<Q", 7) + b"\xab" * 32)
+    write(t, "challenge-bad-magic", b"\2" + b"DLSLIMER" + bytes(56))
+    write(t, "proof", b"\3" + b"DLSLIMEP" + b"\xcd" * 32 + bytes(24))
+    write(t, "proof-short", b"\3" + b"DLSLIMEP" + b"\xcd" * 5)
 
 
 def streams():
