@@ -46,8 +46,10 @@ struct DLSLIME_API TcpOptions {
   // Shared secret. When set, every connection is authenticated in the handshake by HMAC-
   // SHA256 challenge and response (the token never crosses the wire), and only a peer with
   // the same token can connect, read or write. Both sides must agree: set or not set.
-  // Empty: DLSLIME_TCP_TOKEN. It authenticates; it does not encrypt (docs/reliability.md).
+  // At least kMinTokenSize bytes. from_env() fills it from DLSLIME_TCP_TOKEN. It
+  // authenticates; it does not encrypt (docs/reliability.md).
   std::string token;
+  static constexpr size_t kMinTokenSize = 16;
 
   static TcpOptions from_env();
   // Throws InvalidArgumentError naming the bad option.

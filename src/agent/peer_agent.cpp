@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <random>
 #include <thread>
 
 #include <fmt/format.h>
@@ -23,6 +25,18 @@ using nlohmann::json;
 
 // The shared state behind a PeerConnection handle. The agent's mutex guards the map of
 // connections; each connection's own mutex guards its fields.
+std::string random_instance_id() {
+  std::random_device rd;
+  return fmt::format("{:08x}{:08x}", rd(), rd());
+}
+
+// The instance id in an agent record from NanoCtrl ("" for none or no record).
+std::string instance_of(const std::optional<json>& record) {
+  if (!record || !record->contains("metadata") || !(*record)["metadata"].is_object()) return "";
+  const json& meta = (*record)["metadata"];
+  return meta.contains("instance") && meta["instance"].is_string() ? meta["instance"].get<std::string>() : "";
+}
+
 class PeerConnectionState {
  public:
   PeerConnectionState(std::string peer, std::string conn_id, std::shared_ptr<TcpEndpoint> ep)
@@ -37,6 +51,7 @@ class PeerConnectionState {
   std::condition_variable cv;
   std::string state = "connecting";  // connecting | connected | failed | closed
   std::string error;
+  std::string peer_instance;    // the peer agent's instance id, from its first connect message
   bool auth_failed = false;     // failed because the tokens differ (wait() raises AuthenticationError)
   json peer_info;               // the peer's endpoint_info, once known
   uint64_t peer_endpoint_id = 0;
@@ -53,6 +68,10 @@ class PeerConnectionState {
       auth_failed = auth;
     }
     cv.notify_all();
+  }
+  bool failed_on_auth() const {
+    std::lock_guard lock(mu);
+    return state == "failed" && auth_failed;
   }
   // Usable for new ops: handshake done and the endpoint still has its peer.
   bool alive() const {
@@ -135,16 +154,24 @@ class PeerAgentImpl {
   void publish_regions();
   std::shared_ptr<PeerConnectionState> make_connection(const std::string& peer, const ConnectOptions& options);
   void post_info(const std::shared_ptr<PeerConnectionState>& c);
-  void claim_and_post(const std::shared_ptr<PeerConnectionState>& c);
+  // Posts our info once, addressed to the peer agent instance `instance` (from its record).
+  void claim_and_post(const std::shared_ptr<PeerConnectionState>& c, const std::string& instance);
   bool post_pending();
   void complete_handshake(const std::shared_ptr<PeerConnectionState>& c, const json& peer_info);
   void retire(const std::shared_ptr<PeerConnectionState>& c, const std::string& why);
+  // The instance id NanoCtrl has registered under `peer` now ("" when it has none).
+  std::string registered_instance(const std::string& peer);
+  bool is_current_instance(const std::string& peer, const std::string& instance);
   void mailbox_loop();
   void heartbeat_loop();
   void on_message(const json& envelope);
   bool sleep_for(std::chrono::milliseconds d);
 
   std::shared_ptr<LocalRegionTable> regions_ = std::make_shared<LocalRegionTable>();
+  // Random per PeerAgent object, in its NanoCtrl record and in every connect message: a
+  // message that a previous agent under the same alias posted before it shut down can
+  // still be in our mailbox, and must not replace (or answer) the current one's.
+  const std::string instance_ = random_instance_id();
   std::chrono::milliseconds heartbeat_interval_{15000};
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<PeerConnectionState>> conns_;
@@ -195,7 +222,8 @@ PeerAgentImpl::PeerAgentImpl(PeerAgentOptions opts)
 }
 
 json PeerAgentImpl::registration_body() const {
-  json body = {{"address", local_address(options.tcp)}, {"metadata", {{"transports", {"tcp"}}}}};
+  json body = {{"address", local_address(options.tcp)},
+               {"metadata", {{"transports", {"tcp"}}, {"instance", instance_}}}};
   if (!alias.empty()) body["alias"] = alias;
   return body;
 }
@@ -271,11 +299,28 @@ void PeerAgentImpl::on_message(const json& envelope) {
   if (type == "cleanup") {
     const std::string peer = msg.at("peer").get<std::string>();
     std::shared_ptr<PeerConnectionState> c;
+    std::string instance;
     {
       std::lock_guard lock(mu_);
       auto it = conns_.find(peer);
       if (it == conns_.end()) return;
       c = it->second;
+    }
+    {
+      std::lock_guard clock(c->mu);
+      instance = c->peer_instance;
+    }
+    // A cleanup that reaches us late (the alias is registered again by a new agent, and
+    // this connection is to that agent or still waiting for it) is about the old agent.
+    const std::string now = registered_instance(peer);
+    if (!now.empty() && (instance.empty() || instance == now)) {
+      DLSLIME_DEBUG("PeerAgent '{}': ignoring a late cleanup of an earlier '{}'", alias, peer);
+      return;
+    }
+    {
+      std::lock_guard lock(mu_);
+      auto it = conns_.find(peer);
+      if (it == conns_.end() || it->second != c) return;
       conns_.erase(it);
     }
     retire(c, "the peer agent '" + peer + "' shut down");
@@ -294,6 +339,19 @@ void PeerAgentImpl::on_message(const json& envelope) {
     return;
   }
   const uint64_t peer_id = info.at("endpoint_id").get<uint64_t>();
+  const std::string instance = msg.value("instance", "");
+  const std::string to_instance = msg.value("to_instance", "");
+  if (!to_instance.empty() && to_instance != instance_) {
+    // Posted to an earlier agent under our alias, which left before reading it.
+    DLSLIME_DEBUG("PeerAgent '{}': ignoring a connect message from '{}' meant for an earlier '{}'", alias, from,
+                  alias);
+    return;
+  }
+  if (!is_current_instance(from, instance)) {
+    DLSLIME_DEBUG("PeerAgent '{}': ignoring a connect message from an earlier '{}' (instance {})", alias, from,
+                  instance);
+    return;
+  }
   std::shared_ptr<PeerConnectionState> c, stale;
   bool send_info = false;
   bool duplicate = false;
@@ -303,10 +361,14 @@ void PeerAgentImpl::on_message(const json& envelope) {
     auto it = conns_.find(from);
     if (it != conns_.end()) {
       std::lock_guard clock(it->second->mu);
-      const bool new_incarnation = it->second->peer_endpoint_id != 0 && it->second->peer_endpoint_id != peer_id;
+      const bool same_endpoint = it->second->peer_endpoint_id == peer_id;
+      const bool new_incarnation = it->second->peer_endpoint_id != 0 && !same_endpoint;
       const bool dead = it->second->state == "failed" || it->second->state == "closed" ||
                         (it->second->state == "connected" && !it->second->endpoint->is_connected());
-      if (new_incarnation || dead) {
+      // A repeat from the endpoint a finished handshake was with (it crossed our answer in
+      // the mailbox) is not a reconnect, even when that handshake failed (e.g. the tokens
+      // differ): replacing would retry it forever and lose the reason.
+      if (new_incarnation || (dead && !same_endpoint)) {
         stale = it->second;
         conns_.erase(it);
       } else if (it->second->peer_endpoint_id == peer_id && it->second->state != "connecting") {
@@ -337,11 +399,23 @@ void PeerAgentImpl::on_message(const json& envelope) {
     std::lock_guard lock(c->mu);
     c->peer_info = info;
     c->peer_endpoint_id = peer_id;
+    c->peer_instance = instance;
     send_info = !c->info_sent || !peer_has_ours;
     c->info_sent = true;
   }
   if (send_info) post_info(c);
   complete_handshake(c, info);
+}
+
+std::string PeerAgentImpl::registered_instance(const std::string& peer) {
+  return instance_of(ctrl.get_peer_agent(peer));
+}
+
+bool PeerAgentImpl::is_current_instance(const std::string& peer, const std::string& instance) {
+  if (instance.empty()) return true;  // a peer that does not say (another implementation)
+  // Asked every time, not cached: the answer changes when the alias is taken over, and a
+  // stale message can arrive after that. Connect messages are few (handshakes only).
+  return registered_instance(peer) == instance;
 }
 
 std::shared_ptr<PeerConnectionState> PeerAgentImpl::make_connection(const std::string& peer,
@@ -357,9 +431,11 @@ std::shared_ptr<PeerConnectionState> PeerAgentImpl::make_connection(const std::s
 
 void PeerAgentImpl::post_info(const std::shared_ptr<PeerConnectionState>& c) {
   bool have_peer_info = false;
+  std::string to_instance;
   {
     std::lock_guard lock(c->mu);
     have_peer_info = !c->peer_info.is_null();
+    to_instance = c->peer_instance;
     c->last_post = std::chrono::steady_clock::now();
   }
   // have_peer_info tells the peer whether it must (re)send its own info.
@@ -367,6 +443,8 @@ void PeerAgentImpl::post_info(const std::shared_ptr<PeerConnectionState>& c) {
                     {"transport", "tcp"},
                     {"conn_id", c->conn_id},
                     {"have_peer_info", have_peer_info},
+                    {"instance", instance_},
+                    {"to_instance", to_instance},
                     {"endpoint_info", c->endpoint->endpoint_info()}};
   ctrl.post(c->peer_alias, msg, alias);
 }
@@ -400,7 +478,8 @@ PeerConnection PeerAgentImpl::connect_to(const std::string& peer, const ConnectO
     std::lock_guard lock(mu_);
     auto it = conns_.find(peer);
     if (it != conns_.end()) {
-      if (it->second->alive()) return PeerConnection(it->second);
+      // A handshake that failed on the token cannot succeed on a retry: keep its reason.
+      if (it->second->alive() || it->second->failed_on_auth()) return PeerConnection(it->second);
       stale = it->second;
       conns_.erase(it);
     }
@@ -419,7 +498,7 @@ PeerConnection PeerAgentImpl::connect_to(const std::string& peer, const ConnectO
   // Agents of one job start concurrently: a peer that has not registered yet gets our
   // endpoint_info as soon as it does (post_pending, from the mailbox thread).
   try {
-    if (ctrl.get_peer_agent(peer)) claim_and_post(c);
+    if (auto record = ctrl.get_peer_agent(peer)) claim_and_post(c, instance_of(record));
   } catch (...) {
     std::lock_guard lock(mu_);
     conns_.erase(peer);
@@ -429,11 +508,12 @@ PeerConnection PeerAgentImpl::connect_to(const std::string& peer, const ConnectO
   return PeerConnection(c);
 }
 
-void PeerAgentImpl::claim_and_post(const std::shared_ptr<PeerConnectionState>& c) {
+void PeerAgentImpl::claim_and_post(const std::shared_ptr<PeerConnectionState>& c, const std::string& instance) {
   {
     std::lock_guard lock(c->mu);
     if (c->info_sent) return;
     c->info_sent = true;
+    if (c->peer_instance.empty()) c->peer_instance = instance;
   }
   post_info(c);
 }
@@ -458,13 +538,19 @@ bool PeerAgentImpl::post_pending() {
   }
   for (const auto& c : unregistered) {
     try {
-      if (ctrl.get_peer_agent(c->peer_alias)) claim_and_post(c);
+      if (auto record = ctrl.get_peer_agent(c->peer_alias)) claim_and_post(c, instance_of(record));
     } catch (const std::exception& e) {
       DLSLIME_DEBUG("PeerAgent '{}': waiting for '{}' to register: {}", alias, c->peer_alias, e.what());
     }
   }
   for (const auto& c : unanswered) {
     try {
+      // Address the current agent under that alias: the one we wrote to may have been
+      // replaced, and its successor ignores messages meant for it.
+      if (auto record = ctrl.get_peer_agent(c->peer_alias)) {
+        std::lock_guard lock(c->mu);
+        if (c->peer_info.is_null()) c->peer_instance = instance_of(record);
+      }
       post_info(c);
     } catch (const std::exception& e) {
       DLSLIME_DEBUG("PeerAgent '{}': re-posting to '{}' failed: {}", alias, c->peer_alias, e.what());

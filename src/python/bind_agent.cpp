@@ -140,7 +140,15 @@ void bind_agent(py::module_& m) {
              o.tcp = tcp_options_from_kwargs(kwargs, tokens);
              auto token_kw = [&](const char* key) -> std::optional<std::string> {
                if (!kwargs.contains(key) || kwargs[key].is_none()) return std::nullopt;
-               return kwargs[key].cast<std::string>();
+               if (!py::isinstance<py::str>(kwargs[key])) throw py::type_error(fmt::format("{} must be a str", key));
+               auto t = kwargs[key].cast<std::string>();
+               // NanoCtrl's client reads "" as "use the environment"; TcpEndpoint as "off".
+               // Rather than mean two things, an empty shared token is refused.
+               if (t.empty() && std::string(key) != "tcp_token") {
+                 throw py::value_error(fmt::format("{}=\"\" is empty; pass None for the default "
+                                                   "(DLSLIME_NANOCTRL_TOKEN / DLSLIME_TCP_TOKEN)", key));
+               }
+               return t;
              };
              if (auto t = token_kw("token")) o.ctrl_token = o.tcp.token = *t;
              if (auto t = token_kw("nanoctrl_token")) o.ctrl_token = *t;

@@ -103,8 +103,10 @@ TcpOptions tcp_options_from_kwargs(const py::kwargs& kwargs, const std::vector<s
     else if (key == "unexpected_buffer_bytes") o.unexpected_buffer_bytes = v.cast<uint64_t>();
     else if (key == "token") {
       // None keeps DLSLIME_TCP_TOKEN; "" turns authentication off; str or bytes set it.
-      if (py::isinstance<py::bytes>(v)) o.token = v.cast<std::string>();
-      else if (!v.is_none()) o.token = v.cast<std::string>();
+      if (!v.is_none() && !py::isinstance<py::str>(v) && !py::isinstance<py::bytes>(v)) {
+        throw py::type_error("token must be str, bytes or None");
+      }
+      if (!v.is_none()) o.token = v.cast<std::string>();
     }
     else throw py::type_error(fmt::format("got an unexpected keyword argument '{}'", key));
   }

@@ -71,6 +71,12 @@ void TcpOptions::validate() const {
   }
   if (max_inflight_ops < 1) bad("max_inflight_ops must be >= 1");
   if (max_batch_items < 1) bad("max_batch_items must be >= 1");
+  // Anyone who can reach the port can get a MAC over a nonce of its choosing and guess
+  // the token offline, so a short one is refused rather than silently weak.
+  if (!token.empty() && token.size() < kMinTokenSize) {
+    bad(fmt::format("token must be at least {} bytes (it is {}); e.g. `openssl rand -hex 16`", kMinTokenSize,
+                    token.size()));
+  }
 }
 
 nlohmann::json TcpOptions::to_json() const {

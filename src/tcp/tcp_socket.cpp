@@ -109,7 +109,7 @@ struct Dial : std::enable_shared_from_this<Dial> {
                                          "has a token and only talks to peers that hold it",
                                          self->request.peer_label)));
                        }
-                       self->accepted(reply);
+                       self->accepted(lane, reply);
                      });
   }
 
@@ -130,6 +130,14 @@ struct Dial : std::enable_shared_from_this<Dial> {
   }
 
   void answer_challenge(uint16_t lane) {
+    try {
+      prove(lane);
+    } catch (const std::exception& e) {  // the OS random generator or OpenSSL failed
+      lane_done(Status(StatusCode::kFailed, fmt::format("authenticating to {}: {}", request.peer_label, e.what())));
+    }
+  }
+
+  void prove(uint16_t lane) {
     LaneAuth& a = auth[lane];
     Challenge challenge;
     if (Status st = parse_challenge(a.challenge.data(), &challenge); !st) return lane_done(st);
@@ -140,7 +148,16 @@ struct Dial : std::enable_shared_from_this<Dial> {
                               fmt::format("{} could not prove it holds this endpoint's token (the tokens differ)",
                                           request.peer_label)));
     }
+    // The MAC proves the token and binds the id the acceptor claims. That id must be the
+    // one we dialed: otherwise another holder of the token, reached through whatever now
+    // answers at this address (a relay, a reused port), would be taken for our peer.
+    if (request.target_id != 0 && challenge.endpoint_id != request.target_id) {
+      return lane_done(Status(StatusCode::kAuthenticationFailed,
+                              fmt::format("{} holds the token but is endpoint {:#x}, not {:#x} from peer_info",
+                                          request.peer_label, challenge.endpoint_id, request.target_id)));
+    }
     a.proven = true;
+    a.endpoint_id = challenge.endpoint_id;
     Proof proof;
     proof.mac = auth_mac(options.token, AuthRole::kDialer, hellos[lane].data(), kHelloSize, challenge.nonce,
                          challenge.endpoint_id);
@@ -166,7 +183,12 @@ struct Dial : std::enable_shared_from_this<Dial> {
                      });
   }
 
-  void accepted(const HelloReply& reply) {
+  void accepted(uint16_t lane, const HelloReply& reply) {
+    if (auth[lane].proven && reply.endpoint_id != auth[lane].endpoint_id) {
+      return lane_done(Status(StatusCode::kAuthenticationFailed,
+                              fmt::format("{} accepted as endpoint {:#x} after proving it is {:#x}",
+                                          request.peer_label, reply.endpoint_id, auth[lane].endpoint_id)));
+    }
     if (request.target_id != 0 && reply.endpoint_id != request.target_id) {
       return lane_done(Status::protocol_error(fmt::format(
           "{} is a different endpoint than the one in peer_info (id {:#x}, expected {:#x})", request.peer_label,
@@ -220,7 +242,8 @@ struct Dial : std::enable_shared_from_this<Dial> {
   struct LaneAuth {
     std::array<uint8_t, kChallengeSize> challenge{};
     std::array<uint8_t, kProofSize> proof{};
-    bool proven = false;  // the acceptor's MAC checked out
+    bool proven = false;       // the acceptor's MAC checked out
+    uint64_t endpoint_id = 0;  // the id that MAC bound
   };
   std::vector<LaneAuth> auth;
   size_t outstanding = 0;
@@ -304,7 +327,13 @@ void TcpListener::handshake(std::shared_ptr<Pending> p) {
     if (ec || self->closed_) return self->abandon(p);
     Status verdict = parse_hello(p->hello_raw.data(), &p->hello);
     if (verdict) verdict = self->check_auth_flag(p->hello);
-    if (verdict && !self->options_.token.empty()) return self->challenge(p);
+    if (verdict && !self->options_.token.empty()) {
+      try {
+        return self->challenge(p);
+      } catch (const std::exception& e) {  // the OS random generator or OpenSSL failed
+        verdict = Status(StatusCode::kFailed, fmt::format("authentication failed on this side: {}", e.what()));
+      }
+    }
     if (verdict) verdict = self->decide_(p->hello);
     self->reply(p, verdict);
   });
@@ -340,11 +369,15 @@ void TcpListener::challenge(std::shared_ptr<Pending> p) {
       Proof proof;
       Status verdict = parse_proof(p->proof_raw.data(), &proof);
       if (verdict) {
-        const Mac expected =
-            auth_mac(self->options_.token, AuthRole::kDialer, p->hello_raw.data(), kHelloSize, p->nonce,
-                     self->endpoint_id_);
-        if (!mac_equal(expected, proof.mac)) {
-          verdict = Status(StatusCode::kAuthenticationFailed, "wrong token: the peer's proof does not match this endpoint's");
+        try {
+          const Mac expected = auth_mac(self->options_.token, AuthRole::kDialer, p->hello_raw.data(), kHelloSize,
+                                        p->nonce, self->endpoint_id_);
+          if (!mac_equal(expected, proof.mac)) {
+            verdict = Status(StatusCode::kAuthenticationFailed,
+                             "wrong token: the peer's proof does not match this endpoint's");
+          }
+        } catch (const std::exception& e) {
+          verdict = Status(StatusCode::kFailed, fmt::format("authentication failed on this side: {}", e.what()));
         }
       }
       if (verdict) verdict = self->decide_(p->hello);

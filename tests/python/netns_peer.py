@@ -2,9 +2,11 @@
 stdout (one JSON object per line). Run as `ip netns exec NS python3 netns_peer.py IP`.
 
 Commands: {"peer": info} connects and answers {"connected": true}; {"write": n} writes n
-bytes to the peer's region and answers {"status": code}; {"arm": true} posts a recv and a
-write to the peer (it cannot complete once the link is down), then answers with how each
-future ended and after how many seconds: {"recv": [status, seconds], "write": [...]}."""
+bytes to the peer's region and answers {"status": code}; {"bytes": n} answers the first n
+bytes of this side's region as hex; {"arm": seconds} posts a recv and a write to the peer
+(neither can complete once the link is down), waits at most that long, and answers with
+how each future ended and after how long: {"recv": [status, seconds, message], "write":
+[...]}; {"exit": true} shuts down."""
 
 import ctypes
 import json

@@ -8,6 +8,8 @@ root. All traffic stays on the veth pair between the two namespaces."""
 
 import json
 import os
+import select
+import shutil
 import subprocess
 import sys
 import time
@@ -27,6 +29,7 @@ def ip(*args, check=True):
 
 @pytest.fixture
 def veth_pair():
+    assert shutil.which("ip"), "the ip command (iproute2) is missing: scripts/install_deps.sh installs it"
     tag = f"{os.getpid() % 100000}"
     ns_a, ns_b, dev_a, dev_b = f"dls_a{tag}", f"dls_b{tag}", f"dlsa{tag}", f"dlsb{tag}"
     made = ip("netns", "add", ns_a, check=False)
@@ -58,9 +61,11 @@ class NetnsPeer:
         self.proc.stdin.write(json.dumps(cmd) + "\n")
         self.proc.stdin.flush()
 
-    def hear(self):
-        # Every reply is bounded by the peer's own deadlines; a dead peer gives EOF.
-        line = self.proc.stdout.readline()
+    def hear(self, timeout=60.0):
+        """The peer's next reply; fails after `timeout` seconds instead of hanging."""
+        ready = select.select([self.proc.stdout], [], [], timeout)[0]
+        assert ready, f"the peer sent nothing for {timeout} s"
+        line = self.proc.stdout.readline()  # the peer writes whole lines
         assert line, f"the peer process exited (rc={self.proc.poll()})"
         return json.loads(line)
 

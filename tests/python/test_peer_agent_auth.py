@@ -7,7 +7,7 @@ import pytest
 from dlslime import PeerAgent, nanoctrl
 from conftest import Buffer
 
-SECRET = "s3cret-token"
+SECRET = "s3cret-token-for-tests"
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +45,12 @@ def test_agent_without_the_ctrl_token_is_refused(secured_ctrl, unique, monkeypat
     with pytest.raises(PermissionError, match="bearer token"):
         PeerAgent(ctrl_url=secured_ctrl, alias=f"anon_{unique}")
     with pytest.raises(PermissionError, match="wrong"):
-        PeerAgent(ctrl_url=secured_ctrl, alias=f"anon_{unique}", token="guess")
+        PeerAgent(ctrl_url=secured_ctrl, alias=f"anon_{unique}", token="a-wrong-guess-of-the-token")
 
 
 def test_different_tcp_tokens_fail_the_connection_on_both_sides(secured_ctrl, unique):
-    a = PeerAgent(ctrl_url=secured_ctrl, alias=f"tcp_a_{unique}", ctrl_token=SECRET, tcp_token="one")
-    b = PeerAgent(ctrl_url=secured_ctrl, alias=f"tcp_b_{unique}", nanoctrl_token=SECRET, tcp_token="two")
+    a = PeerAgent(ctrl_url=secured_ctrl, alias=f"tcp_a_{unique}", ctrl_token=SECRET, tcp_token="the first tcp token")
+    b = PeerAgent(ctrl_url=secured_ctrl, alias=f"tcp_b_{unique}", nanoctrl_token=SECRET, tcp_token="the second tcp token")
     try:
         dst = Buffer(64)
         b.register_memory_region("dst", dst.addr, 0, 64)
@@ -67,7 +67,7 @@ def test_different_tcp_tokens_fail_the_connection_on_both_sides(secured_ctrl, un
 
 def test_tokens_from_the_environment(secured_ctrl, unique, monkeypatch):
     monkeypatch.setenv("DLSLIME_NANOCTRL_TOKEN", SECRET)
-    monkeypatch.setenv("DLSLIME_TCP_TOKEN", "env-tcp")
+    monkeypatch.setenv("DLSLIME_TCP_TOKEN", "tcp token from the env")
     a = PeerAgent(ctrl_url=secured_ctrl, alias=f"env_a_{unique}")
     b = PeerAgent(ctrl_url=secured_ctrl, alias=f"env_b_{unique}")
     try:
@@ -83,3 +83,9 @@ def test_tokens_from_the_environment(secured_ctrl, unique, monkeypatch):
     finally:
         a.shutdown()
         b.shutdown()
+
+
+def test_empty_shared_token_is_refused(secured_ctrl, unique):
+    for kw in ("token", "ctrl_token"):
+        with pytest.raises(ValueError, match="empty"):
+            PeerAgent(ctrl_url=secured_ctrl, alias=f"empty_{unique}", **{kw: ""})

@@ -85,8 +85,9 @@ def test_nanoctrl_restart_while_agents_are_live(unique, store):
         a = PeerAgent(ctrl_url=url, alias=f"ra_{unique}", heartbeat_interval=0.1)
         b = PeerAgent(ctrl_url=url, alias=f"rb_{unique}", heartbeat_interval=0.1)
         conn = a.connect_to(f"rb_{unique}", transport="tcp")
-        b.connect_to(f"ra_{unique}", transport="tcp")
+        conn_b = b.connect_to(f"ra_{unique}", transport="tcp")
         conn.wait(10)
+        conn_b.wait(10)  # both sides: b's finishes on its own mailbox thread
 
         server.stop()
         server = nanoctrl.NanoCtrlServer(port=port, redis_url=redis_url, ttl=2.0)

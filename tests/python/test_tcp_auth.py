@@ -8,7 +8,10 @@ docs/tcp.md describes."""
 import hashlib
 import hmac
 import os
+import socket
 import struct
+import threading
+import time
 
 import pytest
 
@@ -45,6 +48,23 @@ class AuthClient(Raw):
         self.send(b"DLSLIMEP" + mac_d + bytes(24))
         return self.reply()
 
+    def rest_until_closed(self, timeout=10.0):
+        """Everything the endpoint sends until it closes the connection (EOF or reset)."""
+        deadline = time.monotonic() + timeout
+        data = b""
+        self.sock.settimeout(0.2)
+        while time.monotonic() < deadline:
+            try:
+                chunk = self.sock.recv(65536)
+            except socket.timeout:
+                continue
+            except (ConnectionResetError, BrokenPipeError):
+                return data
+            if not chunk:
+                return data
+            data += chunk
+        raise AssertionError(f"the endpoint did not close the connection within {timeout} s")
+
 
 def endpoints(token_a, token_b):
     return TcpEndpoint(ip="127.0.0.1", port=0, token=token_a), TcpEndpoint(ip="127.0.0.1", port=0, token=token_b)
@@ -73,7 +93,7 @@ def test_same_token_connects_and_moves_bytes():
 
 
 @pytest.mark.parametrize("token_a, token_b, reason", [
-    (TOKEN, "another secret", "tokens differ|wrong token"),
+    (TOKEN, "another secret, as long", "tokens differ|wrong token"),
     (TOKEN, "", "no token"),
     ("", TOKEN, "requires a token"),
 ], ids=["different", "only_dialer", "only_acceptor"])
@@ -141,7 +161,7 @@ def test_intruder_with_the_paired_peers_id_cannot_read():
             guesser.send(frame(READ_REQUEST, flags=0, op_id=5, handle=h, offset=0, length=64))
         except OSError:
             pass  # already closed: just as good
-        assert guesser.closed_by_peer()
+        assert guesser.rest_until_closed() == b"", "the endpoint answered after a failed proof"
         guesser.close()
         # The real pairing was never disturbed.
         assert a.is_connected() and b.is_connected()
@@ -187,9 +207,6 @@ def test_handshake_by_hand_with_the_token_and_a_replayed_proof():
 def test_acceptor_that_cannot_prove_itself_is_not_trusted():
     """A listener that answers the challenge with a wrong MAC (an impostor on the peer's
     address) is refused by the dialer before it sends anything."""
-    import socket
-    import threading
-
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(4)
@@ -215,6 +232,61 @@ def test_acceptor_that_cannot_prove_itself_is_not_trusted():
         assert not t.is_alive()
         assert seen[0][:8] == b"DLSLIMEH" and struct.unpack_from("<H", seen[0], 10)[0] == AUTH_FLAG
         assert seen[1] == b"", "the dialer sent a proof to an acceptor that failed its own"
+    finally:
+        a.shutdown()
+        listener.close()
+
+
+def test_too_short_or_mistyped_tokens_are_refused():
+    with pytest.raises(ValueError, match="at least 16 bytes"):
+        TcpEndpoint(ip="127.0.0.1", port=0, token="short")
+    with pytest.raises(TypeError, match="token must be"):
+        TcpEndpoint(ip="127.0.0.1", port=0, token=12345678901234567)
+    ep = TcpEndpoint(ip="127.0.0.1", port=0, token=TOKEN.encode())  # bytes work too
+    assert ep.options["authenticated"]
+    ep.shutdown()
+
+
+def test_another_holder_of_the_token_is_not_taken_for_the_dialed_peer():
+    """Whatever answers at the dialed address must prove it is the endpoint in peer_info,
+    not merely that it holds the token (a relay or a reused port would otherwise pair the
+    dialer with the wrong endpoint)."""
+    a, b, c = (TcpEndpoint(ip="127.0.0.1", port=0, token=TOKEN) for _ in range(3))
+    try:
+        spoofed = dict(c.endpoint_info(), endpoint_id=b.endpoint_info()["endpoint_id"])  # c's address, b's id
+        with pytest.raises(PermissionError, match="holds the token but is endpoint"):
+            a.connect(spoofed)
+        assert not a.is_connected() and not c.is_connected()
+    finally:
+        for ep in (a, b, c):
+            ep.shutdown()
+
+
+def test_listener_that_accepts_without_a_challenge_is_not_trusted():
+    """A tokened dialer refuses a listener that answers 'accepted' without proving the
+    token (an old or tokenless server, or an impostor that skips the challenge)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    port = listener.getsockname()[1]
+
+    def pushover():
+        conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(10)
+            conn.recv(64)
+            conn.sendall(b"DLSLIMER" + struct.pack("<HHIQ", 1, 0, 0, 99) + bytes(8))
+            conn.recv(64)  # b"" once the dialer gives up
+
+    t = threading.Thread(target=pushover, daemon=True)
+    t.start()
+    a = TcpEndpoint(ip="127.0.0.1", port=0, token=TOKEN, lanes=1)
+    try:
+        with pytest.raises(PermissionError, match="without authenticating itself"):
+            a.connect({"host": "127.0.0.1", "port": port, "endpoint_id": 0, "mr_info": {}})
+        t.join(10)
+        assert not t.is_alive()
+        assert not a.is_connected()
     finally:
         a.shutdown()
         listener.close()
