@@ -72,3 +72,46 @@ TEST(PeerAgentCpp, ConnectWriteNamedAndSend) {
   a.shutdown();
   b.shutdown();
 }
+
+// Tokens from C++: one secret for NanoCtrl (ctrl_token) and TCP (tcp.token); an agent
+// without the NanoCtrl token is refused, and agents whose TCP tokens differ fail the
+// connection on both sides with AuthenticationError.
+TEST(PeerAgentCpp, TokensGuardBothPlanes) {
+  const std::string secret = "cpp-shared-secret-0123456789";
+  NanoCtrlConfig cc = local_ctrl();
+  cc.token = secret;
+  NanoCtrlServer ctrl(cc);
+  ctrl.start();
+  auto with_tokens = [&](const std::string& alias, const std::string& tcp_token) {
+    PeerAgentOptions o = agent(ctrl.url(), alias);
+    o.ctrl_token = secret;
+    o.tcp.token = tcp_token;
+    return o;
+  };
+  PeerAgentOptions anonymous = agent(ctrl.url(), "cpp_anon");
+  anonymous.ctrl_token = "not-the-secret-at-all";
+  EXPECT_THROW(PeerAgent{anonymous}, AuthenticationError);
+
+  PeerAgent a(with_tokens("cpp_ta", secret));
+  PeerAgent b(with_tokens("cpp_tb", secret));
+  std::vector<uint8_t> src(4096, 0x5A), dst(4096, 0);
+  a.register_memory_region("src", reinterpret_cast<uintptr_t>(src.data()), 0, src.size());
+  b.register_memory_region("dst", reinterpret_cast<uintptr_t>(dst.data()), 0, dst.size());
+  PeerConnection ca = a.connect_to("cpp_tb", tcp());
+  PeerConnection cb = b.connect_to("cpp_ta", tcp());
+  ca.wait(10s);
+  cb.wait(10s);
+  auto w = a.write("cpp_tb", std::vector<NamedAssignment>{{"src", "dst", 0, 0, src.size()}});
+  ASSERT_EQ(w.wait_for(10s), std::optional<int>(0)) << w.message();
+  EXPECT_EQ(src, dst);
+
+  PeerAgent c(with_tokens("cpp_tc", "a-different-tcp-token"));
+  PeerConnection ac = a.connect_to("cpp_tc", tcp());
+  PeerConnection ca2 = c.connect_to("cpp_ta", tcp());
+  EXPECT_THROW(ac.wait(10s), AuthenticationError);
+  EXPECT_THROW(ca2.wait(10s), AuthenticationError);
+  EXPECT_EQ(ac.state(), "failed");
+  a.shutdown();
+  b.shutdown();
+  c.shutdown();
+}
