@@ -204,37 +204,51 @@ def test_handshake_by_hand_with_the_token_and_a_replayed_proof():
         b.shutdown()
 
 
+class FakeAcceptor:
+    """A one-connection listener that answers the dialer's hello with `answer` and records
+    the hello and what the dialer sent next (b"" once the dialer gave up)."""
+
+    def __init__(self, answer):
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(4)
+        self.peer_info = {"host": "127.0.0.1", "port": self.listener.getsockname()[1], "endpoint_id": 0,
+                          "mr_info": {}}
+        self.seen = []
+        self.thread = threading.Thread(target=self._serve, args=(answer,), daemon=True)
+        self.thread.start()
+
+    def _serve(self, answer):
+        conn, _ = self.listener.accept()
+        with conn:
+            conn.settimeout(10)
+            self.seen.append(conn.recv(64))
+            conn.sendall(answer)
+            self.seen.append(conn.recv(64))
+
+    def finished(self):
+        self.thread.join(10)
+        return not self.thread.is_alive()
+
+    def close(self):
+        self.listener.close()
+
+
 def test_acceptor_that_cannot_prove_itself_is_not_trusted():
     """A listener that answers the challenge with a wrong MAC (an impostor on the peer's
     address) is refused by the dialer before it sends anything."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(4)
-    port = listener.getsockname()[1]
-    seen = []
-
-    def impostor():
-        conn, _ = listener.accept()
-        with conn:
-            conn.settimeout(10)
-            h = conn.recv(64)
-            seen.append(h)
-            conn.sendall(b"DLSLIMEC" + os.urandom(16) + struct.pack("<Q", 77) + os.urandom(32))
-            seen.append(conn.recv(64))  # b"" once the dialer gives up
-
-    t = threading.Thread(target=impostor, daemon=True)
-    t.start()
+    impostor = FakeAcceptor(b"DLSLIMEC" + os.urandom(16) + struct.pack("<Q", 77) + os.urandom(32))
     a = TcpEndpoint(ip="127.0.0.1", port=0, token=TOKEN, lanes=1)
     try:
         with pytest.raises(PermissionError, match="could not prove"):
-            a.connect({"host": "127.0.0.1", "port": port, "endpoint_id": 0, "mr_info": {}})
-        t.join(10)
-        assert not t.is_alive()
+            a.connect(impostor.peer_info)
+        assert impostor.finished()
+        seen = impostor.seen
         assert seen[0][:8] == b"DLSLIMEH" and struct.unpack_from("<H", seen[0], 10)[0] == AUTH_FLAG
         assert seen[1] == b"", "the dialer sent a proof to an acceptor that failed its own"
     finally:
         a.shutdown()
-        listener.close()
+        impostor.close()
 
 
 def test_too_short_or_mistyped_tokens_are_refused():
@@ -265,28 +279,13 @@ def test_another_holder_of_the_token_is_not_taken_for_the_dialed_peer():
 def test_listener_that_accepts_without_a_challenge_is_not_trusted():
     """A tokened dialer refuses a listener that answers 'accepted' without proving the
     token (an old or tokenless server, or an impostor that skips the challenge)."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(4)
-    port = listener.getsockname()[1]
-
-    def pushover():
-        conn, _ = listener.accept()
-        with conn:
-            conn.settimeout(10)
-            conn.recv(64)
-            conn.sendall(b"DLSLIMER" + struct.pack("<HHIQ", 1, 0, 0, 99) + bytes(8))
-            conn.recv(64)  # b"" once the dialer gives up
-
-    t = threading.Thread(target=pushover, daemon=True)
-    t.start()
+    pushover = FakeAcceptor(b"DLSLIMER" + struct.pack("<HHIQ", 1, 0, 0, 99) + bytes(8))
     a = TcpEndpoint(ip="127.0.0.1", port=0, token=TOKEN, lanes=1)
     try:
         with pytest.raises(PermissionError, match="without authenticating itself"):
-            a.connect({"host": "127.0.0.1", "port": port, "endpoint_id": 0, "mr_info": {}})
-        t.join(10)
-        assert not t.is_alive()
+            a.connect(pushover.peer_info)
+        assert pushover.finished()
         assert not a.is_connected()
     finally:
         a.shutdown()
-        listener.close()
+        pushover.close()
