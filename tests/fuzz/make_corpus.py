@@ -21,11 +21,18 @@ def frame(ftype, flags=0, status=0, op_id=1, handle=0, index=0, offset=0, length
     return struct.pack("<HBBiQiIQQ", magic, ftype, flags, status, op_id, handle, index, offset, length)
 
 
-def hello(version=1, flags=0, lane=0, lanes=1, sender=0x1234, target=0, magic=b"DLSLIMEH"):
+def read_request(pieces, op_id=1, index=0):
+    """READ_REQUEST: the header (index tags the first piece; length = 24 per piece) and one
+    descriptor per (handle, offset, length) piece: handle i32, reserved u32, offset u64, length u64."""
+    body = b"".join(struct.pack("<iIQQ", h, 0, off, n) for h, off, n in pieces)
+    return frame(READ_REQUEST, op_id=op_id, index=index, length=len(body)) + body
+
+
+def hello(version=2, flags=0, lane=0, lanes=1, sender=0x1234, target=0, magic=b"DLSLIMEH"):
     return (magic + struct.pack("<HHHHQQ", version, flags, lane, lanes, sender, target)).ljust(64, b"\0")
 
 
-def reply(version=1, status=0, reason_len=0, endpoint=0x99, magic=b"DLSLIMER"):
+def reply(version=2, status=0, reason_len=0, endpoint=0x99, magic=b"DLSLIMER"):
     return (magic + struct.pack("<HHIQ", version, status, reason_len, endpoint)).ljust(32, b"\0")
 
 
@@ -41,9 +48,11 @@ def frames():
     write(t, "write-data", frame(WRITE_DATA, LAST, length=4096))
     write(t, "write-ack-ok", frame(WRITE_ACK))
     write(t, "write-ack-error", frame(WRITE_ACK, status=404, length=60))
-    write(t, "read-request", frame(READ_REQUEST, handle=3, index=2, offset=8, length=64 << 20))
-    write(t, "read-data", frame(READ_DATA, length=1 << 20))
-    write(t, "read-data-error", frame(READ_DATA, status=405, length=1024))
+    write(t, "read-request", frame(READ_REQUEST, index=2, length=2 * 24))  # header of a 2-piece list
+    write(t, "read-request-max", frame(READ_REQUEST, index=7, length=1024 * 24))
+    write(t, "read-request-bad-length", frame(READ_REQUEST, length=25))  # not whole pieces
+    write(t, "read-data", frame(READ_DATA, index=2, offset=2, length=1 << 20))  # offset = pieces answered
+    write(t, "read-data-error", frame(READ_DATA, status=405, offset=3, length=1024))
     write(t, "send-data", frame(SEND_DATA, LAST, offset=100, length=100))
     write(t, "send-ack", frame(SEND_ACK, status=408, length=10))
     write(t, "goodbye", frame(GOODBYE))
@@ -58,7 +67,7 @@ def handshakes():
     t = "fuzz_handshake"
     write(t, "hello", b"\0" + hello())
     write(t, "hello-lane3of4", b"\0" + hello(lane=3, lanes=4, target=0x99))
-    write(t, "hello-v2", b"\0" + hello(version=2))
+    write(t, "hello-v3", b"\0" + hello(version=3))
     write(t, "hello-token-flag", b"\0" + hello(flags=1))
     write(t, "hello-unknown-flag", b"\0" + hello(flags=2))
     write(t, "hello-bad-lane", b"\0" + hello(lane=4, lanes=4))
@@ -85,10 +94,14 @@ def streams():
     write(t, "write-out-of-bounds", frame(WRITE_DATA, LAST, op_id=3, handle=1, offset=60, length=8) + b"x" * 8)
     write(t, "write-stale-handle", frame(WRITE_DATA, LAST, op_id=4, handle=2, length=4) + b"abcd")
     write(t, "write-offset-overflow", frame(WRITE_DATA, LAST, op_id=5, handle=0, offset=2**64 - 4, length=8) + b"y" * 8)
-    write(t, "read-ok", frame(READ_REQUEST, op_id=6, handle=0, index=0, offset=100, length=3000) +
-          frame(READ_REQUEST, op_id=6, handle=3, index=1, offset=0, length=1))
-    write(t, "read-out-of-bounds", frame(READ_REQUEST, op_id=7, handle=3, offset=1, length=1) +
-          frame(READ_REQUEST, op_id=7, handle=-1, length=1))
+    write(t, "read-ok", read_request([(0, 100, 3000), (3, 0, 1)], op_id=6, index=0) +
+          read_request([(1, 0, 64)], op_id=6, index=2))
+    write(t, "read-out-of-bounds", read_request([(0, 0, 16), (3, 1, 1), (1, 0, 8)], op_id=7) +
+          read_request([(0, 2**64 - 4, 8)], op_id=7, index=3))
+    write(t, "read-bad-handle", read_request([(0, 0, 8), (2, 0, 4)], op_id=12) +
+          read_request([(-1, 0, 1)], op_id=13))
+    write(t, "read-bad-list-length", frame(READ_REQUEST, op_id=14, length=25) + bytes(25))
+    write(t, "read-empty-list", frame(READ_REQUEST, op_id=15, length=0) + read_request([(0, 0, 1)], op_id=16))
     write(t, "send-message", frame(SEND_DATA, 0, op_id=8, offset=0, length=10) + b"0123456789" +
           frame(SEND_DATA, LAST, op_id=8, offset=10, length=5) + b"abcde")
     write(t, "send-big-direct", frame(SEND_DATA, LAST, op_id=9, offset=0, length=17000) + b"m" * 17000)
@@ -99,9 +112,10 @@ def streams():
           frame(SEND_DATA, LAST, op_id=21, length=4) + b"next")
     write(t, "send-bad-offset", frame(SEND_DATA, 0, op_id=22, offset=4, length=4) + b"oops")
     write(t, "acks-for-unknown-ops", frame(WRITE_ACK, op_id=99) + frame(SEND_ACK, status=404, op_id=98, length=3) +
-          b"err" + frame(READ_DATA, op_id=97, length=5) + b"stray" + frame(READ_DATA, status=404, op_id=96, length=2) + b"no")
+          b"err" + frame(READ_DATA, op_id=97, offset=1, length=5) + b"stray" +
+          frame(READ_DATA, status=404, op_id=96, offset=1, length=2) + b"no")
     write(t, "goodbye", frame(WRITE_DATA, LAST, op_id=30, handle=3, length=1) + b"z" + frame(GOODBYE))
-    write(t, "garbage-after-frame", frame(READ_REQUEST, op_id=31, handle=0, length=8) + b"\xde\xad\xbe\xef" * 10)
+    write(t, "garbage-after-frame", read_request([(0, 0, 8)], op_id=31) + b"\xde\xad\xbe\xef" * 10)
     write(t, "truncated", frame(WRITE_DATA, LAST, op_id=32, handle=0, length=100) + b"short")
 
 

@@ -34,23 +34,39 @@ PEER_CLOSED = 407
 PROTOCOL_ERROR = 411
 ACCESS_DENIED = 413
 AUTHENTICATION_FAILED = 414
+BATCH_OVERFLOW = 400
 
 # Frame types (docs/tcp.md).
 WRITE_DATA, WRITE_ACK, READ_REQUEST, READ_DATA, SEND_DATA, SEND_ACK, GOODBYE = range(1, 8)
 LAST = 0x1
 HEADER = 40
 REGION = 4096
+PIECE = 24  # one read-request descriptor
+MAX_PIECES = 1024
+MAX_PAYLOAD = 64 << 20
 
 # --- the wire format, by hand ---------------------------------------------------------
 
 
-def hello(sender, version=1, flags=0, lane=0, lanes=1, target=0, magic=b"DLSLIMEH", nonce=b""):
+def hello(sender, version=2, flags=0, lane=0, lanes=1, target=0, magic=b"DLSLIMEH", nonce=b""):
     body = magic + struct.pack("<HHHHQQ", version, flags, lane, lanes, sender, target) + nonce
     return body.ljust(64, b"\0")
 
 
 def frame(ftype, flags=LAST, status=0, op_id=1, handle=0, index=0, offset=0, length=0, magic=0x5D1E):
     return struct.pack("<HBBiQiIQQ", magic, ftype, flags, status, op_id, handle, index, offset, length)
+
+
+def read_request(pieces, op_id=1, index=0, magic=0x5D1E):
+    """A READ_REQUEST for a list of (handle, offset, length) pieces: the header (index tags
+    the first piece; handle and offset unused) and one 24-byte descriptor per piece."""
+    body = b"".join(struct.pack("<iIQQ", h, 0, off, n) for h, off, n in pieces)
+    return frame(READ_REQUEST, flags=0, op_id=op_id, index=index, length=len(body), magic=magic) + body
+
+
+def expected(pattern, pieces):
+    """The bytes a READ_DATA answer carries for pieces of one region holding `pattern`."""
+    return b"".join(pattern[off:off + n] for _, off, n in pieces)
 
 
 def parse_frame(raw):
@@ -71,13 +87,15 @@ class Raw:
         self.sock.sendall(data)
 
     def recv_exact(self, n):
-        out = b""
-        while len(out) < n:
-            chunk = self.sock.recv(n - len(out))
-            if not chunk:
+        out = bytearray(n)
+        view = memoryview(out)
+        got = 0
+        while got < n:
+            k = self.sock.recv_into(view[got:], n - got)
+            if not k:
                 break
-            out += chunk
-        return out
+            got += k
+        return bytes(out[:got])
 
     def hello(self, sender, **kw):
         """Sends a hello; returns (status, reason, endpoint_id) from the reply."""
@@ -90,7 +108,7 @@ class Raw:
         assert len(reply) == 32, f"no hello reply ({len(reply)} bytes)"
         assert reply[:8] == b"DLSLIMER"
         version, status, reason_len, endpoint_id = struct.unpack_from("<HHIQ", reply, 8)
-        assert version == 1 and reason_len <= 512
+        assert version == 2 and reason_len <= 512
         reason = self.recv_exact(reason_len).decode() if reason_len else ""
         return status, reason, endpoint_id
 
@@ -207,7 +225,7 @@ def paired_raw(server, sender=0xBAD0BAD0):
     "raw,words",
     [
         (hello(0x11, magic=b"NOTSLIME"), "bad magic"),
-        (hello(0x11, version=2), "version 2"),
+        (hello(0x11, version=3), "version 3"),
         (hello(0x11, version=0), "version 0"),
         (hello(0x11, flags=2), "flags"),  # bit 0 is AUTH; the others are unknown
         (hello(0x11, flags=1), "no token"),  # AUTH to an endpoint without a token
@@ -219,7 +237,7 @@ def paired_raw(server, sender=0xBAD0BAD0):
         (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".ljust(64, b"\n"), "bad magic"),
         (bytes(random.Random(1).randrange(256) for _ in range(64)), "bad magic"),
     ],
-    ids=["magic", "version2", "version0", "flags", "auth-without-token", "no-lanes", "lane-index", "too-many-lanes",
+    ids=["magic", "version3", "version0", "flags", "auth-without-token", "no-lanes", "lane-index", "too-many-lanes",
          "no-sender", "wrong-target", "http", "random"],
 )
 def test_bad_hello_is_refused_with_a_reason_and_closed(server, raw, words):
@@ -353,15 +371,21 @@ def test_hello_flood_from_many_senders_pairs_with_the_first_only(server):
         frame(WRITE_DATA, handle=0, length=(64 << 20) + 1),  # > 64 MiB per frame
         frame(WRITE_DATA, length=1 << 40),
         frame(SEND_DATA, length=2**64 - 1),
-        frame(READ_REQUEST, length=(64 << 20) + 1),
+        frame(READ_REQUEST, flags=0, length=(64 << 20) + 1),
+        frame(READ_REQUEST, flags=0, length=0),  # an empty piece list
+        frame(READ_REQUEST, flags=0, length=PIECE + 1) + bytes(PIECE + 1),  # not whole pieces
+        read_request([(1, 0, 1)] * (MAX_PIECES + 1)),  # 1025 pieces
         frame(WRITE_ACK, length=1025),  # error text > 1 KiB
         frame(SEND_ACK, status=404, length=1 << 30),
-        frame(READ_DATA, status=404, length=4096),
+        frame(READ_DATA, status=404, offset=1, length=4096),
+        frame(READ_DATA, offset=0, length=4) + b"none",  # an answer for 0 pieces
+        frame(READ_DATA, offset=MAX_PIECES + 1, length=4) + b"many",
         frame(SEND_DATA, flags=0, offset=4, length=4) + b"oops",  # message without its start
         bytes(random.Random(2).randrange(256) for _ in range(4096)),
     ],
-    ids=["magic", "type9", "type0", "flags", "write-64MiB+1", "write-1TiB", "send-2^64", "read-64MiB+1",
-         "ack-text", "send-ack-1GiB", "read-data-text", "send-offset", "random"],
+    ids=["magic", "type9", "type0", "flags", "write-64MiB+1", "write-1TiB", "send-2^64", "read-list-64MiB+1",
+         "read-list-empty", "read-list-25", "read-list-1025-pieces", "ack-text", "send-ack-1GiB", "read-data-text",
+         "read-data-0-pieces", "read-data-1025-pieces", "send-offset", "random"],
 )
 def test_corrupt_stream_closes_that_connection(server, data):
     rss0 = rss_bytes()
@@ -422,9 +446,10 @@ def test_out_of_range_requests_are_rejected_and_the_connection_keeps_working(ser
         (-5, 0, 1, UNKNOWN_HANDLE),
     ]
     for i, (handle, offset, length, code) in enumerate(bad_reads):
-        c.send(frame(READ_REQUEST, flags=0, op_id=200 + i, index=i, handle=handle, offset=offset, length=length))
+        c.send(read_request([(handle, offset, length)], op_id=200 + i, index=i))
         resp, text = c.recv_frame()
         assert resp["type"] == READ_DATA and resp["op_id"] == 200 + i and resp["index"] == i
+        assert resp["offset"] == 1, "a read answer counts the pieces it answers"
         assert resp["status"] == code, (handle, offset, length, text)
         assert len(text) <= 1024 and text
     # A write of the wrong size for the region's remainder, split over two frames: the
@@ -441,9 +466,10 @@ def test_out_of_range_requests_are_rejected_and_the_connection_keeps_working(ser
     ack, text = c.recv_frame()
     assert ack["type"] == WRITE_ACK and ack["status"] == OK and text == b""
     assert server.buf.bytes(4090) == b"edge!!"
-    c.send(frame(READ_REQUEST, flags=0, op_id=401, index=3, handle=h, offset=0, length=REGION))
+    c.send(read_request([(h, 0, REGION)], op_id=401, index=3))
     resp, data = c.recv_frame()
-    assert resp["status"] == OK and resp["index"] == 3 and data == server.pattern[:4090] + b"edge!!"
+    assert resp["status"] == OK and resp["index"] == 3 and resp["offset"] == 1
+    assert data == server.pattern[:4090] + b"edge!!"
     leave(c)
     server.buf.set(server.pattern)
     assert server.serves_a_legit_peer()
@@ -453,13 +479,108 @@ def test_stray_acks_and_responses_are_ignored(server):
     """Acks and read data for ops the endpoint never started are drained and ignored."""
     c = paired_raw(server)
     c.send(frame(WRITE_ACK, op_id=12345) + frame(SEND_ACK, status=404, op_id=777, length=3) + b"err" +
-           frame(READ_DATA, op_id=999, length=5) + b"stray" + frame(READ_DATA, status=405, op_id=998, length=2) +
-           b"no")
+           frame(READ_DATA, op_id=999, offset=1, length=5) + b"stray" +
+           frame(READ_DATA, status=405, op_id=998, offset=1, length=2) + b"no")
     # Still serving this connection.
-    c.send(frame(READ_REQUEST, flags=0, op_id=1, handle=server.handle, offset=0, length=16))
+    c.send(read_request([(server.handle, 0, 16)], op_id=1))
     resp, data = c.recv_frame()
-    assert resp["status"] == OK and data == server.pattern[:16]
+    assert resp["op_id"] == 1 and resp["status"] == OK and data == server.pattern[:16]
     leave(c)
+    assert server.serves_a_legit_peer()
+
+
+# --- read requests carry a list of pieces -------------------------------------------------
+
+
+def test_read_list_is_answered_by_one_frame_with_the_pieces_in_order(server):
+    c = paired_raw(server)
+    h = server.handle
+    # Different offsets and lengths, overlapping, out of order, one ending at the region's end.
+    pieces = [(h, 0, 1), (h, 5, 7), (h, REGION - 7, 7), (h, 1000, 100), (h, 3, 1), (h, 0, REGION)]
+    c.send(read_request(pieces, op_id=500, index=17))
+    resp, data = c.recv_frame()
+    assert resp["type"] == READ_DATA and resp["status"] == OK
+    assert resp["op_id"] == 500 and resp["index"] == 17 and resp["offset"] == len(pieces)
+    assert resp["length"] == sum(n for _, _, n in pieces)
+    assert data == expected(server.pattern, pieces)
+    # The longest list: 1024 pieces, still one answer.
+    pieces = [(h, (i * 37) % (REGION - 4), 1 + i % 4) for i in range(MAX_PIECES)]
+    c.send(read_request(pieces, op_id=501, index=0))
+    resp, data = c.recv_frame()
+    assert resp["status"] == OK and resp["op_id"] == 501 and resp["offset"] == MAX_PIECES
+    assert data == expected(server.pattern, pieces)
+    # Several requests in one write are answered one by one, in order.
+    reqs = [[(h, 10 * i, i + 1)] * (i + 1) for i in range(5)]
+    c.send(b"".join(read_request(p, op_id=600 + i, index=i) for i, p in enumerate(reqs)))
+    for i, p in enumerate(reqs):
+        resp, data = c.recv_frame()
+        assert (resp["op_id"], resp["index"], resp["offset"], resp["status"]) == (600 + i, i, len(p), OK)
+        assert data == expected(server.pattern, p)
+    leave(c)
+    assert server.buf.bytes() == server.pattern and server.guards_untouched()
+    assert server.serves_a_legit_peer()
+
+
+def test_read_list_with_a_bad_piece_fails_whole_and_alone(server):
+    c = paired_raw(server)
+    h = server.handle
+    cases = [
+        # (pieces, status of the first bad piece)
+        ([(h, 0, 16), (h, 100, 16), (h, REGION - 8, 16), (h, 32, 16)], OUT_OF_BOUNDS),  # 3rd piece
+        ([(h, 0, 8), (h + 100, 0, 8), (h, REGION, 1)], UNKNOWN_HANDLE),  # the first bad one counts
+        ([(h, 0, 8), (h, 2**64 - 1, 2), (-1, 0, 8)], OUT_OF_BOUNDS),
+        ([(h, 0, 8)] * (MAX_PIECES - 1) + [(h, REGION, 1)], OUT_OF_BOUNDS),  # the last of 1024
+    ]
+    for i, (pieces, code) in enumerate(cases):
+        c.send(read_request(pieces, op_id=700 + i, index=40 + i))
+        resp, text = c.recv_frame()
+        assert resp["type"] == READ_DATA and resp["op_id"] == 700 + i and resp["index"] == 40 + i
+        assert resp["offset"] == len(pieces)
+        assert resp["status"] == code, (i, text)
+        assert 0 < len(text) <= 1024 and b"piece" in text, text
+        # No data for any piece: the next frame is the answer to the next request.
+        c.send(read_request([(h, 64, 32)], op_id=800 + i, index=1))
+        resp, data = c.recv_frame()
+        assert (resp["op_id"], resp["status"], resp["offset"]) == (800 + i, OK, 1)
+        assert data == server.pattern[64:96]
+    leave(c)
+    assert server.buf.bytes() == server.pattern and server.guards_untouched()
+    assert server.serves_a_legit_peer()
+
+
+def test_read_list_over_64_MiB_in_all_is_refused_as_a_batch_overflow(server):
+    """Pieces that are each valid but add up to more than 64 MiB: one answer with status
+    BATCH_OVERFLOW and no data. A 64 KiB + 1 region read whole by each of 1024 pieces is
+    enough; 64 MiB exactly is still served."""
+    big_size = (64 << 10) + 1
+    big = Buffer(big_size)
+    big_pattern = bytes(random.Random(7).randrange(256) for _ in range(big_size))
+    big.set(big_pattern)
+    hb = server.ep.register_memory_region("big", big.addr, 0, big_size)
+    c = paired_raw(server)
+    exact = [(hb, 0, 64 << 10)] * MAX_PIECES
+    c.send(read_request(exact, op_id=900, index=5))
+    resp, data = c.recv_frame()
+    assert (resp["op_id"], resp["index"], resp["offset"], resp["status"]) == (900, 5, MAX_PIECES, OK)
+    assert resp["length"] == MAX_PAYLOAD and data == big_pattern[:64 << 10] * MAX_PIECES
+    over = [(hb, 0, 64 << 10)] * (MAX_PIECES - 1) + [(hb, 0, big_size)]  # 64 MiB + 1
+    c.send(read_request(over, op_id=901, index=6))
+    resp, text = c.recv_frame()
+    assert (resp["op_id"], resp["index"], resp["offset"]) == (901, 6, MAX_PIECES)
+    assert resp["status"] == BATCH_OVERFLOW, text
+    assert 0 < len(text) <= 1024
+    # A bad piece is reported as such even when the list is also too long.
+    c.send(read_request(over[:-1] + [(hb, 1, big_size)], op_id=902, index=7))
+    resp, text = c.recv_frame()
+    assert (resp["op_id"], resp["status"]) == (902, OUT_OF_BOUNDS), text
+    assert b"piece" in text
+    # The connection still serves.
+    c.send(read_request([(server.handle, 0, 16), (hb, big_size - 1, 1)], op_id=903))
+    resp, data = c.recv_frame()
+    assert (resp["op_id"], resp["status"], resp["offset"]) == (903, OK, 2)
+    assert data == server.pattern[:16] + big_pattern[-1:]
+    leave(c)
+    assert big.bytes() == big_pattern and server.guards_untouched()
     assert server.serves_a_legit_peer()
 
 
@@ -527,7 +648,7 @@ def test_corrupt_frame_floods_do_not_grow_memory(server):
             c.send(frame(SEND_DATA, length=64 << 20) + b"x" * 100)
             c.sock.shutdown(socket.SHUT_WR)
         else:
-            c.send(frame(READ_REQUEST, handle=server.handle, length=16, magic=0x5D1F))
+            c.send(read_request([(server.handle, 0, 16)], magic=0x5D1F))
         assert c.closed_by_peer()
         c.close()
     assert rss_bytes() - rss0 < (96 << 20) + RSS_SLACK
@@ -555,7 +676,7 @@ def test_requests_from_a_peer_that_never_reads_answers_are_bounded(server, kind,
     number of requests."""
     c = paired_raw(server)
     if kind == "read":
-        req = frame(READ_REQUEST, flags=0, handle=server.handle, offset=0, length=2048) * 1000
+        req = read_request([(server.handle, 0, 2048)]) * 1000
     else:
         req = frame(WRITE_DATA, handle=999, length=0) * 1000
     rss0 = rss_bytes()

@@ -17,7 +17,7 @@ import pytest
 
 from dlslime import TcpEndpoint
 from conftest import Buffer, connect_pair, wait_until
-from test_hostile import READ_REQUEST, Raw, frame, hello
+from test_hostile import Raw, hello, read_request
 
 OK = 0
 AUTHENTICATION_FAILED = 414
@@ -158,7 +158,7 @@ def test_intruder_with_the_paired_peers_id_cannot_read():
         assert status == AUTHENTICATION_FAILED and "wrong token" in reason
         h = b.endpoint_info()["mr_info"]["secret"]["handle"]
         try:
-            guesser.send(frame(READ_REQUEST, flags=0, op_id=5, handle=h, offset=0, length=64))
+            guesser.send(read_request([(h, 0, 64)], op_id=5))
         except OSError:
             pass  # already closed: just as good
         assert guesser.rest_until_closed() == b"", "the endpoint answered after a failed proof"
@@ -188,9 +188,9 @@ def test_handshake_by_hand_with_the_token_and_a_replayed_proof():
         proof = mac(TOKEN, b"dialer", first.hello_raw, nonce_a, id_b)
         status, reason, _ = first.prove(proof)
         assert status == OK, reason
-        first.send(frame(READ_REQUEST, flags=0, op_id=9, handle=h, offset=0, length=64))
+        first.send(read_request([(h, 0, 64)], op_id=9))
         resp, data = first.recv_frame()
-        assert resp["status"] == OK and data == b"r" * 64
+        assert resp["op_id"] == 9 and resp["status"] == OK and data == b"r" * 64
         first.close()
         wait_until(lambda: not b.is_connected(), 10, what="b to see the first connection go")
         # Same hello, same dialer nonce: a new acceptor nonce, so the old proof fails.
@@ -279,7 +279,7 @@ def test_another_holder_of_the_token_is_not_taken_for_the_dialed_peer():
 def test_listener_that_accepts_without_a_challenge_is_not_trusted():
     """A tokened dialer refuses a listener that answers 'accepted' without proving the
     token (an old or tokenless server, or an impostor that skips the challenge)."""
-    pushover = FakeAcceptor(b"DLSLIMER" + struct.pack("<HHIQ", 1, 0, 0, 99) + bytes(8))
+    pushover = FakeAcceptor(b"DLSLIMER" + struct.pack("<HHIQ", 2, 0, 0, 99) + bytes(8))  # version 2, accepted
     a = TcpEndpoint(ip="127.0.0.1", port=0, token=TOKEN, lanes=1)
     try:
         with pytest.raises(PermissionError, match="without authenticating itself"):
