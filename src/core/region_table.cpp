@@ -116,7 +116,7 @@ int32_t RemoteRegionTable::add(const std::string& name, const nlohmann::json& en
   return handle;
 }
 
-Status RemoteRegionTable::resolve(int32_t handle, uint64_t offset, uint64_t length, RemoteRegion* out) const {
+Status RemoteRegionTable::resolve(int32_t handle, uint64_t offset, uint64_t length, int32_t* peer_handle) const {
   std::lock_guard lock(mu_);
   auto it = regions_.find(handle);
   if (it == regions_.end()) return Status::unknown_handle(fmt::format("no remote memory region with handle {}", handle));
@@ -125,7 +125,7 @@ Status RemoteRegionTable::resolve(int32_t handle, uint64_t offset, uint64_t leng
     return Status::out_of_bounds(fmt::format("range [{}, {}+{}) is outside remote region '{}' (handle {}, {} bytes)",
                                              offset, offset, length, r.name, handle, r.length));
   }
-  *out = r;
+  *peer_handle = r.peer_handle;
   return Status::ok();
 }
 

@@ -67,7 +67,9 @@ class RemoteRegionTable {
   // DLSlime does. Throws InvalidArgumentError if the entry lacks an integer "handle" and
   // "length".
   int32_t add(const std::string& name, const nlohmann::json& mr_info_entry);
-  Status resolve(int32_t handle, uint64_t offset, uint64_t length, RemoteRegion* out) const;
+  // The owner's handle for [offset, offset+length) of region `handle` (no copy of the
+  // entry: this runs once per item of every batch).
+  Status resolve(int32_t handle, uint64_t offset, uint64_t length, int32_t* peer_handle) const;
   std::optional<int32_t> find(const std::string& name) const;
   void clear();
 

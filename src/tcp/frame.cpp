@@ -12,8 +12,8 @@ uint64_t payload_size(const FrameHeader& h) noexcept {
     case FrameType::kSendData:
     case FrameType::kWriteAck:
     case FrameType::kSendAck:
-    case FrameType::kReadData: return h.length;
-    case FrameType::kReadRequest:
+    case FrameType::kReadData:
+    case FrameType::kReadRequest: return h.length;
     case FrameType::kGoodbye: return 0;
   }
   return 0;
@@ -30,6 +30,24 @@ void encode_frame_header(const FrameHeader& h, uint8_t* out) noexcept {
   w.u32(h.index);
   w.u64(h.offset);
   w.u64(h.length);
+}
+
+void encode_read_piece(const ReadPiece& p, uint8_t* out) noexcept {
+  WireWriter w(out);
+  w.i32(p.handle);
+  w.u32(0);
+  w.u64(p.offset);
+  w.u64(p.length);
+}
+
+ReadPiece parse_read_piece(const uint8_t* in) noexcept {
+  WireReader r(in);
+  ReadPiece p;
+  p.handle = r.i32();
+  (void)r.u32();  // reserved
+  p.offset = r.u64();
+  p.length = r.u64();
+  return p;
 }
 
 Status parse_frame_header(const uint8_t* in, FrameHeader* out) noexcept {
@@ -53,12 +71,22 @@ Status parse_frame_header(const uint8_t* in, FrameHeader* out) noexcept {
   h.length = r.u64();
   if ((h.flags & ~kFlagLast) != 0) return Status::protocol_error(fmt::format("unknown frame flags {:#x}", h.flags));
 
-  const bool carries_text = h.type == FrameType::kWriteAck || h.type == FrameType::kSendAck ||
-                            (h.type == FrameType::kReadData && h.status != 0);
-  const uint64_t limit = carries_text ? kMaxErrorText : kMaxDataPayload;
-  if (h.type == FrameType::kReadRequest ? h.length > kMaxDataPayload : payload_size(h) > limit) {
-    return Status::protocol_error(
-        fmt::format("frame length {} exceeds the limit {} (type {})", h.length, limit, static_cast<int>(type)));
+  if (h.type == FrameType::kReadRequest) {
+    if (h.length == 0 || h.length % kReadPieceSize != 0 || h.length > kMaxReadPieces * kReadPieceSize) {
+      return Status::protocol_error(fmt::format("read request of {} bytes is not a list of 1..{} pieces of {} bytes",
+                                                h.length, kMaxReadPieces, kReadPieceSize));
+    }
+  } else {
+    const bool carries_text = h.type == FrameType::kWriteAck || h.type == FrameType::kSendAck ||
+                              (h.type == FrameType::kReadData && h.status != 0);
+    const uint64_t limit = carries_text ? kMaxErrorText : kMaxDataPayload;
+    if (payload_size(h) > limit) {
+      return Status::protocol_error(
+          fmt::format("frame length {} exceeds the limit {} (type {})", h.length, limit, static_cast<int>(type)));
+    }
+  }
+  if (h.type == FrameType::kReadData && (h.offset == 0 || h.offset > kMaxReadPieces)) {
+    return Status::protocol_error(fmt::format("read response for {} pieces (1..{})", h.offset, kMaxReadPieces));
   }
   *out = h;
   return Status::ok();

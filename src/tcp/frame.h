@@ -19,11 +19,27 @@ inline constexpr uint64_t kMaxDataPayload = 64ull << 20;
 // Error text carried by acknowledgement frames.
 inline constexpr uint64_t kMaxErrorText = 1024;
 
+// A read request names up to kMaxReadPieces pieces, and its answer carries all of their
+// bytes in one frame (so at most kMaxDataPayload in all): a batch of small reads costs one
+// header each way instead of one per item. On the wire a piece is 24 bytes: handle i32,
+// reserved u32 (0), offset u64, length u64.
+inline constexpr size_t kReadPieceSize = 24;
+inline constexpr size_t kMaxReadPieces = 1024;
+
+struct ReadPiece {
+  int32_t handle = -1;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+void encode_read_piece(const ReadPiece& p, uint8_t* out) noexcept;
+ReadPiece parse_read_piece(const uint8_t* in) noexcept;
+
 enum class FrameType : uint8_t {
   kWriteData = 1,    // ->target: place `length` payload bytes at (handle, offset)
   kWriteAck = 2,     // ->initiator: status of op_id's write frames on this lane; payload = error text
-  kReadRequest = 3,  // ->target: return `length` bytes of (handle, offset); `index` tags the item
-  kReadData = 4,     // ->initiator: payload = the bytes (status 0) or error text (status != 0)
+  kReadRequest = 3,  // ->target: payload = a list of pieces to return (ReadPiece); `index` tags the first
+  kReadData = 4,     // ->initiator: the answer to one request: the pieces' bytes (status 0) or error text
   kSendData = 5,     // ->receiver: message bytes [offset, offset+length) of message op_id
   kSendAck = 6,      // ->sender: the message was matched (status 0) or refused; payload = error text
   kGoodbye = 7,      // orderly shutdown: the sender will send nothing more
@@ -38,9 +54,9 @@ struct FrameHeader {
   int32_t status = 0;
   uint64_t op_id = 0;
   int32_t handle = -1;
-  uint32_t index = 0;
-  uint64_t offset = 0;
-  uint64_t length = 0;
+  uint32_t index = 0;   // read frames: the tag of the first piece
+  uint64_t offset = 0;  // READ_DATA: the number of pieces answered
+  uint64_t length = 0;  // payload bytes (READ_REQUEST: kReadPieceSize x pieces)
 
   bool last() const noexcept { return (flags & kFlagLast) != 0; }
 };

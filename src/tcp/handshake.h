@@ -12,7 +12,7 @@
 // and, if it accepted, the connection carries data frames from then on.
 namespace dlslime::tcp {
 
-inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint16_t kProtocolVersion = 2;  // 2: read requests carry a list of pieces
 inline constexpr size_t kHelloSize = 64;
 inline constexpr size_t kHelloReplySize = 32;
 inline constexpr uint32_t kMaxReasonText = 512;

@@ -75,12 +75,35 @@ Status TcpConnection::io_error(const std::error_code& ec, const char* what) cons
   return Status::peer_closed(fmt::format("connection lost while {}: {}", what, ec.message()));
 }
 
+void PayloadSink::advance(uint64_t n) {
+  // n may span several segments (a direct read fills them in one readv).
+  while (dst != nullptr) {
+    const uint64_t step = std::min(n, dst_left);
+    dst += step;
+    dst_left -= step;
+    n -= step;
+    if (dst_left > 0) break;
+    if (more_count == 0) {
+      dst = nullptr;  // full: anything more is dropped
+      break;
+    }
+    place(more->addr, more->length);
+    ++more;
+    --more_count;
+  }
+}
+
 void TcpConnection::consume(const uint8_t* src, size_t n) {
-  if (sink_.dst) {
-    std::memcpy(sink_.dst, src, n);
-    sink_.dst += n;
-  } else if (sink_.text) {
+  if (sink_.collect) {
     rx_text_.append(reinterpret_cast<const char*>(src), n);
+    return;
+  }
+  while (n > 0 && sink_.dst) {
+    const size_t take = static_cast<size_t>(std::min<uint64_t>(n, sink_.dst_left));
+    std::memcpy(sink_.dst, src, take);
+    sink_.advance(take);
+    src += take;
+    n -= take;
   }
 }
 
@@ -143,10 +166,11 @@ void TcpConnection::schedule_read() {
   // the staging buffer keeps filling while it has room, so a peer that leaves is still
   // noticed (its EOF) instead of holding the pairing until the stall ends.
   const bool stalled = paused_ || answers_full_;
-  if (!stalled && have_header_ && sink_ready_ && sink_.dst && remaining_ >= kDirectReadMin) {
+  if (!stalled && have_header_ && sink_ready_ && sink_.dst && sink_.dst_left >= kDirectReadMin) {
     read_direct();
     return;
   }
+  set_low_watermark(1);
   if (rbeg_ > 0 && kStagingSize - rend_ < kFrameHeaderSize * 4) {
     std::memmove(rbuf_.get(), rbuf_.get() + rbeg_, rend_ - rbeg_);
     rend_ -= rbeg_;
@@ -171,16 +195,26 @@ void TcpConnection::schedule_read() {
 }
 
 void TcpConnection::read_direct() {
-  // Receive the rest of the payload straight into its destination: no staging copy.
+  // Receive the rest of the payload straight into its destination: no staging copy. The
+  // current segment is large; the ones after it ride along in the same readv.
   reading_ = reading_direct_ = true;
   set_low_watermark(std::min<uint64_t>(remaining_, kLowWatermarkMax));
-  socket_.async_read_some(asio::buffer(sink_.dst, remaining_), [self = shared_from_this()](std::error_code ec, size_t n) {
+  // Never past this frame's payload: the bytes after it are the next header.
+  direct_bufs_.clear();
+  uint64_t total = std::min(sink_.dst_left, remaining_);
+  direct_bufs_.emplace_back(sink_.dst, static_cast<size_t>(total));
+  for (size_t i = 0; i < sink_.more_count && direct_bufs_.size() < kMaxDirectSegments && total < remaining_; ++i) {
+    const uint64_t n = std::min(sink_.more[i].length, remaining_ - total);
+    direct_bufs_.emplace_back(sink_.more[i].addr, static_cast<size_t>(n));
+    total += n;
+  }
+  socket_.async_read_some(direct_bufs_, [self = shared_from_this()](std::error_code ec, size_t n) {
     self->reading_ = self->reading_direct_ = false;
     if (self->closed_) return;
     if (ec) return self->close(self->io_error(ec, "receiving a payload"));
-    self->sink_.dst += n;
+    self->sink_.advance(n);
     self->remaining_ -= n;
-    if (self->remaining_ > 0) return self->read_direct();
+    if (self->remaining_ > 0) return self->schedule_read();  // direct again, or staging for small segments
     self->set_low_watermark(1);
     self->header_only_ = true;
     self->finish_frame();
@@ -209,8 +243,13 @@ void TcpConnection::resume_reading() {
   });
 }
 
-bool TcpConnection::placing_into(uint64_t op_id) const {
-  return op_id != 0 && reading_direct_ && sink_.op_id == op_id;
+bool TcpConnection::release(uint64_t op_id) {
+  if (op_id == 0 || !sink_ready_ || sink_.op_id != op_id) return true;
+  if (reading_direct_) return false;
+  sink_.dst = nullptr;  // drop the rest of this payload
+  sink_.more_count = 0;
+  sink_.op_id = 0;
+  return true;
 }
 
 void TcpConnection::send(WriteItem item) {

@@ -51,13 +51,36 @@ class WriteItem {
   std::vector<Segment> segments_;
 };
 
-// Where the payload of the frame being read goes: into memory at dst, into the
-// connection's text buffer (error texts), or nowhere (a rejected write, a late read
-// response: the bytes are read and dropped so the stream stays in sync).
+// A destination range in local memory.
+struct PayloadSegment {
+  uint8_t* addr;
+  uint64_t length;
+};
+
+// Where the payload of the frame being read goes: into local memory (one range, or a list
+// of ranges filled in order: the pieces of a read answer), into the connection's buffer
+// (error texts, read-request lists; handed to on_frame), or nowhere (a rejected write, a
+// late read response: the bytes are read and dropped so the stream stays in sync).
 struct PayloadSink {
-  uint8_t* dst = nullptr;  // advanced as bytes are placed
-  bool text = false;
-  uint64_t op_id = 0;  // the local op whose memory dst points into (0 = none)
+  uint8_t* dst = nullptr;  // the next byte goes here; nullptr: drop what is left
+  uint64_t dst_left = 0;   // room at dst before the next segment
+  const PayloadSegment* more = nullptr;  // the segments after dst
+  size_t more_count = 0;
+  bool collect = false;
+  uint64_t op_id = 0;  // the local op whose memory the segments point into (0 = none)
+
+  void place(uint8_t* addr, uint64_t length) {
+    dst = addr;
+    dst_left = length;
+  }
+  // `segments` must outlive the frame (or the op must be released first: release()).
+  void scatter(const PayloadSegment* segments, size_t count) {
+    place(segments[0].addr, segments[0].length);
+    more = segments + 1;
+    more_count = count - 1;
+  }
+  // Marks n bytes at dst as placed.
+  void advance(uint64_t n);
 };
 
 class TcpConnection;
@@ -97,8 +120,10 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
   // Drops queued items of `op_id` that have not reached the socket yet. Returns false if
   // some of its bytes are being written right now; only closing the connection stops that.
   bool abandon(uint64_t op_id);
-  // True while the connection reads straight into the memory of local op `op_id`.
-  bool placing_into(uint64_t op_id) const;
+  // Stops placing payload bytes into the memory of local op `op_id` (the rest of the
+  // frame is dropped). Returns false if the kernel is writing into that memory right now
+  // (a direct read); only closing the connection stops that.
+  bool release(uint64_t op_id);
 
   void pause_reading() { paused_ = true; }
   void resume_reading();
@@ -127,6 +152,8 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
   // Receive low watermark while reading a payload directly (set_low_watermark).
   static constexpr uint64_t kLowWatermarkMin = 128 * 1024;
   static constexpr uint64_t kLowWatermarkMax = 512 * 1024;
+  // Segments one direct read fills at most (readv).
+  static constexpr size_t kMaxDirectSegments = 64;
 
   void process();
   void schedule_read();
@@ -150,7 +177,8 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
   size_t rbeg_ = 0, rend_ = 0;
   FrameHeader hdr_;
   PayloadSink sink_;
-  std::string rx_text_;
+  std::string rx_text_;  // collected payloads
+  std::vector<asio::mutable_buffer> direct_bufs_;
   uint64_t remaining_ = 0;
   bool have_header_ = false, sink_ready_ = false;
   bool paused_ = false, reading_ = false, reading_direct_ = false;

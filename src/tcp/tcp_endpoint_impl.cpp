@@ -360,7 +360,7 @@ void TcpEndpointImpl::sweep() {
       auto state = std::move(msg->recv.state);
       state->complete(recv_timeout_status());
       // Bytes still streaming into the buffer: only closing the connection stops them.
-      if (conn && conn->placing_into(msg->recv.local_id)) {
+      if (conn && !conn->release(msg->recv.local_id)) {
         conn->close(Status::peer_closed("a recv timed out while its message was arriving"));
       }
     } else {
@@ -379,7 +379,7 @@ void TcpEndpointImpl::expire_op(uint64_t op_id) {
   // dropped; bytes already being written or read can only be stopped by closing.
   std::vector<std::shared_ptr<TcpConnection>> stuck;
   for (auto& conn : dialed_) {
-    if (conn->placing_into(op_id) || !conn->abandon(op_id)) stuck.push_back(conn);
+    if (!conn->release(op_id) || !conn->abandon(op_id)) stuck.push_back(conn);
   }
   state->complete(Status::timeout(fmt::format("{} did not complete within {} ms (op_timeout)",
                                               op_kind_name(state->kind()), options_.op_timeout.count())));

@@ -58,16 +58,12 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
   void on_closed(tcp::TcpConnection& conn, const Status& why) override;
 
  private:
-  struct ReadDest {
-    uint8_t* addr;
-    uint64_t length;
-  };
   // An initiated op waiting for its acknowledgements or data.
   struct PendingOp {
     std::shared_ptr<OpState> state;
     Clock::time_point deadline = Clock::time_point::max();
-    std::vector<ReadDest> reads;  // read: destination of each chunk, by frame index
-    uint32_t reads_left = 0;      // read: responses still due
+    std::vector<tcp::PayloadSegment> reads;  // read: destination of each piece, by index
+    uint32_t reads_left = 0;                 // read: pieces not answered yet
     uint64_t nbytes = 0;          // read: bytes placed so far
     Status error;                 // read: the first error a response reported
   };
@@ -101,7 +97,8 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
     bool too_large = false;  // longer than the posted receive buffer
     bool acked = false;      // the sender has been told the message arrived
   };
-  // Status of the write frames of one op arriving on one connection (they are contiguous).
+  // The first error of the write frames of one op arriving on one connection (they are
+  // contiguous); no entry while they all succeed.
   struct InboundWrite {
     uint64_t op_id = 0;
     Status status;
@@ -119,6 +116,7 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
   void finish_message(InboundMessage& msg);
   void resume_paused();
   void ack(tcp::TcpConnection& conn, tcp::FrameType type, uint64_t op_id, const Status& status);
+  void answer_read(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view list);
   void complete_op(uint64_t op_id, const Status& status, uint64_t nbytes, bool whole);
   void arm_sweeper();
   void sweep();
@@ -163,6 +161,7 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
   uint64_t unexpected_bytes_ = 0;
   std::weak_ptr<tcp::TcpConnection> paused_conn_;
   std::unordered_map<const tcp::TcpConnection*, InboundWrite> inbound_writes_;
+  std::vector<tcp::PayloadSegment> read_scratch_;  // answer_read's resolved pieces (capacity reused)
   std::string last_loss_;  // why the last connection was lost, for NOT_CONNECTED errors
   asio::steady_timer sweep_timer_;
   bool sweeper_armed_ = false;

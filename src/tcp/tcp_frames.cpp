@@ -48,37 +48,48 @@ void TcpEndpointImpl::ack(TcpConnection& conn, FrameType type, uint64_t op_id, c
 RxAction TcpEndpointImpl::on_header(TcpConnection& conn, const FrameHeader& h, PayloadSink& sink) {
   switch (h.type) {
     case FrameType::kWriteData: {
-      InboundWrite& acc = inbound_writes_[&conn];
-      if (acc.op_id != h.op_id) acc = {h.op_id, Status::ok()};
       uintptr_t addr = 0;
       if (Status st = local_regions->resolve(h.handle, h.offset, h.length, &addr); st) {
-        sink.dst = reinterpret_cast<uint8_t*>(addr);
-      } else if (acc.status.is_ok()) {
-        acc.status = std::move(st);  // the payload is drained; the ack reports the first error
+        sink.place(reinterpret_cast<uint8_t*>(addr), h.length);
+      } else {
+        // The payload is drained; the ack reports the op's first error. Only errors are
+        // recorded, so the frames of a good write cost no lookup here.
+        InboundWrite& acc = inbound_writes_[&conn];
+        if (acc.op_id != h.op_id) acc = {h.op_id, std::move(st)};
       }
       return RxAction::kContinue;
     }
     case FrameType::kWriteAck:
-    case FrameType::kSendAck: sink.text = true; return RxAction::kContinue;
+    case FrameType::kSendAck:
+    case FrameType::kReadRequest: sink.collect = true; return RxAction::kContinue;
     case FrameType::kReadData: {
-      if (h.status != 0) {
-        sink.text = true;
-        return RxAction::kContinue;
-      }
       auto it = pending_.find(h.op_id);
       if (it == pending_.end()) return RxAction::kContinue;  // expired: drain
-      const auto& reads = it->second.reads;
-      if (h.index >= reads.size() || reads[h.index].length != h.length) {
-        conn.close(Status::protocol_error(
-            fmt::format("read response {} of op {} does not match any requested piece", h.index, h.op_id)));
+      const PendingOp& op = it->second;
+      // The answer to one request: pieces [index, index + offset) of the op.
+      const uint64_t first = h.index, count = h.offset;
+      if (first > op.reads.size() || count > op.reads.size() - first || count > op.reads_left) {
+        conn.close(Status::protocol_error(fmt::format(
+            "read response for pieces {}..{} of op {} does not match a request", first, first + count, h.op_id)));
         return RxAction::kContinue;
       }
-      sink.dst = reads[h.index].addr;
+      if (h.status != 0) {
+        sink.collect = true;
+        return RxAction::kContinue;
+      }
+      uint64_t expected = 0;
+      for (uint64_t i = first; i < first + count; ++i) expected += op.reads[i].length;
+      if (expected != h.length) {
+        conn.close(Status::protocol_error(fmt::format(
+            "read response of {} bytes for pieces {}..{} of op {}, expected {}", h.length, first, first + count,
+            h.op_id, expected)));
+        return RxAction::kContinue;
+      }
+      sink.scatter(op.reads.data() + first, count);
       sink.op_id = h.op_id;
       return RxAction::kContinue;
     }
     case FrameType::kSendData: return on_message_header(conn, h, sink);
-    case FrameType::kReadRequest:
     case FrameType::kGoodbye: return RxAction::kContinue;
   }
   return RxAction::kContinue;
@@ -89,34 +100,18 @@ void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const 
   switch (h.type) {
     case FrameType::kWriteData: {
       if (!h.last()) return;
-      auto it = inbound_writes_.find(&conn);
-      Status st = (it != inbound_writes_.end() && it->second.op_id == h.op_id) ? it->second.status : Status::ok();
-      if (it != inbound_writes_.end()) it->second = {};
+      Status st = Status::ok();
+      if (auto it = inbound_writes_.find(&conn); it != inbound_writes_.end()) {
+        // An entry of another op is stale: that op's frames on this lane are over.
+        if (it->second.op_id == h.op_id) st = std::move(it->second.status);
+        inbound_writes_.erase(it);
+      }
       ack(conn, FrameType::kWriteAck, h.op_id, st);
       return;
     }
-    case FrameType::kReadRequest: {
-      uintptr_t addr = 0;
-      const Status st = local_regions->resolve(h.handle, h.offset, h.length, &addr);
-      FrameHeader r;
-      r.type = FrameType::kReadData;
-      r.op_id = h.op_id;
-      r.index = h.index;
-      r.status = st.raw_code();
-      // All answers to the requests in one read from the socket share one item.
-      WriteItem& item = conn.control();
-      if (st) {
-        r.length = h.length;
-        item.add_header(r);
-        item.add_payload(reinterpret_cast<const void*>(addr), h.length);
-      } else {
-        const std::string_view reason = std::string_view(st.message()).substr(0, tcp::kMaxErrorText);
-        r.length = reason.size();
-        item.add_header(r);
-        item.add_copy(reason.data(), reason.size());
-      }
+    case FrameType::kReadRequest:
+      answer_read(conn, h, text);
       return;
-    }
     case FrameType::kWriteAck:
       complete_op(h.op_id, h.status == 0 ? Status::ok() : remote_status(h, text), 0, false);
       return;
@@ -130,7 +125,8 @@ void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const 
       } else {
         op.nbytes += h.length;
       }
-      if (--op.reads_left > 0) return;
+      op.reads_left -= static_cast<uint32_t>(h.offset);  // on_header checked it against reads_left
+      if (op.reads_left > 0) return;
       const Status st = std::move(op.error);  // complete_op erases `op`
       const uint64_t nbytes = st.is_ok() ? op.nbytes : 0;
       complete_op(h.op_id, st, nbytes, true);
@@ -174,6 +170,46 @@ void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const 
       if (dialed_.empty() && accepted_.empty()) on_closed(conn, Status::peer_closed("the peer endpoint shut down"));
       return;
     }
+  }
+}
+
+void TcpEndpointImpl::answer_read(TcpConnection& conn, const FrameHeader& h, std::string_view list) {
+  // One answer per request: all pieces' bytes in one frame, or the first piece's error.
+  const size_t count = list.size() / tcp::kReadPieceSize;  // the parser checked the size
+  read_scratch_.clear();
+  uint64_t total = 0;
+  Status st = Status::ok();
+  for (size_t i = 0; i < count && st; ++i) {
+    const tcp::ReadPiece p =
+        tcp::parse_read_piece(reinterpret_cast<const uint8_t*>(list.data()) + i * tcp::kReadPieceSize);
+    uintptr_t addr = 0;
+    if (Status r = local_regions->resolve(p.handle, p.offset, p.length, &addr); !r) {
+      st = Status(r.code(), fmt::format("piece {}: {}", i, r.message()));
+    } else if (p.length > tcp::kMaxDataPayload - total) {
+      st = Status(StatusCode::kBatchOverflow,
+                  fmt::format("the pieces up to {} ask for more than {} bytes in one answer", i, tcp::kMaxDataPayload));
+    } else {
+      total += p.length;
+      read_scratch_.push_back({reinterpret_cast<uint8_t*>(addr), p.length});
+    }
+  }
+  FrameHeader r;
+  r.type = FrameType::kReadData;
+  r.op_id = h.op_id;
+  r.index = h.index;
+  r.offset = count;
+  r.status = st.raw_code();
+  // All answers to the requests in one read from the socket share one item.
+  WriteItem& item = conn.control();
+  if (st) {
+    r.length = total;
+    item.add_header(r);
+    for (const tcp::PayloadSegment& piece : read_scratch_) item.add_payload(piece.addr, piece.length);
+  } else {
+    const std::string_view reason = std::string_view(st.message()).substr(0, tcp::kMaxErrorText);
+    r.length = reason.size();
+    item.add_header(r);
+    item.add_copy(reason.data(), reason.size());
   }
 }
 
@@ -231,7 +267,7 @@ RxAction TcpEndpointImpl::on_message_header(TcpConnection& conn, const FrameHead
       m.too_large = true;  // nothing is written past the posted buffer
       return RxAction::kContinue;
     }
-    sink.dst = m.recv.addr + h.offset;
+    sink.place(m.recv.addr + h.offset, h.length);
     sink.op_id = m.recv.local_id;
     return RxAction::kContinue;
   }
@@ -242,7 +278,7 @@ RxAction TcpEndpointImpl::on_message_header(TcpConnection& conn, const FrameHead
   }
   m.buffered.resize(h.offset + h.length);
   unexpected_bytes_ += h.length;
-  sink.dst = m.buffered.data() + h.offset;
+  sink.place(m.buffered.data() + h.offset, h.length);
   return RxAction::kContinue;
 }
 

@@ -120,16 +120,16 @@ std::shared_ptr<TcpEndpointImpl::Submission> TcpEndpointImpl::prepare_one_sided(
   for (size_t i = 0; i < items.size(); ++i) {
     const Assignment& a = items[i];
     uintptr_t local = 0;
-    RemoteRegion remote;
+    int32_t peer_handle = -1;
     Status st = local_regions->resolve(a.local_handle, a.source_offset, a.length, &local);
-    if (st) st = remote_regions.resolve(a.remote_handle, a.target_offset, a.length, &remote);
+    if (st) st = remote_regions.resolve(a.remote_handle, a.target_offset, a.length, &peer_handle);
     if (!st) {
       *error = Status(st.code(), fmt::format("{} item {}: {}", op_kind_name(req.kind), i, st.message()));
       return nullptr;
     }
     for (uint64_t done = 0; done < a.length; done += options_.chunk_size) {
       const uint64_t n = std::min(options_.chunk_size, a.length - done);
-      pieces.push_back({reinterpret_cast<uint8_t*>(local) + done, remote.peer_handle, a.target_offset + done, n, 0});
+      pieces.push_back({reinterpret_cast<uint8_t*>(local) + done, peer_handle, a.target_offset + done, n, 0});
     }
     total += a.length;
   }
@@ -162,30 +162,64 @@ std::shared_ptr<TcpEndpointImpl::Submission> TcpEndpointImpl::prepare_one_sided(
     if (frames_on[lane] == 0) continue;
     item_of_lane[lane] = static_cast<int>(sub->items.size());
     sub->items.emplace_back(lane, WriteItem(op_id));
-    sub->items.back().second.reserve(frames_on[lane], is_read ? 0 : load[lane] - frames_on[lane] * tcp::kFrameHeaderSize);
+    // A read asks with 24 bytes per piece (and far fewer headers); a write may copy payloads.
+    sub->items.back().second.reserve(frames_on[lane], is_read ? frames_on[lane] * tcp::kReadPieceSize
+                                                              : load[lane] - frames_on[lane] * tcp::kFrameHeaderSize);
     ++lanes_used;
   }
-  if (is_read) sub->op.reads.reserve(pieces.size());
-  for (size_t idx = 0; idx < pieces.size(); ++idx) {
-    const Piece& p = pieces[idx];
-    FrameHeader h;
-    h.type = is_read ? FrameType::kReadRequest : FrameType::kWriteData;
-    h.op_id = op_id;
-    h.handle = p.peer_handle;
-    h.index = static_cast<uint32_t>(idx);
-    h.offset = p.remote_offset;
-    h.length = p.length;
-    if (--frames_on[p.lane] == 0) h.flags |= tcp::kFlagLast;
-    WriteItem& item = sub->items[item_of_lane[p.lane]].second;
-    item.add_header(h);
-    if (is_read) {
-      sub->op.reads.push_back({p.local, p.length});
-    } else {
+  if (is_read) {
+    // Per lane, each run of consecutive pieces (at most kMaxReadPieces of them and
+    // chunk_size bytes, or one larger piece) is one request, answered by one frame. A
+    // piece's index is its position in `reads`, so a run is an index range.
+    sub->op.reads.reserve(pieces.size());
+    std::vector<uint8_t> list;
+    list.reserve(std::min(pieces.size(), tcp::kMaxReadPieces) * tcp::kReadPieceSize);
+    for (uint16_t lane = 0; lane < lanes; ++lane) {
+      if (frames_on[lane] == 0) continue;
+      WriteItem& item = sub->items[item_of_lane[lane]].second;
+      size_t run_start = sub->op.reads.size();
+      uint64_t run_bytes = 0;
+      const auto close_run = [&] {
+        FrameHeader h;
+        h.type = FrameType::kReadRequest;
+        h.op_id = op_id;
+        h.index = static_cast<uint32_t>(run_start);
+        h.length = list.size();
+        item.add_header(h);
+        item.add_copy(list.data(), list.size());
+        list.clear();
+        run_start = sub->op.reads.size();
+        run_bytes = 0;
+      };
+      for (const Piece& p : pieces) {
+        if (p.lane != lane) continue;
+        const size_t in_run = sub->op.reads.size() - run_start;
+        if (in_run == tcp::kMaxReadPieces || (in_run > 0 && run_bytes + p.length > options_.chunk_size)) close_run();
+        list.resize(list.size() + tcp::kReadPieceSize);
+        tcp::encode_read_piece({p.peer_handle, p.remote_offset, p.length}, list.data() + list.size() - tcp::kReadPieceSize);
+        sub->op.reads.push_back({p.local, p.length});
+        run_bytes += p.length;
+      }
+      close_run();
+    }
+  } else {
+    for (size_t idx = 0; idx < pieces.size(); ++idx) {
+      const Piece& p = pieces[idx];
+      FrameHeader h;
+      h.type = FrameType::kWriteData;
+      h.op_id = op_id;
+      h.handle = p.peer_handle;
+      h.index = static_cast<uint32_t>(idx);
+      h.offset = p.remote_offset;
+      h.length = p.length;
+      if (--frames_on[p.lane] == 0) h.flags |= tcp::kFlagLast;
+      WriteItem& item = sub->items[item_of_lane[p.lane]].second;
+      item.add_header(h);
       item.add_payload(p.local, p.length);
     }
   }
   // Parts: one acknowledgement per lane for a write. A read completes once, when the
-  // I/O thread has counted a response for every piece (reads_left).
+  // I/O thread has counted an answer for every piece (reads_left).
   sub->op.reads_left = is_read ? static_cast<uint32_t>(pieces.size()) : 0;
   sub->op.state = std::make_shared<OpState>(req.kind, is_read ? 1 : lanes_used);
   return sub;

@@ -1,9 +1,12 @@
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 
 // Little-endian field encoding for the TCP protocol, independent of the host byte order.
+// On little-endian hosts a field is one memcpy (one load or store): headers are encoded
+// and parsed once per frame, so the byte loop showed in profiles of small batches.
 namespace dlslime::tcp {
 
 class WireWriter {
@@ -22,7 +25,12 @@ class WireWriter {
 
  private:
   void put(uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) *p_++ = static_cast<uint8_t>(v >> (8 * i));
+    if constexpr (std::endian::native == std::endian::little) {
+      std::memcpy(p_, &v, static_cast<size_t>(n));
+      p_ += n;
+    } else {
+      for (int i = 0; i < n; ++i) *p_++ = static_cast<uint8_t>(v >> (8 * i));
+    }
   }
   uint8_t* p_;
 };
@@ -43,7 +51,12 @@ class WireReader {
  private:
   uint64_t get(int n) {
     uint64_t v = 0;
-    for (int i = 0; i < n; ++i) v |= static_cast<uint64_t>(*p_++) << (8 * i);
+    if constexpr (std::endian::native == std::endian::little) {
+      std::memcpy(&v, p_, static_cast<size_t>(n));
+      p_ += n;
+    } else {
+      for (int i = 0; i < n; ++i) v |= static_cast<uint64_t>(*p_++) << (8 * i);
+    }
     return v;
   }
   const uint8_t* p_;

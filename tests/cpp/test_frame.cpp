@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "tcp/frame.h"
+#include "tcp/tcp_connection.h"
 #include "tcp/wire.h"
 
 using namespace dlslime;
@@ -38,6 +39,8 @@ TEST(Frame, RoundTripsEveryType) {
     FrameHeader h = sample(type);
     if (type == FrameType::kWriteAck || type == FrameType::kSendAck) h.length = 100;  // error text
     if (type == FrameType::kGoodbye) h.length = 0;
+    if (type == FrameType::kReadRequest) h.length = 3 * kReadPieceSize;  // a list of 3 pieces
+    if (type == FrameType::kReadData) h.offset = 3;                      // answers 3 pieces
     auto raw = encode(h);
     FrameHeader out;
     ASSERT_TRUE(parse_frame_header(raw.data(), &out).is_ok()) << static_cast<int>(type);
@@ -66,6 +69,7 @@ TEST(Frame, NegativeStatusAndHandleSurvive) {
   FrameHeader h = sample(FrameType::kReadData);
   h.status = 404;
   h.handle = -1;
+  h.offset = 1;
   h.length = 10;
   auto raw = encode(h);
   FrameHeader out;
@@ -108,25 +112,76 @@ TEST(Frame, RejectsOversizedPayloadBeforeReadingIt) {
   EXPECT_EQ(parse_frame_header(encode(h).data(), &out).code(), StatusCode::kProtocolError);
   h.length = UINT64_MAX;
   EXPECT_EQ(parse_frame_header(encode(h).data(), &out).code(), StatusCode::kProtocolError);
-  // Read requests carry no payload, but what they ask for is bounded the same way.
+  // A read request is a list of 1..kMaxReadPieces whole pieces.
   h = sample(FrameType::kReadRequest);
+  for (uint64_t ok : {kReadPieceSize, kMaxReadPieces * kReadPieceSize}) {
+    h.length = ok;
+    EXPECT_TRUE(parse_frame_header(encode(h).data(), &out).is_ok()) << ok;
+  }
+  for (uint64_t bad : {uint64_t{0}, uint64_t{kReadPieceSize - 1}, uint64_t{kReadPieceSize + 1},
+                       uint64_t{(kMaxReadPieces + 1) * kReadPieceSize}, kMaxDataPayload + 1, UINT64_MAX}) {
+    h.length = bad;
+    EXPECT_EQ(parse_frame_header(encode(h).data(), &out).code(), StatusCode::kProtocolError) << bad;
+  }
+  // A read answer covers 1..kMaxReadPieces pieces, and carries at most kMaxDataPayload.
+  h = sample(FrameType::kReadData);
+  h.offset = 1;
+  h.length = kMaxDataPayload;
+  EXPECT_TRUE(parse_frame_header(encode(h).data(), &out).is_ok());
   h.length = kMaxDataPayload + 1;
   EXPECT_EQ(parse_frame_header(encode(h).data(), &out).code(), StatusCode::kProtocolError);
+  h.length = 8;
+  for (uint64_t bad : {uint64_t{0}, uint64_t{kMaxReadPieces + 1}, UINT64_MAX}) {
+    h.offset = bad;
+    EXPECT_EQ(parse_frame_header(encode(h).data(), &out).code(), StatusCode::kProtocolError) << bad;
+  }
   // Error texts are small.
   h = sample(FrameType::kWriteAck);
   h.length = kMaxErrorText + 1;
   EXPECT_EQ(parse_frame_header(encode(h).data(), &out).code(), StatusCode::kProtocolError);
   h = sample(FrameType::kReadData);
   h.status = 404;
+  h.offset = 1;
   h.length = kMaxErrorText + 1;
   EXPECT_EQ(parse_frame_header(encode(h).data(), &out).code(), StatusCode::kProtocolError);
 }
 
 TEST(Frame, PayloadSizeByType) {
   FrameHeader h = sample(FrameType::kReadRequest);
-  EXPECT_EQ(payload_size(h), 0u);  // the length is what is asked for, not what follows
+  EXPECT_EQ(payload_size(h), h.length);  // the piece list follows the header
   h.type = FrameType::kWriteData;
   EXPECT_EQ(payload_size(h), h.length);
   h.type = FrameType::kGoodbye;
   EXPECT_EQ(payload_size(h), 0u);
+}
+
+TEST(Frame, ReadPieceRoundTripsLittleEndian) {
+  const ReadPiece p{-3, 0x0102030405060708ull, 0x1122334455667788ull};
+  uint8_t raw[kReadPieceSize];
+  std::memset(raw, 0xAA, sizeof raw);
+  encode_read_piece(p, raw);
+  EXPECT_EQ(raw[0], 0xFD);  // -3, low byte first
+  EXPECT_EQ(raw[4], 0);     // reserved
+  EXPECT_EQ(raw[8], 0x08);  // offset low byte
+  EXPECT_EQ(raw[16], 0x88);  // length low byte
+  const ReadPiece q = parse_read_piece(raw);
+  EXPECT_EQ(q.handle, p.handle);
+  EXPECT_EQ(q.offset, p.offset);
+  EXPECT_EQ(q.length, p.length);
+}
+
+TEST(PayloadSink, AdvanceWalksSegmentsAndStopsAtTheEnd) {
+  uint8_t a[4], b[1], c[8];
+  const PayloadSegment segs[] = {{a, sizeof a}, {b, sizeof b}, {c, sizeof c}};
+  PayloadSink sink;
+  sink.scatter(segs, 3);
+  sink.advance(2);  // inside the first segment
+  EXPECT_EQ(sink.dst, a + 2);
+  EXPECT_EQ(sink.dst_left, 2u);
+  sink.advance(5);  // the rest of a, all of b, 2 bytes of c: one direct read spans them
+  EXPECT_EQ(sink.dst, c + 2);
+  EXPECT_EQ(sink.dst_left, 6u);
+  EXPECT_EQ(sink.more_count, 0u);
+  sink.advance(6);  // exactly the end: nothing more is placed
+  EXPECT_EQ(sink.dst, nullptr);
 }

@@ -85,15 +85,15 @@ TEST(LocalRegionTable, MrInfoDescribesRegions) {
 TEST(RemoteRegionTable, AddResolveAndValidate) {
   RemoteRegionTable t;
   int32_t h = t.add("peer_kv", {{"handle", 5}, {"addr", 4096}, {"length", 100}});
-  RemoteRegion r;
-  ASSERT_TRUE(t.resolve(h, 10, 90, &r).is_ok());
-  EXPECT_EQ(r.peer_handle, 5);
-  EXPECT_EQ(t.resolve(h, 10, 91, &r).code(), StatusCode::kOutOfBounds);
-  EXPECT_EQ(t.resolve(h + 7, 0, 1, &r).code(), StatusCode::kUnknownHandle);
+  int32_t peer = -1;
+  ASSERT_TRUE(t.resolve(h, 10, 90, &peer).is_ok());
+  EXPECT_EQ(peer, 5);
+  EXPECT_EQ(t.resolve(h, 10, 91, &peer).code(), StatusCode::kOutOfBounds);
+  EXPECT_EQ(t.resolve(h + 7, 0, 1, &peer).code(), StatusCode::kUnknownHandle);
   // Same name: updated in place, same handle (DLSlime behaviour).
   EXPECT_EQ(t.add("peer_kv", {{"handle", 6}, {"length", 200}}), h);
-  ASSERT_TRUE(t.resolve(h, 150, 50, &r).is_ok());
-  EXPECT_EQ(r.peer_handle, 6);
+  ASSERT_TRUE(t.resolve(h, 150, 50, &peer).is_ok());
+  EXPECT_EQ(peer, 6);
 
   EXPECT_THROW(t.add("bad", nlohmann::json::object()), InvalidArgumentError);
   EXPECT_THROW(t.add("bad", {{"handle", "x"}, {"length", 1}}), InvalidArgumentError);

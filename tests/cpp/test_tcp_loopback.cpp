@@ -110,7 +110,7 @@ std::vector<uint8_t> frame(uint8_t type, uint64_t op_id, int32_t handle, uint64_
 }
 
 // Opens a raw connection that completed the hello. Returns the status in the reply.
-int handshake(RawClient& c, uint16_t version = 1, uint64_t sender = 0xabcdef) {
+int handshake(RawClient& c, uint16_t version = 2 /* kProtocolVersion */, uint64_t sender = 0xabcdef) {
   c.send(hello(version, sender));
   auto reply = c.recv(32);
   if (reply.size() != 32) return -1;

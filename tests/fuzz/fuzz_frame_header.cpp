@@ -39,7 +39,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool text = h.type == FrameType::kWriteAck || h.type == FrameType::kSendAck ||
                     (h.type == FrameType::kReadData && h.status != 0);
   if (text) FUZZ_CHECK(payload <= kMaxErrorText);
-  if (h.type == FrameType::kReadRequest) FUZZ_CHECK(h.length <= kMaxDataPayload && payload == 0);
+  if (h.type == FrameType::kReadRequest) {
+    FUZZ_CHECK(payload == h.length && payload > 0 && payload % kReadPieceSize == 0 &&
+               payload <= kMaxReadPieces * kReadPieceSize);
+  }
+  if (h.type == FrameType::kReadData) FUZZ_CHECK(h.offset >= 1 && h.offset <= kMaxReadPieces);
   if (h.type == FrameType::kGoodbye) FUZZ_CHECK(payload == 0);
 
   // Round trip: encoding the parsed header gives back the same 40 bytes.
