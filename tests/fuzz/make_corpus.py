@@ -28,6 +28,19 @@ def read_request(pieces, op_id=1, index=0):
     return frame(READ_REQUEST, op_id=op_id, index=index, length=len(body)) + body
 
 
+def write_data(pieces, data=None, flags=LAST, op_id=1, index=0, count=None, length=None):
+    """WRITE_DATA: the header (offset = the number of pieces N, length = 24*N + D, index tags
+    the first piece, handle unused), N descriptors like a read request's, then the D data
+    bytes of the pieces back to back (by default a byte ramp of the pieces' total size).
+    `count` and `length` override the header's N and length for malformed frames."""
+    body = b"".join(struct.pack("<iIQQ", h, 0, off, n) for h, off, n in pieces)
+    if data is None:
+        data = bytes(i & 0xFF for i in range(sum(n for _, _, n in pieces)))
+    n = len(pieces) if count is None else count
+    total = len(body) + len(data) if length is None else length
+    return frame(WRITE_DATA, flags, op_id=op_id, index=index, offset=n, length=total) + body + data
+
+
 def hello(version=2, flags=0, lane=0, lanes=1, sender=0x1234, target=0, magic=b"DLSLIMEH"):
     return (magic + struct.pack("<HHHHQQ", version, flags, lane, lanes, sender, target)).ljust(64, b"\0")
 
@@ -36,16 +49,32 @@ def reply(version=2, status=0, reason_len=0, endpoint=0x99, magic=b"DLSLIMER"):
     return (magic + struct.pack("<HHIQ", version, status, reason_len, endpoint)).ljust(32, b"\0")
 
 
+CLEANED = set()
+
+
 def write(target, name, data):
     d = os.path.join(CORPUS, target)
     os.makedirs(d, exist_ok=True)
+    if target not in CLEANED:  # seeds no longer written here go; crash reproducers stay
+        CLEANED.add(target)
+        for old in os.listdir(d):
+            if old.startswith("seed-"):
+                os.remove(os.path.join(d, old))
     with open(os.path.join(d, "seed-" + name), "wb") as f:
         f.write(data)
 
 
 def frames():
     t = "fuzz_frame_header"
-    write(t, "write-data", frame(WRITE_DATA, LAST, length=4096))
+    # WRITE_DATA headers: offset = the number of pieces N (1..1024), length = 24*N + D.
+    write(t, "write-data", frame(WRITE_DATA, LAST, offset=1, length=24 + 4096))
+    write(t, "write-data-pieces", frame(WRITE_DATA, 0, index=3, offset=5, length=5 * 24 + 100))
+    write(t, "write-data-empty-pieces", frame(WRITE_DATA, LAST, offset=2, length=2 * 24))  # D = 0
+    write(t, "write-data-max", frame(WRITE_DATA, LAST, offset=1024, length=1024 * 24 + (64 << 20)))
+    write(t, "write-data-zero-pieces", frame(WRITE_DATA, LAST, offset=0, length=0))
+    write(t, "write-data-1025-pieces", frame(WRITE_DATA, LAST, offset=1025, length=1025 * 24))
+    write(t, "write-data-short-list", frame(WRITE_DATA, LAST, offset=2, length=47))  # length < 24*N
+    write(t, "write-data-oversized", frame(WRITE_DATA, LAST, offset=1, length=24 + (64 << 20) + 1))
     write(t, "write-ack-ok", frame(WRITE_ACK))
     write(t, "write-ack-error", frame(WRITE_ACK, status=404, length=60))
     write(t, "read-request", frame(READ_REQUEST, index=2, length=2 * 24))  # header of a 2-piece list
@@ -56,10 +85,9 @@ def frames():
     write(t, "send-data", frame(SEND_DATA, LAST, offset=100, length=100))
     write(t, "send-ack", frame(SEND_ACK, status=408, length=10))
     write(t, "goodbye", frame(GOODBYE))
-    write(t, "bad-magic", frame(WRITE_DATA, magic=0xFFFF))
+    write(t, "bad-magic", frame(WRITE_DATA, offset=1, length=24, magic=0xFFFF))
     write(t, "bad-type", frame(9))
-    write(t, "bad-flags", frame(WRITE_DATA, flags=0x80))
-    write(t, "oversized", frame(WRITE_DATA, length=(64 << 20) + 1))
+    write(t, "bad-flags", frame(WRITE_DATA, flags=0x80, offset=1, length=24))
     write(t, "huge-length", frame(SEND_DATA, length=2**64 - 1))
 
 
@@ -87,13 +115,29 @@ def streams():
     t = "fuzz_tcp_stream"
     # Regions at the target: handle 0 (4096 B), 1 (64 B), 2 (unregistered), 3 (1 B).
     payload = bytes(range(256)) * 16
-    write(t, "write-ok", frame(WRITE_DATA, LAST, op_id=1, handle=0, offset=0, length=4096) + payload)
-    write(t, "write-two-frames",
-          frame(WRITE_DATA, 0, op_id=2, handle=1, offset=0, length=32) + payload[:32] +
-          frame(WRITE_DATA, LAST, op_id=2, handle=1, offset=32, length=32) + payload[:32])
-    write(t, "write-out-of-bounds", frame(WRITE_DATA, LAST, op_id=3, handle=1, offset=60, length=8) + b"x" * 8)
-    write(t, "write-stale-handle", frame(WRITE_DATA, LAST, op_id=4, handle=2, length=4) + b"abcd")
-    write(t, "write-offset-overflow", frame(WRITE_DATA, LAST, op_id=5, handle=0, offset=2**64 - 4, length=8) + b"y" * 8)
+    write(t, "write-ok", write_data([(0, 0, 4096)], payload, op_id=1))
+    write(t, "write-two-frames", write_data([(1, 0, 32)], payload[:32], flags=0, op_id=2) +
+          write_data([(1, 32, 32)], payload[:32], op_id=2, index=1))
+    write(t, "write-out-of-bounds", write_data([(1, 60, 8)], b"x" * 8, op_id=3))
+    write(t, "write-stale-handle", write_data([(2, 0, 4)], b"abcd", op_id=4))
+    write(t, "write-offset-overflow", write_data([(0, 2**64 - 4, 8)], b"y" * 8, op_id=5))
+    write(t, "write-multi-piece", write_data([(0, 0, 1), (0, 10, 7), (1, 0, 64), (3, 0, 1), (0, 4000, 96)], op_id=40) +
+          write_data([(0, 100, 0), (3, 1, 0)], op_id=41))  # empty pieces, one at a region's end
+    write(t, "write-max-pieces", write_data([(i % 2, (i * 3) % 64, 1) for i in range(1024)], op_id=42))
+    # The 2nd piece is out of bounds: nothing of the frame is placed; then a valid write.
+    write(t, "write-bad-piece", write_data([(0, 0, 16), (1, 60, 8), (0, 100, 4)], op_id=43) +
+          write_data([(0, 0, 4)], b"good", op_id=44))
+    write(t, "write-bad-piece-index", write_data([(0, 0, 4), (2, 0, 4), (3, 0, 2)], op_id=45, index=10))
+    # The lengths do not add up to the data: 16 wanted, 10 come; 4 wanted, 8 come; a sum that
+    # wraps around 2^64 to the data size.
+    write(t, "write-mismatched-list", write_data([(0, 0, 8), (0, 8, 8)], b"m" * 10, op_id=46) +
+          write_data([(1, 0, 4)], b"n" * 8, op_id=47) + write_data([(0, 0, 2**64 - 1), (0, 0, 2)], b"w", op_id=48) +
+          write_data([(3, 0, 1)], b"!", op_id=49))
+    write(t, "write-abandoned", write_data([(2, 0, 4)], b"lost", flags=0, op_id=50) +
+          write_data([(0, 8, 4)], b"next", op_id=51))
+    write(t, "write-zero-pieces", write_data([], count=0) + write_data([(0, 0, 1)], op_id=52))
+    write(t, "write-1025-pieces", write_data([(0, 0, 1)] * 1025, op_id=53))
+    write(t, "write-short-list", write_data([(0, 0, 0)] * 2, length=47, op_id=54) + bytes(47))
     write(t, "read-ok", read_request([(0, 100, 3000), (3, 0, 1)], op_id=6, index=0) +
           read_request([(1, 0, 64)], op_id=6, index=2))
     write(t, "read-out-of-bounds", read_request([(0, 0, 16), (3, 1, 1), (1, 0, 8)], op_id=7) +
@@ -114,9 +158,10 @@ def streams():
     write(t, "acks-for-unknown-ops", frame(WRITE_ACK, op_id=99) + frame(SEND_ACK, status=404, op_id=98, length=3) +
           b"err" + frame(READ_DATA, op_id=97, offset=1, length=5) + b"stray" +
           frame(READ_DATA, status=404, op_id=96, offset=1, length=2) + b"no")
-    write(t, "goodbye", frame(WRITE_DATA, LAST, op_id=30, handle=3, length=1) + b"z" + frame(GOODBYE))
+    write(t, "goodbye", write_data([(3, 0, 1)], b"z", op_id=30) + frame(GOODBYE))
     write(t, "garbage-after-frame", read_request([(0, 0, 8)], op_id=31) + b"\xde\xad\xbe\xef" * 10)
-    write(t, "truncated", frame(WRITE_DATA, LAST, op_id=32, handle=0, length=100) + b"short")
+    write(t, "truncated", write_data([(0, 0, 100)], b"short", op_id=32, length=24 + 100))
+    write(t, "truncated-list", write_data([(0, 0, 8), (1, 0, 8)], b"", op_id=33, length=2 * 24 + 16)[:40 + 30])
 
 
 def nanoctrl():

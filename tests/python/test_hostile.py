@@ -41,7 +41,7 @@ WRITE_DATA, WRITE_ACK, READ_REQUEST, READ_DATA, SEND_DATA, SEND_ACK, GOODBYE = r
 LAST = 0x1
 HEADER = 40
 REGION = 4096
-PIECE = 24  # one read-request descriptor
+PIECE = 24  # one piece descriptor (read requests and writes)
 MAX_PIECES = 1024
 MAX_PAYLOAD = 64 << 20
 
@@ -62,6 +62,25 @@ def read_request(pieces, op_id=1, index=0, magic=0x5D1E):
     the first piece; handle and offset unused) and one 24-byte descriptor per piece."""
     body = b"".join(struct.pack("<iIQQ", h, 0, off, n) for h, off, n in pieces)
     return frame(READ_REQUEST, flags=0, op_id=op_id, index=index, length=len(body), magic=magic) + body
+
+
+def fill(n, seed=0):
+    """n deterministic bytes (a byte ramp that does not repeat every 256 bytes)."""
+    return bytes((seed + i * 7 + i // 251) & 0xFF for i in range(n))
+
+
+def write_frame(pieces, data=None, op_id=1, index=0, flags=LAST, magic=0x5D1E, count=None, length=None):
+    """A WRITE_DATA frame for a list of (handle, offset, length) pieces: the header (offset =
+    the number of pieces N, length = 24*N + D, index tags the first piece, handle unused),
+    the N descriptors, then the D data bytes of the pieces back to back. `data` defaults to
+    fill() of the pieces' total size; `count` and `length` override the header's N and
+    length (for malformed frames) without changing what follows the header."""
+    body = b"".join(struct.pack("<iIQQ", h, 0, off, n) for h, off, n in pieces)
+    if data is None:
+        data = fill(sum(n for _, _, n in pieces))
+    n = len(pieces) if count is None else count
+    total = len(body) + len(data) if length is None else length
+    return frame(WRITE_DATA, flags=flags, op_id=op_id, index=index, offset=n, length=total, magic=magic) + body + data
 
 
 def expected(pattern, pieces):
@@ -350,7 +369,7 @@ def test_hello_flood_from_many_senders_pairs_with_the_first_only(server):
             c.close()
     assert statuses.count(OK) == 63  # 64 with `first`
     # The pairing ends when its connections go: any failure closes them all.
-    first.send(frame(WRITE_DATA, magic=0xFFFF))
+    first.send(write_frame([(0, 0, 4)], magic=0xFFFF))
     assert first.closed_by_peer()
     assert all(c.closed_by_peer() for c in lanes)
     for c in lanes + [first]:
@@ -364,12 +383,19 @@ def test_hello_flood_from_many_senders_pairs_with_the_first_only(server):
 @pytest.mark.parametrize(
     "data",
     [
-        frame(WRITE_DATA, magic=0x0000),
+        write_frame([(1, 0, 4)], magic=0x0000),
         frame(9),  # unknown frame type
         frame(0),
-        frame(WRITE_DATA, flags=0x80),  # unknown flags
-        frame(WRITE_DATA, handle=0, length=(64 << 20) + 1),  # > 64 MiB per frame
-        frame(WRITE_DATA, length=1 << 40),
+        write_frame([(1, 0, 4)], flags=0x80),  # unknown flags
+        write_frame([(1, 0, 0)], data=b"", length=PIECE + MAX_PAYLOAD + 1),  # D > 64 MiB per frame
+        write_frame([(1, 0, 0)], data=b"", length=PIECE + (1 << 40)),
+        write_frame([(1, 0, 0)], data=b"", length=2**64 - 1),
+        write_frame([], count=0),  # a write of no pieces
+        write_frame([], count=0, length=PIECE) + bytes(PIECE),
+        write_frame([(1, 0, 1)] * (MAX_PIECES + 1)),  # 1025 pieces
+        write_frame([], count=2**64 - 1, length=PIECE),
+        write_frame([(1, 0, 0)] * 2, length=PIECE),  # length < 24 * N: the list does not fit
+        write_frame([(1, 0, 0)] * MAX_PIECES, length=PIECE * MAX_PIECES - 1),
         frame(SEND_DATA, length=2**64 - 1),
         frame(READ_REQUEST, flags=0, length=(64 << 20) + 1),
         frame(READ_REQUEST, flags=0, length=0),  # an empty piece list
@@ -383,7 +409,9 @@ def test_hello_flood_from_many_senders_pairs_with_the_first_only(server):
         frame(SEND_DATA, flags=0, offset=4, length=4) + b"oops",  # message without its start
         bytes(random.Random(2).randrange(256) for _ in range(4096)),
     ],
-    ids=["magic", "type9", "type0", "flags", "write-64MiB+1", "write-1TiB", "send-2^64", "read-list-64MiB+1",
+    ids=["magic", "type9", "type0", "flags", "write-64MiB+1", "write-1TiB", "write-2^64", "write-0-pieces",
+         "write-0-pieces-24", "write-1025-pieces", "write-2^64-pieces", "write-length-below-list",
+         "write-1024-length-below-list", "send-2^64", "read-list-64MiB+1",
          "read-list-empty", "read-list-25", "read-list-1025-pieces", "ack-text", "send-ack-1GiB", "read-data-text",
          "read-data-0-pieces", "read-data-1025-pieces", "send-offset", "random"],
 )
@@ -399,10 +427,12 @@ def test_corrupt_stream_closes_that_connection(server, data):
     assert server.serves_a_legit_peer()
 
 
-@pytest.mark.parametrize("cut", [1, 20, 39, 40, 41, 100])
+# The frame below: header [0, 40), list of two pieces [40, 88), data [88, 188).
+@pytest.mark.parametrize("cut", [1, 20, 39, 40, 41, 64, 87, 88, 89, 150, 187])
 def test_truncated_frame_then_eof(server, cut):
     c = paired_raw(server)
-    data = frame(WRITE_DATA, handle=server.handle, offset=0, length=100) + b"t" * 100
+    data = write_frame([(server.handle, 0, 40), (server.handle, 100, 60)], data=b"t" * 100)
+    assert len(data) == 188
     c.send(data[:cut])
     c.sock.shutdown(socket.SHUT_WR)
     assert c.closed_by_peer()
@@ -429,14 +459,13 @@ def test_out_of_range_requests_are_rejected_and_the_connection_keeps_working(ser
         (2**31 - 1, 0, 8, UNKNOWN_HANDLE),
     ]
     for i, (handle, offset, length, code) in enumerate(bad_writes):
-        payload = b"\xee" * length if length < 4096 else b""
-        if length >= 4096:
-            continue
-        c.send(frame(WRITE_DATA, op_id=100 + i, handle=handle, offset=offset, length=length) + payload)
+        if length > MAX_PAYLOAD:
+            continue  # the data cannot be sent in one frame
+        c.send(write_frame([(handle, offset, length)], data=b"\xee" * length, op_id=100 + i, index=i))
         ack, text = c.recv_frame()
         assert ack["type"] == WRITE_ACK and ack["op_id"] == 100 + i
         assert ack["status"] == code, (handle, offset, length, text)
-        assert text, "a rejected write says why"
+        assert 0 < len(text) <= 1024 and f"piece {i}".encode() in text, text
     bad_reads = [
         (h, REGION - 1, 2, OUT_OF_BOUNDS),
         (h, 2**64 - 1, 2, OUT_OF_BOUNDS),
@@ -452,17 +481,18 @@ def test_out_of_range_requests_are_rejected_and_the_connection_keeps_working(ser
         assert resp["offset"] == 1, "a read answer counts the pieces it answers"
         assert resp["status"] == code, (handle, offset, length, text)
         assert len(text) <= 1024 and text
-    # A write of the wrong size for the region's remainder, split over two frames: the
-    # first frame's error is the one reported, after the frame flagged last.
-    c.send(frame(WRITE_DATA, flags=0, op_id=300, handle=h, offset=0, length=4) + b"ok!!" +
-           frame(WRITE_DATA, flags=LAST, op_id=300, handle=h, offset=REGION, length=4) + b"bad!")
+    # A write split over two frames, the second one out of bounds: the error is reported
+    # after the frame flagged last; the good first frame was placed, the bad one was not.
+    c.send(write_frame([(h, 0, 4)], data=b"ok!!", flags=0, op_id=300, index=0) +
+           write_frame([(h, REGION, 4)], data=b"bad!", flags=LAST, op_id=300, index=1))
     ack, text = c.recv_frame()
-    assert ack["op_id"] == 300 and ack["status"] == OUT_OF_BOUNDS
+    assert ack["op_id"] == 300 and ack["status"] == OUT_OF_BOUNDS and b"piece 1" in text, text
+    assert server.buf.bytes(0, 4) == b"ok!!"
     server.buf.set(server.pattern[:4])
     # Nothing outside the region was touched, and nothing inside by the rejected ops.
     assert server.buf.bytes() == server.pattern and server.guards_untouched()
     # The same connection still works: a valid write and read, byte for byte.
-    c.send(frame(WRITE_DATA, op_id=400, handle=h, offset=4090, length=6) + b"edge!!")
+    c.send(write_frame([(h, 4090, 6)], data=b"edge!!", op_id=400))
     ack, text = c.recv_frame()
     assert ack["type"] == WRITE_ACK and ack["status"] == OK and text == b""
     assert server.buf.bytes(4090) == b"edge!!"
@@ -486,6 +516,168 @@ def test_stray_acks_and_responses_are_ignored(server):
     resp, data = c.recv_frame()
     assert resp["op_id"] == 1 and resp["status"] == OK and data == server.pattern[:16]
     leave(c)
+    assert server.serves_a_legit_peer()
+
+
+# --- writes carry a list of pieces ---------------------------------------------------------
+
+
+class Guarded:
+    """A region of `size` bytes holding a known pattern, registered as `name`, inside one
+    allocation with 64 guard bytes (zero) on each side."""
+
+    def __init__(self, server, name, size, seed):
+        self.size = size
+        self.mem = Buffer(64 + size + 64)
+        self.pattern = bytes(random.Random(seed).randrange(256) for _ in range(size))
+        self.mem.set(self.pattern, 64)
+        self.handle = server.ep.register_memory_region(name, self.mem.addr + 64, 0, size)
+
+    def bytes(self, start=0, end=None):
+        return self.mem.bytes(64 + start, 64 + (self.size if end is None else end))
+
+    def guards_untouched(self):
+        return self.mem.bytes(0, 64) == bytes(64) and self.mem.bytes(64 + self.size) == bytes(64)
+
+
+def placed(pattern, pieces, data):
+    """`pattern` with the pieces of one region written in list order from `data`."""
+    out = bytearray(pattern)
+    at = 0
+    for _, off, n in pieces:
+        out[off:off + n] = data[at:at + n]
+        at += n
+    return bytes(out)
+
+
+def ack_of(c, op_id):
+    ack, text = c.recv_frame()
+    assert ack["type"] == WRITE_ACK and ack["op_id"] == op_id, (ack, text)
+    assert len(text) <= 1024
+    return ack["status"], text
+
+
+def test_write_list_places_exactly_its_pieces(server):
+    big = Guarded(server, "big", 16384, seed=8)
+    hb, h = big.handle, server.handle
+    c = paired_raw(server)
+    # Pieces of 1, 7, 100 and 4096 bytes at different offsets, one ending exactly at the end
+    # of the big region, one ending exactly at the end of the server's region (another handle).
+    pieces = [(hb, 3, 1), (hb, 50, 7), (h, REGION - 5, 5), (hb, 1000, 100), (hb, 5000, 4096),
+              (hb, big.size - 33, 33)]
+    data = fill(sum(n for _, _, n in pieces), seed=1)
+    c.send(write_frame(pieces, data=data, op_id=1000, index=0))
+    assert ack_of(c, 1000) == (OK, b"")
+    mine = [p for p in pieces if p[0] == hb]
+    theirs = data[:1 + 7] + data[1 + 7 + 5:]  # the data of the big region's pieces, in order
+    assert big.bytes() == placed(big.pattern, mine, theirs)
+    assert server.buf.bytes() == server.pattern[:REGION - 5] + data[8:13]
+    assert big.guards_untouched() and server.guards_untouched()
+    # One op over two frames (LAST on the second): one ack, both frames placed.
+    first, second = [(hb, 200, 10), (hb, 300, 1)], [(hb, 400, 20)]
+    c.send(write_frame(first, data=b"A" * 11, flags=0, op_id=1001, index=0) +
+           write_frame(second, data=b"B" * 20, flags=LAST, op_id=1001, index=2))
+    assert ack_of(c, 1001) == (OK, b"")
+    assert big.bytes(200, 210) == b"A" * 10 and big.bytes(300, 301) == b"A" and big.bytes(400, 420) == b"B" * 20
+    assert big.bytes(210, 300) == big.pattern[210:300] and big.bytes(420, 1000) == big.pattern[420:1000]
+    # The longest list: 1024 one-byte pieces.
+    big.mem.set(big.pattern, 64)
+    many = [(hb, 16 * i, 1) for i in range(MAX_PIECES)]
+    data = fill(MAX_PIECES, seed=2)
+    c.send(write_frame(many, data=data, op_id=1002))
+    assert ack_of(c, 1002) == (OK, b"")
+    assert big.bytes() == placed(big.pattern, many, data) and big.guards_untouched()
+    # Empty pieces (one at the very end of the region) place nothing and are fine.
+    c.send(write_frame([(hb, 0, 0), (hb, big.size, 0)], op_id=1003))
+    assert ack_of(c, 1003) == (OK, b"")
+    assert big.bytes() == placed(big.pattern, many, data)
+    leave(c)
+    server.buf.set(server.pattern)
+    assert server.serves_a_legit_peer()
+
+
+def test_write_of_64_MiB_in_one_frame_is_placed():
+    """D = 64 MiB exactly (1024 pieces of 64 KiB, the same bytes each time) is one valid frame."""
+    s = Server()
+    try:
+        region = Guarded(s, "w64", 64 << 10, seed=9)
+        chunk = fill(64 << 10, seed=3)
+        c = paired_raw(s)
+        c.send(write_frame([(region.handle, 0, 64 << 10)] * MAX_PIECES, data=chunk * MAX_PIECES, op_id=1100))
+        assert ack_of(c, 1100) == (OK, b"")
+        assert region.bytes() == chunk and region.guards_untouched()
+        leave(c)
+        assert s.serves_a_legit_peer()
+    finally:
+        s.shutdown()
+
+
+def test_write_list_with_a_bad_piece_places_nothing_of_that_frame(server):
+    c = paired_raw(server)
+    h = server.handle
+    # The 3rd piece is out of bounds: the first two, valid, are not placed either.
+    pieces = [(h, 0, 16), (h, 100, 16), (h, REGION - 8, 16), (h, 32, 16)]
+    c.send(write_frame(pieces, op_id=1200, index=0))
+    status, text = ack_of(c, 1200)
+    assert status == OUT_OF_BOUNDS and b"piece 2" in text, text
+    assert server.buf.bytes() == server.pattern and server.guards_untouched()
+    # The same connection still places a valid write.
+    c.send(write_frame([(h, 100, 16)], data=b"after the error!", op_id=1201))
+    assert ack_of(c, 1201) == (OK, b"")
+    assert server.buf.bytes() == server.pattern[:100] + b"after the error!" + server.pattern[116:]
+    server.buf.set(server.pattern)
+    # The first bad piece is the one reported, numbered from the frame's index.
+    c.send(write_frame([(h, 0, 4), (h + 100, 0, 4), (h, REGION, 1)], op_id=1202, index=10))
+    status, text = ack_of(c, 1202)
+    assert status == UNKNOWN_HANDLE and b"piece 11" in text, text
+    c.send(write_frame([(h, 0, 8), (h, 2**64 - 1, 2), (-1, 0, 8)], op_id=1203, index=0))
+    status, text = ack_of(c, 1203)
+    assert status == OUT_OF_BOUNDS and b"piece 1" in text, text
+    assert server.buf.bytes() == server.pattern and server.guards_untouched()
+    # An op whose LAST frame never comes: its error is forgotten when the next op starts,
+    # which is acked on its own.
+    c.send(write_frame([(h + 100, 0, 4)], flags=0, op_id=1204) + write_frame([(h, 8, 4)], data=b"next", op_id=1205))
+    assert ack_of(c, 1205) == (OK, b"")
+    assert server.buf.bytes(8, 12) == b"next"
+    c.send(read_request([(h, 0, 16)], op_id=1206))
+    resp, data = c.recv_frame()
+    assert (resp["type"], resp["op_id"], resp["status"]) == (READ_DATA, 1206, OK), "a stray ack for op 1204"
+    assert data == server.pattern[:8] + b"next" + server.pattern[12:16]
+    leave(c)
+    server.buf.set(server.pattern)
+    assert server.buf.bytes() == server.pattern and server.guards_untouched()
+    assert server.serves_a_legit_peer()
+
+
+def test_write_list_that_does_not_match_its_data_is_a_protocol_error_for_that_op(server):
+    c = paired_raw(server)
+    h = server.handle
+    cases = [
+        ([(h, 0, 8), (h, 8, 8)], fill(10)),  # the pieces want 16 bytes, 10 come
+        ([(h, 0, 4)], fill(8)),  # 4 wanted, 8 come
+        ([(h, 0, 0), (h, 16, 0)], fill(3)),  # 0 wanted
+        ([(h, 0, 1000)], b""),
+    ]
+    for i, (pieces, data) in enumerate(cases):
+        c.send(write_frame(pieces, data=data, op_id=1300 + i))
+        status, text = ack_of(c, 1300 + i)
+        assert status == PROTOCOL_ERROR and text, (i, text)
+        assert server.buf.bytes() == server.pattern and server.guards_untouched()
+    # Lengths whose sum wraps around 2^64 to the data size: refused (as a mismatch or as an
+    # out-of-bounds piece), nothing placed.
+    c.send(write_frame([(h, 0, 2**64 - 1), (h, 0, 2)], data=b"w", op_id=1310))
+    status, text = ack_of(c, 1310)
+    assert status in (PROTOCOL_ERROR, OUT_OF_BOUNDS) and text, (status, text)
+    assert server.buf.bytes() == server.pattern and server.guards_untouched()
+    # The connection keeps serving, both ways.
+    c.send(write_frame([(h, 20, 5)], data=b"still", op_id=1311))
+    assert ack_of(c, 1311) == (OK, b"")
+    c.send(read_request([(h, 16, 16)], op_id=1312))
+    resp, data = c.recv_frame()
+    assert (resp["op_id"], resp["status"]) == (1312, OK)
+    assert data == server.pattern[16:20] + b"still" + server.pattern[25:32]
+    leave(c)
+    server.buf.set(server.pattern)
     assert server.serves_a_legit_peer()
 
 
@@ -678,7 +870,7 @@ def test_requests_from_a_peer_that_never_reads_answers_are_bounded(server, kind,
     if kind == "read":
         req = read_request([(server.handle, 0, 2048)]) * 1000
     else:
-        req = frame(WRITE_DATA, handle=999, length=0) * 1000
+        req = write_frame([(999, 0, 0)]) * 1000
     rss0 = rss_bytes()
     c.sock.settimeout(5.0)
     try:

@@ -17,7 +17,7 @@ import pytest
 
 from dlslime import TcpEndpoint
 from conftest import Buffer, connect_pair, wait_until
-from test_hostile import Raw, hello, read_request
+from test_hostile import Raw, hello, read_request, write_frame
 
 OK = 0
 AUTHENTICATION_FAILED = 414
@@ -151,17 +151,18 @@ def test_intruder_with_the_paired_peers_id_cannot_read():
         assert endpoint_id == b.endpoint_info()["endpoint_id"]
         assert intruder.closed_by_peer()
         intruder.close()
-        # A guessed token fails the proof; the request that follows is never served.
+        # A guessed token fails the proof; the requests that follow are never served.
         guesser = AuthClient(b.endpoint_info()["port"])
         nonce_a, id_b, _ = guesser.start(a_id)
         status, reason, _ = guesser.prove(mac("guess", b"dialer", guesser.hello_raw, nonce_a, id_b))
         assert status == AUTHENTICATION_FAILED and "wrong token" in reason
         h = b.endpoint_info()["mr_info"]["secret"]["handle"]
         try:
-            guesser.send(read_request([(h, 0, 64)], op_id=5))
+            guesser.send(write_frame([(h, 0, 64)], data=b"w" * 64, op_id=4) + read_request([(h, 0, 64)], op_id=5))
         except OSError:
             pass  # already closed: just as good
         assert guesser.rest_until_closed() == b"", "the endpoint answered after a failed proof"
+        assert secret.bytes() == b"s" * 64, "a write after a failed proof was placed"
         guesser.close()
         # The real pairing was never disturbed.
         assert a.is_connected() and b.is_connected()
