@@ -32,7 +32,7 @@ void encode_frame_header(const FrameHeader& h, uint8_t* out) noexcept {
   w.u64(h.length);
 }
 
-void encode_read_piece(const ReadPiece& p, uint8_t* out) noexcept {
+void encode_piece(const Piece& p, uint8_t* out) noexcept {
   WireWriter w(out);
   w.i32(p.handle);
   w.u32(0);
@@ -40,9 +40,9 @@ void encode_read_piece(const ReadPiece& p, uint8_t* out) noexcept {
   w.u64(p.length);
 }
 
-ReadPiece parse_read_piece(const uint8_t* in) noexcept {
+Piece parse_piece(const uint8_t* in) noexcept {
   WireReader r(in);
-  ReadPiece p;
+  Piece p;
   p.handle = r.i32();
   (void)r.u32();  // reserved
   p.offset = r.u64();
@@ -71,10 +71,20 @@ Status parse_frame_header(const uint8_t* in, FrameHeader* out) noexcept {
   h.length = r.u64();
   if ((h.flags & ~kFlagLast) != 0) return Status::protocol_error(fmt::format("unknown frame flags {:#x}", h.flags));
 
+  const bool lists_pieces = h.type == FrameType::kWriteData || h.type == FrameType::kReadData;
+  if (lists_pieces && (h.offset == 0 || h.offset > kMaxPieces)) {
+    return Status::protocol_error(fmt::format("one-sided frame for {} pieces (1..{})", h.offset, kMaxPieces));
+  }
   if (h.type == FrameType::kReadRequest) {
-    if (h.length == 0 || h.length % kReadPieceSize != 0 || h.length > kMaxReadPieces * kReadPieceSize) {
+    if (h.length == 0 || h.length % kPieceSize != 0 || h.length > kMaxPieces * kPieceSize) {
       return Status::protocol_error(fmt::format("read request of {} bytes is not a list of 1..{} pieces of {} bytes",
-                                                h.length, kMaxReadPieces, kReadPieceSize));
+                                                h.length, kMaxPieces, kPieceSize));
+    }
+  } else if (h.type == FrameType::kWriteData) {
+    const uint64_t list = h.offset * kPieceSize;
+    if (h.length < list || h.length - list > kMaxDataPayload) {
+      return Status::protocol_error(fmt::format("write frame of {} bytes for {} pieces (list {} + data up to {})",
+                                                h.length, h.offset, list, kMaxDataPayload));
     }
   } else {
     const bool carries_text = h.type == FrameType::kWriteAck || h.type == FrameType::kSendAck ||
@@ -84,9 +94,6 @@ Status parse_frame_header(const uint8_t* in, FrameHeader* out) noexcept {
       return Status::protocol_error(
           fmt::format("frame length {} exceeds the limit {} (type {})", h.length, limit, static_cast<int>(type)));
     }
-  }
-  if (h.type == FrameType::kReadData && (h.offset == 0 || h.offset > kMaxReadPieces)) {
-    return Status::protocol_error(fmt::format("read response for {} pieces (1..{})", h.offset, kMaxReadPieces));
   }
   *out = h;
   return Status::ok();

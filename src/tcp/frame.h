@@ -19,26 +19,27 @@ inline constexpr uint64_t kMaxDataPayload = 64ull << 20;
 // Error text carried by acknowledgement frames.
 inline constexpr uint64_t kMaxErrorText = 1024;
 
-// A read request names up to kMaxReadPieces pieces, and its answer carries all of their
-// bytes in one frame (so at most kMaxDataPayload in all): a batch of small reads costs one
-// header each way instead of one per item. On the wire a piece is 24 bytes: handle i32,
-// reserved u32 (0), offset u64, length u64.
-inline constexpr size_t kReadPieceSize = 24;
-inline constexpr size_t kMaxReadPieces = 1024;
+// One-sided frames name up to kMaxPieces pieces of the target's regions: a write frame
+// carries their list and then all their bytes, a read request their list, and its answer all
+// their bytes (at most kMaxDataPayload in all). A batch of small items costs one header
+// each way instead of one per item. On the wire a piece is 24 bytes: handle i32, reserved
+// u32 (0), offset u64, length u64.
+inline constexpr size_t kPieceSize = 24;
+inline constexpr size_t kMaxPieces = 1024;
 
-struct ReadPiece {
+struct Piece {
   int32_t handle = -1;
   uint64_t offset = 0;
   uint64_t length = 0;
 };
 
-void encode_read_piece(const ReadPiece& p, uint8_t* out) noexcept;
-ReadPiece parse_read_piece(const uint8_t* in) noexcept;
+void encode_piece(const Piece& p, uint8_t* out) noexcept;
+Piece parse_piece(const uint8_t* in) noexcept;
 
 enum class FrameType : uint8_t {
-  kWriteData = 1,    // ->target: place `length` payload bytes at (handle, offset)
+  kWriteData = 1,    // ->target: payload = a list of pieces (Piece layout), then their bytes
   kWriteAck = 2,     // ->initiator: status of op_id's write frames on this lane; payload = error text
-  kReadRequest = 3,  // ->target: payload = a list of pieces to return (ReadPiece); `index` tags the first
+  kReadRequest = 3,  // ->target: payload = a list of pieces to return (Piece); `index` tags the first
   kReadData = 4,     // ->initiator: the answer to one request: the pieces' bytes (status 0) or error text
   kSendData = 5,     // ->receiver: message bytes [offset, offset+length) of message op_id
   kSendAck = 6,      // ->sender: the message was matched (status 0) or refused; payload = error text
@@ -54,9 +55,9 @@ struct FrameHeader {
   int32_t status = 0;
   uint64_t op_id = 0;
   int32_t handle = -1;
-  uint32_t index = 0;   // read frames: the tag of the first piece
-  uint64_t offset = 0;  // READ_DATA: the number of pieces answered
-  uint64_t length = 0;  // payload bytes (READ_REQUEST: kReadPieceSize x pieces)
+  uint32_t index = 0;   // one-sided frames: the number of the first piece
+  uint64_t offset = 0;  // message frames: offset in the message; WRITE_DATA, READ_DATA: pieces
+  uint64_t length = 0;  // payload bytes
 
   bool last() const noexcept { return (flags & kFlagLast) != 0; }
 };

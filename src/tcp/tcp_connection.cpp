@@ -94,7 +94,7 @@ void PayloadSink::advance(uint64_t n) {
 }
 
 void TcpConnection::consume(const uint8_t* src, size_t n) {
-  if (sink_.collect) {
+  if (sink_.collect || sink_.prefix > 0) {  // process() stops at the end of a prefix
     rx_text_.append(reinterpret_cast<const char*>(src), n);
     return;
   }
@@ -116,6 +116,12 @@ void TcpConnection::finish_frame() {
   std::string text;
   text.swap(rx_text_);
   handler_->on_frame(*this, h, sink, text);
+}
+
+void TcpConnection::take_prefix() {
+  sink_.prefix = 0;
+  handler_->on_prefix(*this, hdr_, rx_text_, sink_);
+  rx_text_.clear();
 }
 
 size_t TcpConnection::queued_answers() const {
@@ -146,12 +152,20 @@ void TcpConnection::process() {
       if (closed_) return;
       sink_ready_ = true;
       remaining_ = payload_size(hdr_);
+      if (sink_.prefix == 0) expect_large_ = false;  // its payload follows: a direct read if large
     }
     if (remaining_ > 0) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(remaining_, rend_ - rbeg_));
+      size_t n = static_cast<size_t>(std::min<uint64_t>(remaining_, rend_ - rbeg_));
+      const bool in_prefix = sink_.prefix > 0;
+      if (in_prefix) n = std::min<size_t>(n, sink_.prefix - rx_text_.size());
       consume(rbuf_.get() + rbeg_, n);
       rbeg_ += n;
       remaining_ -= n;
+      if (in_prefix && rx_text_.size() == sink_.prefix) {
+        take_prefix();
+        if (closed_) return;
+        continue;
+      }
       if (remaining_ > 0) break;
     }
     finish_frame();
@@ -166,9 +180,12 @@ void TcpConnection::schedule_read() {
   // the staging buffer keeps filling while it has room, so a peer that leaves is still
   // noticed (its EOF) instead of holding the pairing until the stall ends.
   const bool stalled = paused_ || answers_full_;
-  if (!stalled && have_header_ && sink_ready_ && sink_.dst && sink_.dst_left >= kDirectReadMin) {
-    read_direct();
-    return;
+  if (!stalled && have_header_ && sink_ready_ && sink_.dst) {
+    const uint64_t direct = gather_direct();
+    if (direct >= kDirectReadMin && direct >= kDirectSegmentMin * direct_bufs_.size()) {
+      read_direct(direct);
+      return;
+    }
   }
   set_low_watermark(1);
   if (rbeg_ > 0 && kStagingSize - rend_ < kFrameHeaderSize * 4) {
@@ -176,13 +193,19 @@ void TcpConnection::schedule_read() {
     rend_ -= rbeg_;
     rbeg_ = 0;
   }
-  // After a large payload, read just the next header; a run of small frames gets the
-  // whole staging buffer again from the read after it.
+  // After a large payload, read just the next header and piece list; small frames get the
+  // whole staging buffer again.
   if (stalled && rend_ == kStagingSize) return;  // full: resume_reading() or do_write() restarts
-  const size_t want = !stalled && header_only_ && rend_ - rbeg_ < kFrameHeaderSize
-                          ? kFrameHeaderSize - (rend_ - rbeg_)
-                          : kStagingSize - rend_;
-  header_only_ = false;
+  size_t want = kStagingSize - rend_;
+  if (!stalled && expect_large_) {
+    if (!have_header_ && rend_ - rbeg_ < kFrameHeaderSize) {
+      want = kFrameHeaderSize - (rend_ - rbeg_);
+    } else if (have_header_ && sink_ready_ && sink_.prefix > rx_text_.size()) {
+      want = sink_.prefix - rx_text_.size();
+    } else {
+      expect_large_ = false;  // a small payload: staged after all
+    }
+  }
   reading_ = true;
   socket_.async_read_some(asio::buffer(rbuf_.get() + rend_, want),
                           [self = shared_from_this()](std::error_code ec, size_t n) {
@@ -194,12 +217,9 @@ void TcpConnection::schedule_read() {
                           });
 }
 
-void TcpConnection::read_direct() {
-  // Receive the rest of the payload straight into its destination: no staging copy. The
-  // current segment is large; the ones after it ride along in the same readv.
-  reading_ = reading_direct_ = true;
-  set_low_watermark(std::min<uint64_t>(remaining_, kLowWatermarkMax));
-  // Never past this frame's payload: the bytes after it are the next header.
+uint64_t TcpConnection::gather_direct() {
+  // The destinations of the payload's next bytes, never past this frame (the bytes after
+  // it are the next header). Returns how many bytes they take.
   direct_bufs_.clear();
   uint64_t total = std::min(sink_.dst_left, remaining_);
   direct_bufs_.emplace_back(sink_.dst, static_cast<size_t>(total));
@@ -208,6 +228,14 @@ void TcpConnection::read_direct() {
     direct_bufs_.emplace_back(sink_.more[i].addr, static_cast<size_t>(n));
     total += n;
   }
+  return total;
+}
+
+void TcpConnection::read_direct(uint64_t bytes) {
+  // Receive the next `bytes` of the payload straight into their destinations (direct_bufs_,
+  // from gather_direct): no staging copy.
+  reading_ = reading_direct_ = true;
+  set_low_watermark(std::min(bytes, kLowWatermarkMax));
   socket_.async_read_some(direct_bufs_, [self = shared_from_this()](std::error_code ec, size_t n) {
     self->reading_ = self->reading_direct_ = false;
     if (self->closed_) return;
@@ -216,7 +244,7 @@ void TcpConnection::read_direct() {
     self->remaining_ -= n;
     if (self->remaining_ > 0) return self->schedule_read();  // direct again, or staging for small segments
     self->set_low_watermark(1);
-    self->header_only_ = true;
+    self->expect_large_ = true;
     self->finish_frame();
     self->process();
   });

@@ -58,16 +58,19 @@ struct PayloadSegment {
 };
 
 // Where the payload of the frame being read goes: into local memory (one range, or a list
-// of ranges filled in order: the pieces of a read answer), into the connection's buffer
-// (error texts, read-request lists; handed to on_frame), or nowhere (a rejected write, a
-// late read response: the bytes are read and dropped so the stream stays in sync).
+// of ranges filled in order: the pieces of a write or of a read answer), into the
+// connection's buffer (error texts, read-request lists; handed to on_frame), or nowhere (a
+// rejected write, a late read response: the bytes are read and dropped so the stream stays
+// in sync). A write frame starts with its piece list: the sink then first collects that
+// prefix, and the handler sets the rest once it has arrived (on_prefix).
 struct PayloadSink {
   uint8_t* dst = nullptr;  // the next byte goes here; nullptr: drop what is left
   uint64_t dst_left = 0;   // room at dst before the next segment
   const PayloadSegment* more = nullptr;  // the segments after dst
   size_t more_count = 0;
   bool collect = false;
-  uint64_t op_id = 0;  // the local op whose memory the segments point into (0 = none)
+  uint64_t prefix = 0;  // payload bytes to collect for on_prefix before placing any
+  uint64_t op_id = 0;   // the local op whose memory the segments point into (0 = none)
 
   void place(uint8_t* addr, uint64_t length) {
     dst = addr;
@@ -94,6 +97,9 @@ class FrameHandler {
   // A header arrived and was validated. Fill `sink` for its payload, or pause reading
   // until resume_reading() (flow control for unmatched messages).
   virtual RxAction on_header(TcpConnection& conn, const FrameHeader& h, PayloadSink& sink) = 0;
+  // The first sink.prefix payload bytes arrived: fill `sink` for the rest. Segments it
+  // scatters into may be kept in conn.segments().
+  virtual void on_prefix(TcpConnection& conn, const FrameHeader& h, std::string_view prefix, PayloadSink& sink) = 0;
   // The frame's payload is fully placed (called at once for frames without payload).
   virtual void on_frame(TcpConnection& conn, const FrameHeader& h, const PayloadSink& sink, std::string_view text) = 0;
   // The connection failed or was closed by the peer. Not called for close_quietly().
@@ -125,6 +131,9 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
   // (a direct read); only closing the connection stops that.
   bool release(uint64_t op_id);
 
+  // Storage for the segments of the frame being read (on_prefix); reused per frame.
+  std::vector<PayloadSegment>& segments() { return segments_; }
+
   void pause_reading() { paused_ = true; }
   void resume_reading();
 
@@ -147,20 +156,25 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
   // requests and never reads). Only answers count: requests are bounded by
   // max_inflight_ops, and pausing on them could wait on the peer's own pause.
   static constexpr size_t kMaxQueuedAnswers = 8 << 20;
-  // Payload remainders at least this large are read straight into their destination.
+  // Payload remainders at least this large are read straight into their destination
+  // (one readv over up to kMaxDirectSegments segments), if those segments average at
+  // least kDirectSegmentMin bytes; smaller ones are copied out of the staging buffer.
   static constexpr uint64_t kDirectReadMin = 16 * 1024;
+  static constexpr uint64_t kDirectSegmentMin = 1024;
   // Receive low watermark while reading a payload directly (set_low_watermark).
   static constexpr uint64_t kLowWatermarkMin = 128 * 1024;
   static constexpr uint64_t kLowWatermarkMax = 512 * 1024;
-  // Segments one direct read fills at most (readv).
+  // Segments one direct read fills at most.
   static constexpr size_t kMaxDirectSegments = 64;
 
   void process();
   void schedule_read();
   void consume(const uint8_t* src, size_t n);
   void finish_frame();
+  void take_prefix();
   void schedule_flush();
-  void read_direct();
+  uint64_t gather_direct();
+  void read_direct(uint64_t bytes);
   void set_low_watermark(uint64_t bytes);
   void do_write();
   size_t queued_answers() const;
@@ -178,14 +192,15 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
   FrameHeader hdr_;
   PayloadSink sink_;
   std::string rx_text_;  // collected payloads
+  std::vector<PayloadSegment> segments_;
   std::vector<asio::mutable_buffer> direct_bufs_;
   uint64_t remaining_ = 0;
   bool have_header_ = false, sink_ready_ = false;
   bool paused_ = false, reading_ = false, reading_direct_ = false;
   bool answers_full_ = false;  // stopped reading: too many answers queued (kMaxQueuedAnswers)
-  // The last payload was read directly: the next frame is likely large too, so the next
-  // staging read takes only its header instead of copying the start of its payload.
-  bool header_only_ = false;
+  // The last payload was read directly: the next frame is likely large too, so staging
+  // reads take only its header and piece list instead of copying the start of its payload.
+  bool expect_large_ = false;
   int rcvlowat_ = 1;  // SO_RCVLOWAT now set on the socket
 
   // Send side.

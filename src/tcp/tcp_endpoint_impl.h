@@ -53,6 +53,8 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
 
   // tcp::FrameHandler
   tcp::RxAction on_header(tcp::TcpConnection& conn, const tcp::FrameHeader& h, tcp::PayloadSink& sink) override;
+  void on_prefix(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view list,
+                 tcp::PayloadSink& sink) override;
   void on_frame(tcp::TcpConnection& conn, const tcp::FrameHeader& h, const tcp::PayloadSink& sink,
                 std::string_view text) override;
   void on_closed(tcp::TcpConnection& conn, const Status& why) override;

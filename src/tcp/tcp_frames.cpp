@@ -47,18 +47,7 @@ void TcpEndpointImpl::ack(TcpConnection& conn, FrameType type, uint64_t op_id, c
 
 RxAction TcpEndpointImpl::on_header(TcpConnection& conn, const FrameHeader& h, PayloadSink& sink) {
   switch (h.type) {
-    case FrameType::kWriteData: {
-      uintptr_t addr = 0;
-      if (Status st = local_regions->resolve(h.handle, h.offset, h.length, &addr); st) {
-        sink.place(reinterpret_cast<uint8_t*>(addr), h.length);
-      } else {
-        // The payload is drained; the ack reports the op's first error. Only errors are
-        // recorded, so the frames of a good write cost no lookup here.
-        InboundWrite& acc = inbound_writes_[&conn];
-        if (acc.op_id != h.op_id) acc = {h.op_id, std::move(st)};
-      }
-      return RxAction::kContinue;
-    }
+    case FrameType::kWriteData: sink.prefix = h.offset * tcp::kPieceSize; return RxAction::kContinue;  // the list
     case FrameType::kWriteAck:
     case FrameType::kSendAck:
     case FrameType::kReadRequest: sink.collect = true; return RxAction::kContinue;
@@ -93,6 +82,42 @@ RxAction TcpEndpointImpl::on_header(TcpConnection& conn, const FrameHeader& h, P
     case FrameType::kGoodbye: return RxAction::kContinue;
   }
   return RxAction::kContinue;
+}
+
+void TcpEndpointImpl::on_prefix(TcpConnection& conn, const FrameHeader& h, std::string_view list,
+                                PayloadSink& sink) {
+  // A write frame's piece list arrived; its data follows, the pieces back to back. Either
+  // every piece is valid and the data is placed, or none of it is (drained) and the op's
+  // acknowledgement reports the first error.
+  const size_t count = list.size() / tcp::kPieceSize;  // h.offset, checked by the parser
+  const uint64_t data = h.length - list.size();
+  std::vector<tcp::PayloadSegment>& segments = conn.segments();
+  segments.clear();
+  uint64_t total = 0;
+  Status st = Status::ok();
+  for (size_t i = 0; i < count && st; ++i) {
+    const tcp::Piece p = tcp::parse_piece(reinterpret_cast<const uint8_t*>(list.data()) + i * tcp::kPieceSize);
+    uintptr_t addr = 0;
+    if (Status r = local_regions->resolve(p.handle, p.offset, p.length, &addr); !r) {
+      st = Status(r.code(), fmt::format("piece {}: {}", uint64_t{h.index} + i, r.message()));
+    } else if (p.length > data - total) {
+      st = Status::protocol_error(
+          fmt::format("the write frame's pieces add up to more than the {} bytes it carries", data));
+    } else {
+      total += p.length;
+      if (p.length > 0) segments.push_back({reinterpret_cast<uint8_t*>(addr), p.length});
+    }
+  }
+  if (st && total != data) {
+    st = Status::protocol_error(
+        fmt::format("the write frame's pieces add up to {} bytes, but it carries {}", total, data));
+  }
+  if (!st) {
+    InboundWrite& acc = inbound_writes_[&conn];
+    if (acc.op_id != h.op_id || acc.status.is_ok()) acc = {h.op_id, std::move(st)};  // the op's first error
+    return;  // drained
+  }
+  if (!segments.empty()) sink.scatter(segments.data(), segments.size());
 }
 
 void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const PayloadSink& /*sink*/,
@@ -175,13 +200,13 @@ void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const 
 
 void TcpEndpointImpl::answer_read(TcpConnection& conn, const FrameHeader& h, std::string_view list) {
   // One answer per request: all pieces' bytes in one frame, or the first piece's error.
-  const size_t count = list.size() / tcp::kReadPieceSize;  // the parser checked the size
+  const size_t count = list.size() / tcp::kPieceSize;  // the parser checked the size
   read_scratch_.clear();
   uint64_t total = 0;
   Status st = Status::ok();
   for (size_t i = 0; i < count && st; ++i) {
-    const tcp::ReadPiece p =
-        tcp::parse_read_piece(reinterpret_cast<const uint8_t*>(list.data()) + i * tcp::kReadPieceSize);
+    const tcp::Piece p =
+        tcp::parse_piece(reinterpret_cast<const uint8_t*>(list.data()) + i * tcp::kPieceSize);
     uintptr_t addr = 0;
     if (Status r = local_regions->resolve(p.handle, p.offset, p.length, &addr); !r) {
       st = Status(r.code(), fmt::format("piece {}: {}", i, r.message()));

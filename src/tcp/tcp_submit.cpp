@@ -139,7 +139,7 @@ std::shared_ptr<TcpEndpointImpl::Submission> TcpEndpointImpl::prepare_one_sided(
   const uint16_t lanes = std::max<uint16_t>(1, lanes_up_.load(std::memory_order_relaxed));
   const auto first_lane = static_cast<uint16_t>(op_id % lanes);
   std::vector<uint64_t> load(lanes, 0);
-  std::vector<uint32_t> frames_on(lanes, 0);
+  std::vector<uint32_t> pieces_on(lanes, 0);
   for (Piece& p : pieces) {
     uint16_t lane = first_lane;
     if (total >= options_.chunk_size) {
@@ -150,73 +150,66 @@ std::shared_ptr<TcpEndpointImpl::Submission> TcpEndpointImpl::prepare_one_sided(
     }
     p.lane = lane;
     load[lane] += p.length + tcp::kFrameHeaderSize;
-    ++frames_on[lane];
+    ++pieces_on[lane];
   }
 
   auto sub = std::make_shared<Submission>();
   sub->op_id = op_id;
   sub->op.deadline = deadline_after(options_.op_timeout);
-  std::vector<int> item_of_lane(lanes, -1);
+  if (is_read) sub->op.reads.reserve(pieces.size());
   uint32_t lanes_used = 0;
+  uint32_t next_index = 0;
+  std::vector<const Piece*> run;
+  uint64_t run_bytes = 0;
   for (uint16_t lane = 0; lane < lanes; ++lane) {
-    if (frames_on[lane] == 0) continue;
-    item_of_lane[lane] = static_cast<int>(sub->items.size());
-    sub->items.emplace_back(lane, WriteItem(op_id));
-    // A read asks with 24 bytes per piece (and far fewer headers); a write may copy payloads.
-    sub->items.back().second.reserve(frames_on[lane], is_read ? frames_on[lane] * tcp::kReadPieceSize
-                                                              : load[lane] - frames_on[lane] * tcp::kFrameHeaderSize);
+    if (pieces_on[lane] == 0) continue;
     ++lanes_used;
-  }
-  if (is_read) {
-    // Per lane, each run of consecutive pieces (at most kMaxReadPieces of them and
-    // chunk_size bytes, or one larger piece) is one request, answered by one frame. A
-    // piece's index is its position in `reads`, so a run is an index range.
-    sub->op.reads.reserve(pieces.size());
-    std::vector<uint8_t> list;
-    list.reserve(std::min(pieces.size(), tcp::kMaxReadPieces) * tcp::kReadPieceSize);
-    for (uint16_t lane = 0; lane < lanes; ++lane) {
-      if (frames_on[lane] == 0) continue;
-      WriteItem& item = sub->items[item_of_lane[lane]].second;
-      size_t run_start = sub->op.reads.size();
-      uint64_t run_bytes = 0;
-      const auto close_run = [&] {
-        FrameHeader h;
-        h.type = FrameType::kReadRequest;
-        h.op_id = op_id;
-        h.index = static_cast<uint32_t>(run_start);
-        h.length = list.size();
-        item.add_header(h);
-        item.add_copy(list.data(), list.size());
-        list.clear();
-        run_start = sub->op.reads.size();
-        run_bytes = 0;
-      };
-      for (const Piece& p : pieces) {
-        if (p.lane != lane) continue;
-        const size_t in_run = sub->op.reads.size() - run_start;
-        if (in_run == tcp::kMaxReadPieces || (in_run > 0 && run_bytes + p.length > options_.chunk_size)) close_run();
-        list.resize(list.size() + tcp::kReadPieceSize);
-        tcp::encode_read_piece({p.peer_handle, p.remote_offset, p.length}, list.data() + list.size() - tcp::kReadPieceSize);
-        sub->op.reads.push_back({p.local, p.length});
-        run_bytes += p.length;
-      }
-      close_run();
-    }
-  } else {
-    for (size_t idx = 0; idx < pieces.size(); ++idx) {
-      const Piece& p = pieces[idx];
+    sub->items.emplace_back(lane, WriteItem(op_id));
+    WriteItem& item = sub->items.back().second;
+    const uint64_t data = load[lane] - pieces_on[lane] * tcp::kFrameHeaderSize;
+    item.reserve(pieces_on[lane], pieces_on[lane] * tcp::kPieceSize + (is_read ? 0 : data));
+    // Each run of the lane's pieces (at most kMaxPieces and chunk_size bytes, or one
+    // larger piece) is one frame: a write carries the run's piece list and then its bytes,
+    // a read request the list, answered by one frame with the bytes. Pieces are numbered
+    // in the order they are sent, so a run is an index range (for a read, of `reads`).
+    const auto emit = [&](bool last) {
       FrameHeader h;
-      h.type = FrameType::kWriteData;
       h.op_id = op_id;
-      h.handle = p.peer_handle;
-      h.index = static_cast<uint32_t>(idx);
-      h.offset = p.remote_offset;
-      h.length = p.length;
-      if (--frames_on[p.lane] == 0) h.flags |= tcp::kFlagLast;
-      WriteItem& item = sub->items[item_of_lane[p.lane]].second;
+      h.index = next_index;
+      const uint64_t list_bytes = run.size() * tcp::kPieceSize;
+      if (is_read) {
+        h.type = FrameType::kReadRequest;
+        h.length = list_bytes;
+      } else {
+        h.type = FrameType::kWriteData;
+        h.offset = run.size();
+        h.length = list_bytes + run_bytes;
+        if (last) h.flags |= tcp::kFlagLast;  // the target acknowledges the lane's frames after it
+      }
       item.add_header(h);
-      item.add_payload(p.local, p.length);
+      uint8_t raw[tcp::kPieceSize];
+      for (const Piece* p : run) {
+        tcp::encode_piece({p->peer_handle, p->remote_offset, p->length}, raw);
+        item.add_copy(raw, sizeof raw);
+      }
+      for (const Piece* p : run) {
+        if (is_read) {
+          sub->op.reads.push_back({p->local, p->length});
+        } else {
+          item.add_payload(p->local, p->length);
+        }
+      }
+      next_index += static_cast<uint32_t>(run.size());
+      run.clear();
+      run_bytes = 0;
+    };
+    for (const Piece& p : pieces) {
+      if (p.lane != lane) continue;
+      if (run.size() == tcp::kMaxPieces || (!run.empty() && run_bytes + p.length > options_.chunk_size)) emit(false);
+      run.push_back(&p);
+      run_bytes += p.length;
     }
+    emit(true);
   }
   // Parts: one acknowledgement per lane for a write. A read completes once, when the
   // I/O thread has counted an answer for every piece (reads_left).

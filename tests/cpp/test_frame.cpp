@@ -39,8 +39,12 @@ TEST(Frame, RoundTripsEveryType) {
     FrameHeader h = sample(type);
     if (type == FrameType::kWriteAck || type == FrameType::kSendAck) h.length = 100;  // error text
     if (type == FrameType::kGoodbye) h.length = 0;
-    if (type == FrameType::kReadRequest) h.length = 3 * kReadPieceSize;  // a list of 3 pieces
+    if (type == FrameType::kReadRequest) h.length = 3 * kPieceSize;  // a list of 3 pieces
     if (type == FrameType::kReadData) h.offset = 3;                      // answers 3 pieces
+    if (type == FrameType::kWriteData) {                                 // 3 pieces, then 100 bytes
+      h.offset = 3;
+      h.length = 3 * kPieceSize + 100;
+    }
     auto raw = encode(h);
     FrameHeader out;
     ASSERT_TRUE(parse_frame_header(raw.data(), &out).is_ok()) << static_cast<int>(type);
@@ -105,25 +109,34 @@ TEST(Frame, RejectsUnknownFlags) {
 
 TEST(Frame, RejectsOversizedPayloadBeforeReadingIt) {
   FrameHeader out;
+  // A write frame: the list of 1..kMaxPieces pieces, then at most kMaxDataPayload bytes.
   FrameHeader h = sample(FrameType::kWriteData);
-  h.length = kMaxDataPayload;
+  h.offset = 2;
+  h.length = 2 * kPieceSize + kMaxDataPayload;
   EXPECT_TRUE(parse_frame_header(encode(h).data(), &out).is_ok());
-  h.length = kMaxDataPayload + 1;
-  EXPECT_EQ(parse_frame_header(encode(h).data(), &out).code(), StatusCode::kProtocolError);
-  h.length = UINT64_MAX;
-  EXPECT_EQ(parse_frame_header(encode(h).data(), &out).code(), StatusCode::kProtocolError);
-  // A read request is a list of 1..kMaxReadPieces whole pieces.
-  h = sample(FrameType::kReadRequest);
-  for (uint64_t ok : {kReadPieceSize, kMaxReadPieces * kReadPieceSize}) {
-    h.length = ok;
-    EXPECT_TRUE(parse_frame_header(encode(h).data(), &out).is_ok()) << ok;
-  }
-  for (uint64_t bad : {uint64_t{0}, uint64_t{kReadPieceSize - 1}, uint64_t{kReadPieceSize + 1},
-                       uint64_t{(kMaxReadPieces + 1) * kReadPieceSize}, kMaxDataPayload + 1, UINT64_MAX}) {
+  h.length = 2 * kPieceSize;  // pieces of 0 bytes
+  EXPECT_TRUE(parse_frame_header(encode(h).data(), &out).is_ok());
+  for (uint64_t bad : {2 * kPieceSize + kMaxDataPayload + 1, 2 * kPieceSize - 1, uint64_t{0}, UINT64_MAX}) {
     h.length = bad;
     EXPECT_EQ(parse_frame_header(encode(h).data(), &out).code(), StatusCode::kProtocolError) << bad;
   }
-  // A read answer covers 1..kMaxReadPieces pieces, and carries at most kMaxDataPayload.
+  h.length = 4096;
+  for (uint64_t bad : {uint64_t{0}, uint64_t{kMaxPieces + 1}, UINT64_MAX}) {
+    h.offset = bad;
+    EXPECT_EQ(parse_frame_header(encode(h).data(), &out).code(), StatusCode::kProtocolError) << bad;
+  }
+  // A read request is a list of 1..kMaxPieces whole pieces.
+  h = sample(FrameType::kReadRequest);
+  for (uint64_t ok : {kPieceSize, kMaxPieces * kPieceSize}) {
+    h.length = ok;
+    EXPECT_TRUE(parse_frame_header(encode(h).data(), &out).is_ok()) << ok;
+  }
+  for (uint64_t bad : {uint64_t{0}, uint64_t{kPieceSize - 1}, uint64_t{kPieceSize + 1},
+                       uint64_t{(kMaxPieces + 1) * kPieceSize}, kMaxDataPayload + 1, UINT64_MAX}) {
+    h.length = bad;
+    EXPECT_EQ(parse_frame_header(encode(h).data(), &out).code(), StatusCode::kProtocolError) << bad;
+  }
+  // A read answer covers 1..kMaxPieces pieces, and carries at most kMaxDataPayload.
   h = sample(FrameType::kReadData);
   h.offset = 1;
   h.length = kMaxDataPayload;
@@ -131,7 +144,7 @@ TEST(Frame, RejectsOversizedPayloadBeforeReadingIt) {
   h.length = kMaxDataPayload + 1;
   EXPECT_EQ(parse_frame_header(encode(h).data(), &out).code(), StatusCode::kProtocolError);
   h.length = 8;
-  for (uint64_t bad : {uint64_t{0}, uint64_t{kMaxReadPieces + 1}, UINT64_MAX}) {
+  for (uint64_t bad : {uint64_t{0}, uint64_t{kMaxPieces + 1}, UINT64_MAX}) {
     h.offset = bad;
     EXPECT_EQ(parse_frame_header(encode(h).data(), &out).code(), StatusCode::kProtocolError) << bad;
   }
@@ -155,16 +168,16 @@ TEST(Frame, PayloadSizeByType) {
   EXPECT_EQ(payload_size(h), 0u);
 }
 
-TEST(Frame, ReadPieceRoundTripsLittleEndian) {
-  const ReadPiece p{-3, 0x0102030405060708ull, 0x1122334455667788ull};
-  uint8_t raw[kReadPieceSize];
+TEST(Frame, PieceRoundTripsLittleEndian) {
+  const Piece p{-3, 0x0102030405060708ull, 0x1122334455667788ull};
+  uint8_t raw[kPieceSize];
   std::memset(raw, 0xAA, sizeof raw);
-  encode_read_piece(p, raw);
+  encode_piece(p, raw);
   EXPECT_EQ(raw[0], 0xFD);  // -3, low byte first
   EXPECT_EQ(raw[4], 0);     // reserved
   EXPECT_EQ(raw[8], 0x08);  // offset low byte
   EXPECT_EQ(raw[16], 0x88);  // length low byte
-  const ReadPiece q = parse_read_piece(raw);
+  const Piece q = parse_piece(raw);
   EXPECT_EQ(q.handle, p.handle);
   EXPECT_EQ(q.offset, p.offset);
   EXPECT_EQ(q.length, p.length);

@@ -109,6 +109,17 @@ std::vector<uint8_t> frame(uint8_t type, uint64_t op_id, int32_t handle, uint64_
   return f;
 }
 
+// A write frame (protocol v2) for one piece of `length` bytes at (handle, offset): the
+// header and the piece list; the caller appends the bytes.
+std::vector<uint8_t> write_frame(uint64_t op_id, int32_t handle, uint64_t offset, uint64_t length) {
+  auto f = frame(/*write*/ 1, op_id, 0, /*pieces*/ 1, 24 + length);
+  put(f, uint32_t(handle), 4);
+  put(f, 0, 4);  // reserved
+  put(f, offset, 8);
+  put(f, length, 8);
+  return f;
+}
+
 // Opens a raw connection that completed the hello. Returns the status in the reply.
 int handshake(RawClient& c, uint16_t version = 2 /* kProtocolVersion */, uint64_t sender = 0xabcdef) {
   c.send(hello(version, sender));
@@ -219,7 +230,7 @@ TEST(TcpHostile, OversizedFrameClosesThatConnectionOnly) {
   {
     RawClient c(p.b.port());
     ASSERT_EQ(handshake(c), 0);
-    c.send(frame(/*write*/ 1, 1, 0, 0, uint64_t(1) << 40));  // 1 TiB payload announced
+    c.send(write_frame(1, 0, 0, uint64_t(1) << 40));  // 1 TiB payload announced
     EXPECT_TRUE(c.sees_eof());
   }
   p.connect();
@@ -231,7 +242,7 @@ TEST(TcpHostile, TruncatedFrameThenCloseLeavesEndpointServing) {
   {
     RawClient c(p.b.port());
     ASSERT_EQ(handshake(c), 0);
-    auto f = frame(1, 1, 0, 0, 16);
+    auto f = write_frame(1, 0, 0, 16);
     f.resize(20);
     c.send(f);
     c.finish_sending();
@@ -248,7 +259,7 @@ TEST(TcpHostile, OutOfRangeWriteIsRejectedAndTheConnectionKeepsWorking) {
   RawClient c(p.b.port());
   ASSERT_EQ(handshake(c), 0);
   // 16 bytes at offset 60 of a 64-byte region: rejected, payload drained, ack says why.
-  auto f = frame(1, 77, h, 60, 16);
+  auto f = write_frame(77, h, 60, 16);
   f.resize(f.size() + 16, 0xee);
   c.send(f);
   auto ack = c.recv(40);
@@ -262,7 +273,7 @@ TEST(TcpHostile, OutOfRangeWriteIsRejectedAndTheConnectionKeepsWorking) {
   EXPECT_EQ(region, std::vector<uint8_t>(64, 0));
 
   // Same connection, a valid write now.
-  auto ok = frame(1, 78, h, 8, 4);
+  auto ok = write_frame(78, h, 8, 4);
   for (uint8_t v : {1, 2, 3, 4}) ok.push_back(v);
   c.send(ok);
   ack = c.recv(40);

@@ -35,15 +35,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(type >= 1 && type <= 7);
   FUZZ_CHECK((h.flags & ~kFlagLast) == 0);
   const uint64_t payload = payload_size(h);
-  FUZZ_CHECK(payload <= kMaxDataPayload);
+  // A write frame's piece list comes on top of its data.
+  FUZZ_CHECK(payload <= kMaxDataPayload + (h.type == FrameType::kWriteData ? kMaxPieces * kPieceSize : 0));
   const bool text = h.type == FrameType::kWriteAck || h.type == FrameType::kSendAck ||
                     (h.type == FrameType::kReadData && h.status != 0);
   if (text) FUZZ_CHECK(payload <= kMaxErrorText);
   if (h.type == FrameType::kReadRequest) {
-    FUZZ_CHECK(payload == h.length && payload > 0 && payload % kReadPieceSize == 0 &&
-               payload <= kMaxReadPieces * kReadPieceSize);
+    FUZZ_CHECK(payload == h.length && payload > 0 && payload % kPieceSize == 0 &&
+               payload <= kMaxPieces * kPieceSize);
   }
-  if (h.type == FrameType::kReadData) FUZZ_CHECK(h.offset >= 1 && h.offset <= kMaxReadPieces);
+  if (h.type == FrameType::kReadData || h.type == FrameType::kWriteData) {
+    FUZZ_CHECK(h.offset >= 1 && h.offset <= kMaxPieces);
+  }
+  if (h.type == FrameType::kWriteData) {
+    FUZZ_CHECK(payload >= h.offset * kPieceSize && payload - h.offset * kPieceSize <= kMaxDataPayload);
+  }
   if (h.type == FrameType::kGoodbye) FUZZ_CHECK(payload == 0);
 
   // Round trip: encoding the parsed header gives back the same 40 bytes.
