@@ -61,6 +61,23 @@ Status LocalRegionTable::resolve(int32_t handle, uint64_t offset, uint64_t lengt
   return Status::ok();
 }
 
+Status LocalRegionTable::resolve(int32_t handle, uint64_t offset, uint64_t length, uintptr_t* out,
+                                 ResolveCache& cache) const {
+  if (!cache.valid || cache.handle != handle) {
+    std::lock_guard lock(mu_);
+    auto it = regions_.find(handle);
+    cache.valid = it != regions_.end();
+    cache.handle = handle;
+    if (cache.valid) {
+      cache.base = it->second.addr;
+      cache.length = it->second.length;
+    }
+  }
+  if (!cache.valid || !range_within(cache.length, offset, length)) return resolve(handle, offset, length, out);
+  *out = static_cast<uintptr_t>(cache.base + offset);
+  return Status::ok();
+}
+
 std::optional<int32_t> LocalRegionTable::find(const std::string& name) const {
   std::lock_guard lock(mu_);
   auto it = by_name_.find(name);
@@ -126,6 +143,23 @@ Status RemoteRegionTable::resolve(int32_t handle, uint64_t offset, uint64_t leng
                                              offset, offset, length, r.name, handle, r.length));
   }
   *peer_handle = r.peer_handle;
+  return Status::ok();
+}
+
+Status RemoteRegionTable::resolve(int32_t handle, uint64_t offset, uint64_t length, int32_t* peer_handle,
+                                  ResolveCache& cache) const {
+  if (!cache.valid || cache.handle != handle) {
+    std::lock_guard lock(mu_);
+    auto it = regions_.find(handle);
+    cache.valid = it != regions_.end();
+    cache.handle = handle;
+    if (cache.valid) {
+      cache.base = static_cast<uint64_t>(static_cast<uint32_t>(it->second.peer_handle));
+      cache.length = it->second.length;
+    }
+  }
+  if (!cache.valid || !range_within(cache.length, offset, length)) return resolve(handle, offset, length, peer_handle);
+  *peer_handle = static_cast<int32_t>(static_cast<uint32_t>(cache.base));
   return Status::ok();
 }
 

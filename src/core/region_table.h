@@ -18,6 +18,16 @@ constexpr bool range_within(uint64_t size, uint64_t offset, uint64_t length) noe
   return offset <= size && length <= size - offset;
 }
 
+// The last region a batch resolved against (see the resolve overloads below): the items
+// of a batch mostly name the same one or two regions, so with this they take no lock and
+// no lookup each. Use one cache per table and per batch.
+struct ResolveCache {
+  int32_t handle = 0;
+  bool valid = false;
+  uint64_t base = 0;    // local: the region's address; remote: the owner's handle
+  uint64_t length = 0;
+};
+
 struct LocalRegion {
   std::string name;
   uintptr_t addr = 0;  // already includes the registration offset
@@ -38,6 +48,7 @@ class LocalRegionTable {
 
   // On success stores the address of byte `offset` of region `handle`.
   Status resolve(int32_t handle, uint64_t offset, uint64_t length, uintptr_t* out) const;
+  Status resolve(int32_t handle, uint64_t offset, uint64_t length, uintptr_t* out, ResolveCache& cache) const;
   std::optional<int32_t> find(const std::string& name) const;
   size_t size() const;
 
@@ -70,6 +81,7 @@ class RemoteRegionTable {
   // The owner's handle for [offset, offset+length) of region `handle` (no copy of the
   // entry: this runs once per item of every batch).
   Status resolve(int32_t handle, uint64_t offset, uint64_t length, int32_t* peer_handle) const;
+  Status resolve(int32_t handle, uint64_t offset, uint64_t length, int32_t* peer_handle, ResolveCache& cache) const;
   std::optional<int32_t> find(const std::string& name) const;
   void clear();
 

@@ -95,10 +95,11 @@ void TcpEndpointImpl::on_prefix(TcpConnection& conn, const FrameHeader& h, std::
   segments.clear();
   uint64_t total = 0;
   Status st = Status::ok();
+  ResolveCache cache;
   for (size_t i = 0; i < count && st; ++i) {
     const tcp::Piece p = tcp::parse_piece(reinterpret_cast<const uint8_t*>(list.data()) + i * tcp::kPieceSize);
     uintptr_t addr = 0;
-    if (Status r = local_regions->resolve(p.handle, p.offset, p.length, &addr); !r) {
+    if (Status r = local_regions->resolve(p.handle, p.offset, p.length, &addr, cache); !r) {
       st = Status(r.code(), fmt::format("piece {}: {}", uint64_t{h.index} + i, r.message()));
     } else if (p.length > data - total) {
       st = Status::protocol_error(
@@ -204,11 +205,12 @@ void TcpEndpointImpl::answer_read(TcpConnection& conn, const FrameHeader& h, std
   read_scratch_.clear();
   uint64_t total = 0;
   Status st = Status::ok();
+  ResolveCache cache;
   for (size_t i = 0; i < count && st; ++i) {
     const tcp::Piece p =
         tcp::parse_piece(reinterpret_cast<const uint8_t*>(list.data()) + i * tcp::kPieceSize);
     uintptr_t addr = 0;
-    if (Status r = local_regions->resolve(p.handle, p.offset, p.length, &addr); !r) {
+    if (Status r = local_regions->resolve(p.handle, p.offset, p.length, &addr, cache); !r) {
       st = Status(r.code(), fmt::format("piece {}: {}", i, r.message()));
     } else if (p.length > tcp::kMaxDataPayload - total) {
       st = Status(StatusCode::kBatchOverflow,

@@ -117,12 +117,13 @@ std::shared_ptr<TcpEndpointImpl::Submission> TcpEndpointImpl::prepare_one_sided(
   std::vector<Piece> pieces;
   pieces.reserve(items.size());
   uint64_t total = 0;
+  ResolveCache local_cache, remote_cache;
   for (size_t i = 0; i < items.size(); ++i) {
     const Assignment& a = items[i];
     uintptr_t local = 0;
     int32_t peer_handle = -1;
-    Status st = local_regions->resolve(a.local_handle, a.source_offset, a.length, &local);
-    if (st) st = remote_regions.resolve(a.remote_handle, a.target_offset, a.length, &peer_handle);
+    Status st = local_regions->resolve(a.local_handle, a.source_offset, a.length, &local, local_cache);
+    if (st) st = remote_regions.resolve(a.remote_handle, a.target_offset, a.length, &peer_handle, remote_cache);
     if (!st) {
       *error = Status(st.code(), fmt::format("{} item {}: {}", op_kind_name(req.kind), i, st.message()));
       return nullptr;

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -100,4 +101,44 @@ TEST(RemoteRegionTable, AddResolveAndValidate) {
   EXPECT_THROW(t.add("bad", {{"handle", -1}, {"length", 1}}), InvalidArgumentError);
   EXPECT_THROW(t.add("bad", {{"handle", 1}, {"length", -5}}), InvalidArgumentError);
   EXPECT_THROW(t.add("bad", nlohmann::json::array()), InvalidArgumentError);
+}
+
+TEST(LocalRegionTable, CachedResolveMatchesUncached) {
+  LocalRegionTable t;
+  std::vector<uint8_t> a(128), b(64);
+  const int32_t ha = t.add("a", reinterpret_cast<uintptr_t>(a.data()), 0, a.size());
+  const int32_t hb = t.add("b", reinterpret_cast<uintptr_t>(b.data()), 16, 48);
+  ResolveCache cache;
+  uintptr_t got = 0, want = 0;
+  // Switching between regions, and back: each answer is the uncached one.
+  for (auto [h, off, len] : {std::tuple{ha, 0, 128}, std::tuple{hb, 8, 40}, std::tuple{ha, 100, 28},
+                             std::tuple{ha, 128, 0}, std::tuple{hb, 48, 0}}) {
+    ASSERT_TRUE(t.resolve(h, off, len, &got, cache).is_ok()) << h << " " << off;
+    ASSERT_TRUE(t.resolve(h, off, len, &want).is_ok());
+    EXPECT_EQ(got, want);
+  }
+  // Errors come with the same code and message, and do not poison the cache.
+  const Status oob = t.resolve(ha, 120, 9, &got, cache);
+  EXPECT_EQ(oob.code(), StatusCode::kOutOfBounds);
+  EXPECT_EQ(oob.message(), t.resolve(ha, 120, 9, &want).message());
+  EXPECT_EQ(t.resolve(ha + 100, 0, 1, &got, cache).code(), StatusCode::kUnknownHandle);
+  EXPECT_EQ(t.resolve(hb, UINT64_MAX, 2, &got, cache).code(), StatusCode::kOutOfBounds);
+  ASSERT_TRUE(t.resolve(hb, 0, 1, &got, cache).is_ok());
+  EXPECT_EQ(got, reinterpret_cast<uintptr_t>(b.data()) + 16);
+}
+
+TEST(RemoteRegionTable, CachedResolveMatchesUncached) {
+  RemoteRegionTable t;
+  const int32_t h1 = t.add("x", {{"handle", 5}, {"length", 100}});
+  const int32_t h2 = t.add("y", {{"handle", 9}, {"length", 10}});
+  ResolveCache cache;
+  int32_t peer = -1;
+  ASSERT_TRUE(t.resolve(h1, 0, 100, &peer, cache).is_ok());
+  EXPECT_EQ(peer, 5);
+  ASSERT_TRUE(t.resolve(h2, 9, 1, &peer, cache).is_ok());
+  EXPECT_EQ(peer, 9);
+  EXPECT_EQ(t.resolve(h2, 9, 2, &peer, cache).code(), StatusCode::kOutOfBounds);
+  EXPECT_EQ(t.resolve(h2 + 50, 0, 1, &peer, cache).code(), StatusCode::kUnknownHandle);
+  ASSERT_TRUE(t.resolve(h1, 99, 1, &peer, cache).is_ok());
+  EXPECT_EQ(peer, 5);
 }
