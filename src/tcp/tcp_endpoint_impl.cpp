@@ -267,8 +267,8 @@ void TcpEndpointImpl::connect(const nlohmann::json& peer_info) {
 // ---------------------------------------------------------------------------------------
 // I/O thread: starting ops, deadlines, failure
 
-void TcpEndpointImpl::start_op(std::shared_ptr<Submission> sub) {
-  auto& state = sub->op.state;
+void TcpEndpointImpl::start_op(Submission& sub) {
+  auto& state = sub.op.state;
   if (shut_down_) {
     state->complete(Status::cancelled("the endpoint is shut down"));
     return;
@@ -286,13 +286,13 @@ void TcpEndpointImpl::start_op(std::shared_ptr<Submission> sub) {
                            fmt::format("{} ops already in flight (max_inflight_ops)", pending_.size())));
     return;
   }
-  if (sub->items.empty()) {  // only zero-length items
+  if (sub.items.empty()) {  // only zero-length items
     state->complete(Status::ok());
     return;
   }
-  const bool has_deadline = sub->op.deadline != Clock::time_point::max();
-  pending_.emplace(sub->op_id, std::move(sub->op));
-  for (auto& [lane, item] : sub->items) dialed_[lane % dialed_.size()]->send(std::move(item));
+  const bool has_deadline = sub.op.deadline != Clock::time_point::max();
+  pending_.emplace(sub.op_id, std::move(sub.op));
+  for (auto& [lane, item] : sub.items) dialed_[lane % dialed_.size()]->send(std::move(item));
   if (has_deadline) arm_sweeper();
 }
 

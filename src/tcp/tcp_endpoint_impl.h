@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <variant>
 #include <vector>
 
 #include <asio/io_context.hpp>
@@ -82,11 +83,8 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
     uint64_t local_id = 0;
     Clock::time_point deadline = Clock::time_point::max();
   };
-  // A submitted op (op set) or recv on its way to the I/O thread.
-  struct Handoff {
-    std::shared_ptr<Submission> op;
-    PostedRecv recv;
-  };
+  // A submitted op or recv on its way to the I/O thread (by value: no allocation of its own).
+  using Handoff = std::variant<Submission, PostedRecv>;
   // A message from the peer, matched to a posted recv or held until one is posted.
   struct InboundMessage {
     uint64_t op_id = 0;  // the sender's op id, echoed in its ack
@@ -107,11 +105,12 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
   };
 
   Future fail_now(OpKind kind, Status status) const;
-  std::shared_ptr<Submission> prepare_one_sided(const OpRequest& req, uint64_t op_id, Status* error);
-  std::shared_ptr<Submission> prepare_send(const OpRequest& req, uint64_t op_id);
+  // False (and *error) if the op is invalid.
+  bool prepare_one_sided(const OpRequest& req, uint64_t op_id, Submission& sub, Status* error);
+  void prepare_send(const OpRequest& req, uint64_t op_id, Submission& sub);
   void hand_off(Handoff h);
   void drain_handoffs();
-  void start_op(std::shared_ptr<Submission> sub);
+  void start_op(Submission& sub);
   void post_recv(PostedRecv recv);
   tcp::RxAction on_message_header(tcp::TcpConnection& conn, const tcp::FrameHeader& h, tcp::PayloadSink& sink);
   void attach(InboundMessage& msg, PostedRecv recv);

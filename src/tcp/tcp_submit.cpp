@@ -55,19 +55,17 @@ Future TcpEndpointImpl::submit(OpRequest req) {
     recv.local_id = op_id;
     recv.deadline = deadline_after(options_.recv_timeout);
     Future f(recv.state);
-    hand_off({nullptr, std::move(recv)});
+    hand_off(std::move(recv));
     return f;
   }
-  std::shared_ptr<Submission> sub;
+  Submission sub;
   if (req.kind == OpKind::kSend) {
-    sub = prepare_send(req, op_id);
-  } else {
-    Status error;
-    sub = prepare_one_sided(req, op_id, &error);
-    if (!sub) return fail_now(req.kind, std::move(error));
+    prepare_send(req, op_id, sub);
+  } else if (Status error; !prepare_one_sided(req, op_id, sub, &error)) {
+    return fail_now(req.kind, std::move(error));
   }
-  Future f(sub->op.state);
-  hand_off({std::move(sub), {}});
+  Future f(sub.op.state);
+  hand_off(std::move(sub));
   return f;
 }
 
@@ -89,22 +87,21 @@ void TcpEndpointImpl::drain_handoffs() {
   // In submission order. A continuation run from here may submit again: that lands in
   // handoffs_ and posts its own drain.
   for (Handoff& h : draining_) {
-    if (h.op) {
-      start_op(std::move(h.op));
+    if (auto* sub = std::get_if<Submission>(&h)) {
+      start_op(*sub);
     } else {
-      post_recv(std::move(h.recv));
+      post_recv(std::move(std::get<PostedRecv>(h)));
     }
   }
   draining_.clear();
 }
 
-std::shared_ptr<TcpEndpointImpl::Submission> TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id,
-                                                                                Status* error) {
+bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Submission& sub, Status* error) {
   const auto& items = req.assignments;
   if (items.size() > options_.max_batch_items) {
     *error = Status(StatusCode::kBatchOverflow, fmt::format("batch of {} items exceeds max_batch_items ({})",
                                                             items.size(), options_.max_batch_items));
-    return nullptr;
+    return false;
   }
   const bool is_read = req.kind == OpKind::kRead;
   struct Piece {
@@ -126,7 +123,7 @@ std::shared_ptr<TcpEndpointImpl::Submission> TcpEndpointImpl::prepare_one_sided(
     if (st) st = remote_regions.resolve(a.remote_handle, a.target_offset, a.length, &peer_handle, remote_cache);
     if (!st) {
       *error = Status(st.code(), fmt::format("{} item {}: {}", op_kind_name(req.kind), i, st.message()));
-      return nullptr;
+      return false;
     }
     for (uint64_t done = 0; done < a.length; done += options_.chunk_size) {
       const uint64_t n = std::min(options_.chunk_size, a.length - done);
@@ -154,10 +151,9 @@ std::shared_ptr<TcpEndpointImpl::Submission> TcpEndpointImpl::prepare_one_sided(
     ++pieces_on[lane];
   }
 
-  auto sub = std::make_shared<Submission>();
-  sub->op_id = op_id;
-  sub->op.deadline = deadline_after(options_.op_timeout);
-  if (is_read) sub->op.reads.reserve(pieces.size());
+  sub.op_id = op_id;
+  sub.op.deadline = deadline_after(options_.op_timeout);
+  if (is_read) sub.op.reads.reserve(pieces.size());
   uint32_t lanes_used = 0;
   uint32_t next_index = 0;
   std::vector<const Piece*> run;
@@ -165,8 +161,8 @@ std::shared_ptr<TcpEndpointImpl::Submission> TcpEndpointImpl::prepare_one_sided(
   for (uint16_t lane = 0; lane < lanes; ++lane) {
     if (pieces_on[lane] == 0) continue;
     ++lanes_used;
-    sub->items.emplace_back(lane, WriteItem(op_id));
-    WriteItem& item = sub->items.back().second;
+    sub.items.emplace_back(lane, WriteItem(op_id));
+    WriteItem& item = sub.items.back().second;
     const uint64_t data = load[lane] - pieces_on[lane] * tcp::kFrameHeaderSize;
     item.reserve(pieces_on[lane], pieces_on[lane] * tcp::kPieceSize + (is_read ? 0 : data));
     // Each run of the lane's pieces (at most kMaxPieces and chunk_size bytes, or one
@@ -195,7 +191,7 @@ std::shared_ptr<TcpEndpointImpl::Submission> TcpEndpointImpl::prepare_one_sided(
       }
       for (const Piece* p : run) {
         if (is_read) {
-          sub->op.reads.push_back({p->local, p->length});
+          sub.op.reads.push_back({p->local, p->length});
         } else {
           item.add_payload(p->local, p->length);
         }
@@ -214,16 +210,15 @@ std::shared_ptr<TcpEndpointImpl::Submission> TcpEndpointImpl::prepare_one_sided(
   }
   // Parts: one acknowledgement per lane for a write. A read completes once, when the
   // I/O thread has counted an answer for every piece (reads_left).
-  sub->op.reads_left = is_read ? static_cast<uint32_t>(pieces.size()) : 0;
-  sub->op.state = std::make_shared<OpState>(req.kind, is_read ? 1 : lanes_used);
-  return sub;
+  sub.op.reads_left = is_read ? static_cast<uint32_t>(pieces.size()) : 0;
+  sub.op.state = std::make_shared<OpState>(req.kind, is_read ? 1 : lanes_used);
+  return true;
 }
 
-std::shared_ptr<TcpEndpointImpl::Submission> TcpEndpointImpl::prepare_send(const OpRequest& req, uint64_t op_id) {
-  auto sub = std::make_shared<Submission>();
-  sub->op_id = op_id;
-  sub->op.deadline = deadline_after(options_.op_timeout);
-  sub->op.state = std::make_shared<OpState>(OpKind::kSend);
+void TcpEndpointImpl::prepare_send(const OpRequest& req, uint64_t op_id, Submission& sub) {
+  sub.op_id = op_id;
+  sub.op.deadline = deadline_after(options_.op_timeout);
+  sub.op.state = std::make_shared<OpState>(OpKind::kSend);
   WriteItem item(op_id);
   const auto* data = reinterpret_cast<const uint8_t*>(req.chunk.addr + req.chunk.offset);
   const uint64_t length = req.chunk.length;
@@ -241,8 +236,7 @@ std::shared_ptr<TcpEndpointImpl::Submission> TcpEndpointImpl::prepare_send(const
     pos += n;
   } while (pos < length);
   // Messages always travel on lane 0, so they arrive in the order they were sent.
-  sub->items.emplace_back(0, std::move(item));
-  return sub;
+  sub.items.emplace_back(0, std::move(item));
 }
 
 }  // namespace dlslime
