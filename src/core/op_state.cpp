@@ -1,8 +1,34 @@
 #include "core/op_state.h"
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <ctime>
 #include <utility>
 
 namespace dlslime {
+
+namespace {
+
+uint32_t* futex_word(const std::atomic<uint32_t>& a) {
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
+  return reinterpret_cast<uint32_t*>(const_cast<std::atomic<uint32_t>*>(&a));
+}
+
+// Sleeps while *word == expected, at most `timeout` (nullptr: no limit). Spurious and
+// early returns are fine: the caller re-checks.
+void futex_wait(const std::atomic<uint32_t>& word, uint32_t expected, const timespec* timeout) {
+  (void)syscall(SYS_futex, futex_word(word), FUTEX_WAIT_PRIVATE, expected, timeout, nullptr, 0);
+}
+
+void futex_wake_all(const std::atomic<uint32_t>& word) {
+  (void)syscall(SYS_futex, futex_word(word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+}
+
+}  // namespace
 
 void OpState::record_error(const Status& status) {
   std::lock_guard lock(mu_);
@@ -25,33 +51,54 @@ bool OpState::complete(Status status, uint64_t nbytes) {
   std::function<void(const OpState&)> continuation;
   {
     std::lock_guard lock(mu_);
-    if (done_.load(std::memory_order_relaxed)) return false;
+    if (done_.load(std::memory_order_relaxed) != 0) return false;
     status_ = std::move(status);
     nbytes_.fetch_add(nbytes, std::memory_order_relaxed);
-    done_.store(true, std::memory_order_release);
+    // seq_cst, as is the waiter's increment of waiters_ before it re-checks done_: either
+    // this load sees the waiter, or the waiter sees done_ (and the futex refuses to sleep).
+    done_.store(1, std::memory_order_seq_cst);
     continuation = std::move(continuation_);
   }
-  cv_.notify_all();
+  if (waiters_.load(std::memory_order_seq_cst) > 0) futex_wake_all(done_);
   if (continuation) continuation(*this);
   return true;
 }
 
+bool OpState::block(const std::chrono::steady_clock::time_point* deadline) const {
+  waiters_.fetch_add(1, std::memory_order_seq_cst);
+  while (done_.load(std::memory_order_seq_cst) == 0) {
+    if (deadline == nullptr) {
+      futex_wait(done_, 0, nullptr);
+      continue;
+    }
+    const auto left = *deadline - std::chrono::steady_clock::now();
+    if (left <= std::chrono::steady_clock::duration::zero()) break;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+    const timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+    futex_wait(done_, 0, &ts);
+  }
+  waiters_.fetch_sub(1, std::memory_order_relaxed);
+  return done();
+}
+
 void OpState::wait() const {
-  if (done()) return;
-  std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return done_.load(std::memory_order_relaxed); });
+  if (!done()) block(nullptr);
 }
 
 bool OpState::wait_for(std::chrono::nanoseconds timeout) const {
   if (done()) return true;
-  std::unique_lock lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] { return done_.load(std::memory_order_relaxed); });
+  if (timeout <= std::chrono::nanoseconds::zero()) return false;
+  const auto now = std::chrono::steady_clock::now();
+  // Far-future timeouts (Python's None becomes a huge value) must not overflow.
+  if (timeout >= std::chrono::steady_clock::time_point::max() - now) return block(nullptr);
+  const auto deadline = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout);
+  return block(&deadline);
 }
 
 void OpState::on_complete(std::function<void(const OpState&)> fn) {
   {
     std::lock_guard lock(mu_);
-    if (!done_.load(std::memory_order_relaxed)) {
+    if (done_.load(std::memory_order_relaxed) == 0) {
       continuation_ = std::move(fn);
       return;
     }

@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -12,9 +11,9 @@
 
 namespace dlslime {
 
-// The completion object behind every Future (UCX/MORI pattern): an atomic done flag, a
-// sticky first error, a condition variable for deadline waits and an optional
-// continuation. An op may be split into parts (lanes, chunks); it completes when the last
+// The completion object behind every Future (UCX/MORI pattern): an atomic done flag that
+// waiters block on (a futex: no condition variable to build and tear down per op, and no
+// wake-up syscall when nobody waits), a sticky first error and an optional continuation. An op may be split into parts (lanes, chunks); it completes when the last
 // part finishes, with the first error any part reported.
 //
 // Ownership: the Future handles and the transport's pending-op table share it. The
@@ -34,7 +33,7 @@ class OpState {
   // shutdown). First completion wins; returns true if this call completed it.
   bool complete(Status status, uint64_t nbytes = 0);
 
-  bool done() const noexcept { return done_.load(std::memory_order_acquire); }
+  bool done() const noexcept { return done_.load(std::memory_order_acquire) != 0; }
   void wait() const;
   bool wait_for(std::chrono::nanoseconds timeout) const;
 
@@ -47,13 +46,15 @@ class OpState {
 
  private:
   void record_error(const Status& status);
+  // Blocks until done or `deadline` (nullptr: none).
+  bool block(const std::chrono::steady_clock::time_point* deadline) const;
 
   const OpKind kind_;
   std::atomic<uint32_t> parts_left_;
-  std::atomic<bool> done_{false};
+  std::atomic<uint32_t> done_{0};             // 0 -> 1 once; the futex word waiters sleep on
+  mutable std::atomic<uint32_t> waiters_{0};  // threads in block(): complete() wakes only if > 0
   std::atomic<uint64_t> nbytes_{0};
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
+  mutable std::mutex mu_;  // first_error_, status_ and continuation_; never held while waiting
   Status first_error_;  // guarded by mu_
   Status status_;       // written once under mu_ before done_ is released
   std::function<void(const OpState&)> continuation_;
