@@ -105,6 +105,9 @@ Run parameters (the initiator sends them to the target):
   --chunk-size N             TCP striping unit (default: library default)
   --contiguous               items back to back in the buffer
   --strided                  items in separate slots with a guard gap (default)
+  --one-slot                 every item moves the first slot onto the first slot: a
+                             cache-resident working set, like iperf3's one reused buffer
+                             (for comparisons; implies --no-verify; write and read only)
   --no-verify                do not check the transferred bytes
   --timeout SECONDS          deadline for every wait (default 300)
 
@@ -177,6 +180,9 @@ BenchConfig parse_command_line(int argc, char** argv, bool* help) {
     } else if (arg == "--strided") {
       flag();
       c.contiguous = false;
+    } else if (arg == "--one-slot") {
+      flag();
+      c.one_slot = true;
     } else if (arg == "--no-verify") {
       flag();
       c.verify = false;
@@ -224,6 +230,11 @@ BenchConfig parse_command_line(int argc, char** argv, bool* help) {
     }
   }
   if (!sizes_given) c.sizes = parse_sizes("8..1048576");
+  if (c.one_slot) {
+    if (c.op == Op::kSend) throw UsageError("--one-slot applies to --op write and read, not send");
+    if (c.inject_corruption) throw UsageError("--one-slot cannot verify, so it cannot take --inject-corruption");
+    c.verify = false;  // every item lands on the same bytes
+  }
   if (c.control_fd >= 0 && c.role == Role::kLoopbackPair) {
     throw UsageError("--control-fd is internal to the loopback pair and needs --role");
   }
@@ -239,6 +250,11 @@ BenchConfig parse_command_line(int argc, char** argv, bool* help) {
   return c;
 }
 
+std::string layout_name(const BenchConfig& c) {
+  if (c.one_slot) return "one-slot";
+  return c.contiguous ? "contiguous" : "strided";
+}
+
 nlohmann::json run_params_to_json(const BenchConfig& c) {
   nlohmann::json j = {{"transport", c.transport},
                       {"op", op_name(c.op)},
@@ -246,7 +262,7 @@ nlohmann::json run_params_to_json(const BenchConfig& c) {
                       {"batch", c.batch},
                       {"iters", c.iters},
                       {"warmup", c.warmup},
-                      {"layout", c.contiguous ? "contiguous" : "strided"},
+                      {"layout", layout_name(c)},
                       {"verify", c.verify},
                       {"inject_corruption", c.inject_corruption},
                       {"timeout_s", c.timeout_s},
@@ -264,7 +280,9 @@ void apply_run_params(const nlohmann::json& j, BenchConfig* c) {
     c->batch = j.at("batch").get<uint32_t>();
     c->iters = j.at("iters").get<uint32_t>();
     c->warmup = j.at("warmup").get<uint32_t>();
-    c->contiguous = j.at("layout").get<std::string>() == "contiguous";
+    const auto layout = j.at("layout").get<std::string>();
+    c->contiguous = layout == "contiguous";
+    c->one_slot = layout == "one-slot";
     c->verify = j.at("verify").get<bool>();
     c->inject_corruption = j.at("inject_corruption").get<bool>();
     c->timeout_s = j.at("timeout_s").get<double>();

@@ -36,6 +36,10 @@ struct BenchConfig {
   std::optional<uint32_t> lanes;       // unset: TcpOptions default / DLSLIME_TCP_LANES
   std::optional<uint64_t> chunk_size;  // unset: TcpOptions default / DLSLIME_TCP_CHUNK_SIZE
   bool contiguous = false;             // default: strided slots with a guard gap between items
+  // Every item moves the first slot to the first slot: a working set of one item, which
+  // stays in the CPU caches as iperf3's single reused buffer does (a baseline comparison;
+  // the bytes cannot be verified; write and read only).
+  bool one_slot = false;
   bool verify = true;
   bool inject_corruption = false;  // self-test of the checker: corrupt one byte before verifying
   double timeout_s = 300.0;        // deadline for every control-channel wait and every op
@@ -52,6 +56,9 @@ struct BenchConfig {
   Progress progress = Progress::kAuto;
   bool quiet = false;  // no configuration block (the table is still printed)
 };
+
+// "strided", "contiguous" or "one-slot".
+std::string layout_name(const BenchConfig& c);
 
 // Parses argv. Throws UsageError. Sets `help` instead of parsing further on -h/--help.
 BenchConfig parse_command_line(int argc, char** argv, bool* help);

@@ -66,7 +66,7 @@ void Initiator::print_configuration() const {
   out += fmt::format("  initiator: {}:{}\n  target: {}:{}\n", data_.endpoint->host(), data_.endpoint->port(),
                      data_.peer_info.value("host", std::string("?")), data_.peer_info.value("port", 0));
   out += fmt::format("  lanes: {}\n  chunk_size: {} B\n", o.lanes, o.chunk_size);
-  out += fmt::format("  batch: {}\n  layout: {}\n", cfg_.batch, cfg_.contiguous ? "contiguous" : "strided");
+  out += fmt::format("  batch: {}\n  layout: {}\n", cfg_.batch, layout_name(cfg_));
   out += fmt::format("  sizes: {}\n  warmup: {}\n  iters: {}\n", sizes_text(cfg_.sizes), cfg_.warmup, cfg_.iters);
   out += fmt::format("  verify: {}\n  buffer: {:.1f} MiB per process\n\n", cfg_.verify ? "on" : "off",
                      static_cast<double>(data_.buffer->size()) / (1 << 20));
@@ -81,8 +81,8 @@ std::vector<double> Initiator::time_one_sided(const SlotLayout& layout, Progress
   for (uint32_t r = 0; r < layout.rotations; ++r) {
     batches[r].reserve(layout.batch);
     for (uint32_t i = 0; i < layout.batch; ++i) {
-      const uint64_t src = layout.offset(layout.source_slot(i, r));
-      const uint64_t dst = layout.offset(i);
+      const uint64_t src = cfg_.one_slot ? 0 : layout.offset(layout.source_slot(i, r));
+      const uint64_t dst = cfg_.one_slot ? 0 : layout.offset(i);
       // target_offset is the remote offset, source_offset the local one, for read and write.
       batches[r].push_back(Assignment{data_.local_handle, data_.remote_handle, is_write ? dst : src,
                                       is_write ? src : dst, layout.size});
@@ -203,7 +203,7 @@ int Initiator::run() {
   if (!cfg_.quiet) print_configuration();
   const std::string title =
       fmt::format("DLSlime {} Benchmark: {} (lanes {}, {})", cfg_.transport == "tcp" ? "TCP" : cfg_.transport,
-                  op_name(cfg_.op), data_.endpoint->options().lanes, cfg_.contiguous ? "contiguous" : "strided");
+                  op_name(cfg_.op), data_.endpoint->options().lanes, layout_name(cfg_));
   TablePrinter table(title, cfg_.op == Op::kSend);
   ProgressReporter progress(cfg_.progress);
   std::vector<ResultRow> rows;

@@ -75,6 +75,18 @@ def test_bench_contiguous_layout_and_odd_sizes(tmp_path):
     assert [row["msg_size"] for row in doc["rows"]] == [1, 3, 4097]
 
 
+def test_bench_one_slot_layout_runs_unverified_and_refuses_send(tmp_path):
+    out = tmp_path / "one.json"
+    r = run_bench("--op", "read", "--one-slot", *TINY, "--json", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = load_report(out)
+    assert doc["config"]["layout"] == "one-slot"
+    assert doc["config"]["verify"] is False and doc["config"]["verified"] is False
+    assert all(row["avg_bw_gbps"] > 0 for row in doc["rows"])
+    r = run_bench("--op", "send", "--one-slot", *TINY)
+    assert r.returncode == 2 and "--one-slot applies to --op write and read" in r.stderr
+
+
 @pytest.mark.parametrize("op", ["write", "read", "send"])
 def test_bench_detects_corrupted_bytes(tmp_path, op):
     # --inject-corruption flips one received byte before the check: the run must fail.
