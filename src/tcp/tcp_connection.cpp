@@ -18,7 +18,9 @@ namespace dlslime::tcp {
 void WriteItem::add_header(const FrameHeader& h) {
   uint8_t raw[kFrameHeaderSize];
   encode_frame_header(h, raw);
+  const size_t at = bytes_.size();
   add_copy(raw, sizeof raw);
+  tail_header_ = at;
 }
 
 void WriteItem::reserve(size_t frames, uint64_t payload) {
@@ -29,6 +31,7 @@ void WriteItem::reserve(size_t frames, uint64_t payload) {
 
 void WriteItem::add_copy(const void* data, size_t n) {
   if (n == 0) return;
+  tail_header_ = kNoTail;
   const size_t offset = bytes_.size();
   bytes_.insert(bytes_.end(), static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + n);
   if (!segments_.empty() && segments_.back().external == nullptr) {
@@ -42,6 +45,7 @@ void WriteItem::add_payload(const void* data, size_t n) {
   if (n <= kInlinePayloadMax) {
     add_copy(data, n);
   } else {
+    tail_header_ = kNoTail;
     segments_.push_back({static_cast<const uint8_t*>(data), 0, n});
   }
 }

@@ -33,6 +33,11 @@ class WriteItem {
   // allocates once instead of regrowing (and re-copying) its buffers.
   void reserve(size_t frames, uint64_t payload);
   void add_header(const FrameHeader& h);
+  // Overwrites the header added last with `h`, if nothing was added after it and
+  // `replaceable(old header)` holds (a cumulative acknowledgement superseding the previous
+  // one). Returns false, changing nothing, otherwise.
+  template <class Pred>
+  bool replace_tail_header(const FrameHeader& h, Pred&& replaceable);
   void add_payload(const void* data, size_t n);  // inline or by reference, by size
   void add_copy(const void* data, size_t n);
   uint64_t op_id() const { return op_id_; }
@@ -46,10 +51,21 @@ class WriteItem {
     size_t offset;
     size_t size;
   };
+  static constexpr size_t kNoTail = SIZE_MAX;
   uint64_t op_id_;  // the op whose memory external segments point into (0 = none)
+  size_t tail_header_ = kNoTail;  // offset in bytes_ of the last header, if nothing followed it
   std::vector<uint8_t> bytes_;
   std::vector<Segment> segments_;
 };
+
+template <class Pred>
+bool WriteItem::replace_tail_header(const FrameHeader& h, Pred&& replaceable) {
+  if (tail_header_ == kNoTail) return false;
+  FrameHeader old;
+  if (!parse_frame_header(bytes_.data() + tail_header_, &old) || !replaceable(old)) return false;
+  encode_frame_header(h, bytes_.data() + tail_header_);
+  return true;
+}
 
 // A destination range in local memory.
 struct PayloadSegment {

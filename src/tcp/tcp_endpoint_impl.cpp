@@ -291,8 +291,14 @@ void TcpEndpointImpl::start_op(Submission& sub) {
     return;
   }
   const bool has_deadline = sub.op.deadline != Clock::time_point::max();
+  const bool is_send = state->kind() == OpKind::kSend;
   pending_.emplace(sub.op_id, std::move(sub.op));
   for (auto& [lane, item] : sub.items) dialed_[lane % dialed_.size()]->send(std::move(item));
+  if (is_send) {
+    sends_.push_back(sub.op_id);
+    // Messages that expired unacknowledged need no acknowledgement any more.
+    while (sends_.size() > options_.max_inflight_ops && !pending_.contains(sends_.front())) sends_.pop_front();
+  }
   if (has_deadline) arm_sweeper();
 }
 
@@ -414,6 +420,7 @@ void TcpEndpointImpl::fail_all(const Status& why) {
   for (auto& c : accepted) c->close_quietly();
   auto pending = std::move(pending_);
   pending_.clear();
+  sends_.clear();
   auto recvs = std::move(recvs_);
   recvs_.clear();
   auto current = std::move(current_msg_);

@@ -118,6 +118,7 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
   void resume_paused();
   void ack(tcp::TcpConnection& conn, tcp::FrameType type, uint64_t op_id, const Status& status);
   void answer_read(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view list);
+  void on_send_ack(const tcp::FrameHeader& h, std::string_view text);
   void complete_op(uint64_t op_id, const Status& status, uint64_t nbytes, bool whole);
   void arm_sweeper();
   void sweep();
@@ -156,6 +157,10 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
   std::vector<std::shared_ptr<tcp::TcpConnection>> accepted_;  // the peer's requests
   std::vector<Handoff> draining_;  // the batch being started (its capacity is reused)
   std::unordered_map<uint64_t, PendingOp> pending_;
+  // Messages sent, in the order they went out on lane 0, until acknowledged (on_send_ack).
+  // Expired ones stay until a later acknowledgement passes them (bounded: start_op drops
+  // expired ones from the front).
+  std::deque<uint64_t> sends_;
   std::deque<PostedRecv> recvs_;
   std::deque<std::shared_ptr<InboundMessage>> unexpected_;
   std::shared_ptr<InboundMessage> current_msg_;  // message whose frames are arriving

@@ -41,8 +41,28 @@ void TcpEndpointImpl::ack(TcpConnection& conn, FrameType type, uint64_t op_id, c
   const std::string_view text = std::string_view(status.message()).substr(0, tcp::kMaxErrorText);
   h.length = text.size();
   WriteItem& item = conn.control();
-  item.add_header(h);
+  // Message acknowledgements are cumulative (see on_send_ack): a successful one that has
+  // not left yet is superseded by the next, so a burst of messages costs one frame.
+  const auto superseded = [](const FrameHeader& old) { return old.type == FrameType::kSendAck && old.status == 0; };
+  if (type != FrameType::kSendAck || !item.replace_tail_header(h, superseded)) item.add_header(h);
   item.add_copy(text.data(), text.size());
+}
+
+void TcpEndpointImpl::on_send_ack(const FrameHeader& h, std::string_view text) {
+  // The receiver acknowledges messages in the order they arrived, and one acknowledgement
+  // stands for its message and every earlier one not acknowledged yet (those arrived
+  // whole and were accepted: a refused one gets its own acknowledgement). sends_ holds the
+  // messages in the order they went out on lane 0.
+  const auto it = std::find(sends_.begin(), sends_.end(), h.op_id);
+  if (it == sends_.end()) return;  // not a message of ours (stray, or dropped long ago)
+  const Status status = h.status == 0 ? Status::ok() : remote_status(h, text);
+  while (!sends_.empty()) {  // a continuation may fail the endpoint (fail_all clears sends_)
+    const uint64_t id = sends_.front();
+    sends_.pop_front();
+    const bool last = id == h.op_id;
+    complete_op(id, last ? status : Status::ok(), 0, true);  // no-op for messages that expired
+    if (last) break;
+  }
 }
 
 RxAction TcpEndpointImpl::on_header(TcpConnection& conn, const FrameHeader& h, PayloadSink& sink) {
@@ -158,9 +178,7 @@ void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const 
       complete_op(h.op_id, st, nbytes, true);
       return;
     }
-    case FrameType::kSendAck:
-      complete_op(h.op_id, h.status == 0 ? Status::ok() : remote_status(h, text), 0, true);
-      return;
+    case FrameType::kSendAck: on_send_ack(h, text); return;
     case FrameType::kSendData: {
       auto msg = current_msg_;
       if (!msg) return;

@@ -198,3 +198,42 @@ TEST(PayloadSink, AdvanceWalksSegmentsAndStopsAtTheEnd) {
   sink.advance(6);  // exactly the end: nothing more is placed
   EXPECT_EQ(sink.dst, nullptr);
 }
+
+TEST(WriteItem, ReplacesOnlyAHeaderThatNothingFollows) {
+  const auto ok_ack = [](const FrameHeader& old) { return old.type == FrameType::kSendAck && old.status == 0; };
+  const auto bytes_of = [](const WriteItem& item) {
+    std::vector<iovec> iov;
+    item.append_buffers(iov);
+    std::vector<uint8_t> out;
+    for (const iovec& v : iov) out.insert(out.end(), static_cast<uint8_t*>(v.iov_base), static_cast<uint8_t*>(v.iov_base) + v.iov_len);
+    return out;
+  };
+  FrameHeader a;
+  a.type = FrameType::kSendAck;
+  a.op_id = 1;
+  a.length = 0;
+  FrameHeader b = a;
+  b.op_id = 2;
+  WriteItem item;
+  EXPECT_FALSE(item.replace_tail_header(b, ok_ack));  // empty
+  item.add_header(a);
+  ASSERT_TRUE(item.replace_tail_header(b, ok_ack));
+  auto raw = bytes_of(item);
+  ASSERT_EQ(raw.size(), kFrameHeaderSize);  // one header: b replaced a
+  FrameHeader out;
+  ASSERT_TRUE(parse_frame_header(raw.data(), &out).is_ok());
+  EXPECT_EQ(out.op_id, 2u);
+  // Not when the predicate refuses (an error acknowledgement stays).
+  FrameHeader err = a;
+  err.op_id = 3;
+  err.status = 404;
+  err.length = 0;
+  item.add_header(err);
+  EXPECT_FALSE(item.replace_tail_header(b, ok_ack));
+  // Not when something followed the header (its payload).
+  item.add_header(a);
+  const uint8_t text[2] = {'h', 'i'};
+  item.add_copy(text, sizeof text);
+  EXPECT_FALSE(item.replace_tail_header(b, ok_ack));
+  EXPECT_EQ(bytes_of(item).size(), 3 * kFrameHeaderSize + 2);
+}

@@ -20,6 +20,7 @@ import os
 import random
 import socket
 import struct
+import threading
 import time
 
 import pytest
@@ -774,6 +775,96 @@ def test_read_list_over_64_MiB_in_all_is_refused_as_a_batch_overflow(server):
     leave(c)
     assert big.bytes() == big_pattern and server.guards_untouched()
     assert server.serves_a_legit_peer()
+
+
+# --- message acknowledgements (the endpoint as sender, a raw receiver) ---------------------
+
+
+class RawReceiver:
+    """A raw peer that accepts the endpoint's lane (a one-lane endpoint dials it), so the
+    test sees the endpoint's message frames and chooses the acknowledgements."""
+
+    ID = 0x5EC0
+
+    def __init__(self):
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(1)
+        self.listener.settimeout(10)
+        self.peer_info = {"host": "127.0.0.1", "port": self.listener.getsockname()[1], "endpoint_id": self.ID,
+                          "mr_info": {}}
+        self.conn = None
+
+    def accept(self):
+        conn, _ = self.listener.accept()
+        conn.settimeout(10)
+        self.conn = Raw.__new__(Raw)
+        self.conn.sock = conn
+        assert self.conn.recv_exact(64)[:8] == b"DLSLIMEH"
+        self.conn.send((b"DLSLIMER" + struct.pack("<HHIQ", 2, 0, 0, self.ID)).ljust(32, b"\0"))
+
+    def message(self):
+        """The next message frame: (op_id, payload)."""
+        h, payload = self.conn.recv_frame()
+        assert h["type"] == SEND_DATA and h["flags"] & LAST
+        return h["op_id"], payload
+
+    def close(self):
+        if self.conn:
+            self.conn.sock.close()
+        self.listener.close()
+
+
+def test_one_message_acknowledgement_covers_the_earlier_ones():
+    """SEND_ACK is cumulative (docs/tcp.md): it completes its message and every earlier one
+    not acknowledged yet; an error acknowledgement fails only its own message."""
+    rx = RawReceiver()
+    ep = TcpEndpoint(ip="127.0.0.1", port=0, lanes=1)
+    try:
+        t = threading.Thread(target=rx.accept, daemon=True)
+        t.start()
+        ep.connect(rx.peer_info)
+        t.join(10)
+        buf = Buffer(64, b"m")
+        sends = [ep.send((buf.addr, i, 4)) for i in range(3)]
+        ids = [rx.message()[0] for _ in range(3)]
+        assert len(set(ids)) == 3
+        # An acknowledgement for a message the endpoint never sent changes nothing.
+        rx.conn.send(frame(SEND_ACK, op_id=max(ids) + 1000))
+        assert all(f.wait_for(0.2) is None for f in sends)
+        # One acknowledgement for the third: all three complete.
+        rx.conn.send(frame(SEND_ACK, op_id=ids[2]))
+        assert [f.wait_for(10) for f in sends] == [OK, OK, OK]
+        # Three more; the receiver refuses the second (status 408, message too large).
+        more = [ep.send((buf.addr, 0, 8)) for _ in range(3)]
+        ids = [rx.message()[0] for _ in range(3)]
+        rx.conn.send(frame(SEND_ACK, op_id=ids[1], status=408, length=8) + b"too big!")
+        assert more[0].wait_for(10) == OK
+        assert more[1].wait_for(10) == 408 and "too big!" in more[1].message
+        assert more[2].wait_for(0.2) is None  # not covered: it came after
+        rx.conn.send(frame(SEND_ACK, op_id=ids[2]))
+        assert more[2].wait_for(10) == OK
+    finally:
+        ep.shutdown()
+        rx.close()
+
+
+def test_messages_are_acknowledged_in_order_and_cumulatively(server):
+    """As receiver, the endpoint acknowledges messages in arrival order; a burst may be
+    answered by fewer acknowledgements, the last naming the last message."""
+    c = paired_raw(server)
+    c.send(b"".join(frame(SEND_DATA, op_id=10 + i, length=3) + b"abc" for i in range(5)))
+    seen = []
+    while not seen or seen[-1] != 14:
+        h, text = c.recv_frame()
+        assert h["type"] == SEND_ACK and h["status"] == OK and text == b""
+        seen.append(h["op_id"])
+    assert seen == sorted(seen) and len(seen) == len(set(seen)) <= 5
+    for _ in range(5):  # the messages were held whole (no recv was posted): all deliverable
+        box = Buffer(8, b"\0")
+        f = server.ep.recv((box.addr, 0, 8))
+        assert f.wait_for(10) == OK and f.nbytes == 3 and box.bytes(0, 3) == b"abc"
+    leave(c)
 
 
 # --- memory stays bounded ----------------------------------------------------------------
