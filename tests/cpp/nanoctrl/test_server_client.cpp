@@ -6,6 +6,7 @@
 #include <memory>
 #include <thread>
 
+#include <httplib.h>
 #include <nlohmann/json.hpp>
 
 #include "dlslime/errors.h"
@@ -30,6 +31,17 @@ bool eventually(F cond, std::chrono::milliseconds limit = 10000ms) {
     std::this_thread::sleep_for(10ms);
   }
   return cond();
+}
+
+// Mailbox receives the server holds blocked right now (its /metrics gauge); -1 if unreadable.
+int64_t blocked_receives(const std::string& url) {
+  httplib::Client http(url);
+  auto res = http.Get("/metrics");
+  if (!res || res->status != 200) return -1;
+  const std::string key = "\nnanoctrl_mailbox_waiters ";
+  const auto at = res->body.find(key);
+  if (at == std::string::npos) return -1;
+  return std::stoll(res->body.substr(at + key.size()));
 }
 
 NanoCtrlConfig config(const std::string& redis_url = "") {
@@ -89,12 +101,8 @@ TEST_P(ServerTest, MailboxDeliversToWaiterPromptly) {
   c.start_peer_agent({{"alias", "rx"}});
   c.start_peer_agent({{"alias", "tx"}});
   auto waiter = std::async(std::launch::async, [&] { return c.recv("rx", 10s, 4); });
-  EXPECT_TRUE(eventually([&] {
-    // the receive is blocked once the server counts it
-    NanoCtrlClient probe(server_->url());
-    return probe.healthz()["status"] == "ok";
-  }));
-  std::this_thread::sleep_for(50ms);
+  // Post only once the server holds the receive: this measures the wake-up of a waiter.
+  ASSERT_TRUE(eventually([&] { return blocked_receives(server_->url()) == 1; }));
   auto sent = std::chrono::steady_clock::now();
   EXPECT_EQ(c.post("rx", {{"hello", 1}}, "tx"), 1u);
   auto got = waiter.get();
