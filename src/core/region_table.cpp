@@ -8,6 +8,29 @@
 
 namespace dlslime {
 
+namespace {
+
+// The cached resolve of both tables: refreshes `cache` when it holds another handle (one
+// lookup under the table's lock) and reports whether [offset, offset+length) lies inside
+// the cached region. On false the caller's uncached resolve produces the error.
+template <class Regions, class BaseOf>
+bool cached_range(ResolveCache& cache, std::mutex& mu, const Regions& regions, int32_t handle, uint64_t offset,
+                  uint64_t length, BaseOf base_of) {
+  if (!cache.valid || cache.handle != handle) {
+    std::lock_guard lock(mu);
+    auto it = regions.find(handle);
+    cache.handle = handle;
+    cache.valid = it != regions.end();
+    if (cache.valid) {
+      cache.base = base_of(it->second);
+      cache.length = it->second.length;
+    }
+  }
+  return cache.valid && range_within(cache.length, offset, length);
+}
+
+}  // namespace
+
 int32_t LocalRegionTable::add(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length) {
   if (name.empty()) throw InvalidArgumentError("memory region name must not be empty");
   if (addr == 0 && length > 0) throw InvalidArgumentError(fmt::format("memory region '{}': address is null", name));
@@ -63,17 +86,9 @@ Status LocalRegionTable::resolve(int32_t handle, uint64_t offset, uint64_t lengt
 
 Status LocalRegionTable::resolve(int32_t handle, uint64_t offset, uint64_t length, uintptr_t* out,
                                  ResolveCache& cache) const {
-  if (!cache.valid || cache.handle != handle) {
-    std::lock_guard lock(mu_);
-    auto it = regions_.find(handle);
-    cache.valid = it != regions_.end();
-    cache.handle = handle;
-    if (cache.valid) {
-      cache.base = it->second.addr;
-      cache.length = it->second.length;
-    }
+  if (!cached_range(cache, mu_, regions_, handle, offset, length, [](const LocalRegion& r) { return r.addr; })) {
+    return resolve(handle, offset, length, out);  // the error, with its message
   }
-  if (!cache.valid || !range_within(cache.length, offset, length)) return resolve(handle, offset, length, out);
   *out = static_cast<uintptr_t>(cache.base + offset);
   return Status::ok();
 }
@@ -148,17 +163,10 @@ Status RemoteRegionTable::resolve(int32_t handle, uint64_t offset, uint64_t leng
 
 Status RemoteRegionTable::resolve(int32_t handle, uint64_t offset, uint64_t length, int32_t* peer_handle,
                                   ResolveCache& cache) const {
-  if (!cache.valid || cache.handle != handle) {
-    std::lock_guard lock(mu_);
-    auto it = regions_.find(handle);
-    cache.valid = it != regions_.end();
-    cache.handle = handle;
-    if (cache.valid) {
-      cache.base = static_cast<uint64_t>(static_cast<uint32_t>(it->second.peer_handle));
-      cache.length = it->second.length;
-    }
+  const auto owner_handle = [](const RemoteRegion& r) { return uint64_t{static_cast<uint32_t>(r.peer_handle)}; };
+  if (!cached_range(cache, mu_, regions_, handle, offset, length, owner_handle)) {
+    return resolve(handle, offset, length, peer_handle);  // the error, with its message
   }
-  if (!cache.valid || !range_within(cache.length, offset, length)) return resolve(handle, offset, length, peer_handle);
   *peer_handle = static_cast<int32_t>(static_cast<uint32_t>(cache.base));
   return Status::ok();
 }

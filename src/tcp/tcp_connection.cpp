@@ -184,7 +184,7 @@ void TcpConnection::schedule_read() {
   // the staging buffer keeps filling while it has room, so a peer that leaves is still
   // noticed (its EOF) instead of holding the pairing until the stall ends.
   const bool stalled = paused_ || answers_full_;
-  if (!stalled && have_header_ && sink_ready_ && sink_.dst) {
+  if (!stalled && have_header_ && sink_ready_ && sink_.dst && remaining_ >= kDirectReadMin) {
     const uint64_t direct = gather_direct();
     if (direct >= kDirectReadMin && direct >= kDirectSegmentMin * direct_bufs_.size()) {
       read_direct(direct);

@@ -118,6 +118,9 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
   void resume_paused();
   void ack(tcp::TcpConnection& conn, tcp::FrameType type, uint64_t op_id, const Status& status);
   void answer_read(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view list);
+  template <class OverLimit>
+  Status resolve_pieces(std::string_view list, uint64_t first, uint64_t limit,
+                        std::vector<tcp::PayloadSegment>& segments, uint64_t* total, OverLimit over_limit) const;
   void on_send_ack(const tcp::FrameHeader& h, std::string_view text);
   void complete_op(uint64_t op_id, const Status& status, uint64_t nbytes, bool whole);
   void arm_sweeper();

@@ -104,31 +104,41 @@ RxAction TcpEndpointImpl::on_header(TcpConnection& conn, const FrameHeader& h, P
   return RxAction::kContinue;
 }
 
+template <class OverLimit>
+Status TcpEndpointImpl::resolve_pieces(std::string_view list, uint64_t first, uint64_t limit,
+                                       std::vector<tcp::PayloadSegment>& segments, uint64_t* total,
+                                       OverLimit over_limit) const {
+  // A piece list from the wire (its size was checked by the parser) resolved against the
+  // local regions: the destinations of its non-empty pieces in order, or the first bad
+  // piece's error (numbered from `first`), or over_limit(i) once they pass `limit` bytes.
+  segments.clear();
+  *total = 0;
+  ResolveCache cache;
+  for (size_t i = 0; i < list.size() / tcp::kPieceSize; ++i) {
+    const tcp::Piece p = tcp::parse_piece(reinterpret_cast<const uint8_t*>(list.data()) + i * tcp::kPieceSize);
+    uintptr_t addr = 0;
+    if (Status r = local_regions->resolve(p.handle, p.offset, p.length, &addr, cache); !r) {
+      return Status(r.code(), fmt::format("piece {}: {}", first + i, r.message()));
+    }
+    if (p.length > limit - *total) return over_limit(i);
+    *total += p.length;
+    if (p.length > 0) segments.push_back({reinterpret_cast<uint8_t*>(addr), p.length});
+  }
+  return Status::ok();
+}
+
 void TcpEndpointImpl::on_prefix(TcpConnection& conn, const FrameHeader& h, std::string_view list,
                                 PayloadSink& sink) {
   // A write frame's piece list arrived; its data follows, the pieces back to back. Either
   // every piece is valid and the data is placed, or none of it is (drained) and the op's
   // acknowledgement reports the first error.
-  const size_t count = list.size() / tcp::kPieceSize;  // h.offset, checked by the parser
-  const uint64_t data = h.length - list.size();
+  const uint64_t data = h.length - list.size();  // the parser checked h.length >= the list
   std::vector<tcp::PayloadSegment>& segments = conn.segments();
-  segments.clear();
   uint64_t total = 0;
-  Status st = Status::ok();
-  ResolveCache cache;
-  for (size_t i = 0; i < count && st; ++i) {
-    const tcp::Piece p = tcp::parse_piece(reinterpret_cast<const uint8_t*>(list.data()) + i * tcp::kPieceSize);
-    uintptr_t addr = 0;
-    if (Status r = local_regions->resolve(p.handle, p.offset, p.length, &addr, cache); !r) {
-      st = Status(r.code(), fmt::format("piece {}: {}", uint64_t{h.index} + i, r.message()));
-    } else if (p.length > data - total) {
-      st = Status::protocol_error(
-          fmt::format("the write frame's pieces add up to more than the {} bytes it carries", data));
-    } else {
-      total += p.length;
-      if (p.length > 0) segments.push_back({reinterpret_cast<uint8_t*>(addr), p.length});
-    }
-  }
+  Status st = resolve_pieces(list, h.index, data, segments, &total, [&](size_t) {
+    return Status::protocol_error(
+        fmt::format("the write frame's pieces add up to more than the {} bytes it carries", data));
+  });
   if (st && total != data) {
     st = Status::protocol_error(
         fmt::format("the write frame's pieces add up to {} bytes, but it carries {}", total, data));
@@ -220,24 +230,11 @@ void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const 
 void TcpEndpointImpl::answer_read(TcpConnection& conn, const FrameHeader& h, std::string_view list) {
   // One answer per request: all pieces' bytes in one frame, or the first piece's error.
   const size_t count = list.size() / tcp::kPieceSize;  // the parser checked the size
-  read_scratch_.clear();
   uint64_t total = 0;
-  Status st = Status::ok();
-  ResolveCache cache;
-  for (size_t i = 0; i < count && st; ++i) {
-    const tcp::Piece p =
-        tcp::parse_piece(reinterpret_cast<const uint8_t*>(list.data()) + i * tcp::kPieceSize);
-    uintptr_t addr = 0;
-    if (Status r = local_regions->resolve(p.handle, p.offset, p.length, &addr, cache); !r) {
-      st = Status(r.code(), fmt::format("piece {}: {}", i, r.message()));
-    } else if (p.length > tcp::kMaxDataPayload - total) {
-      st = Status(StatusCode::kBatchOverflow,
+  const Status st = resolve_pieces(list, 0, tcp::kMaxDataPayload, read_scratch_, &total, [](size_t i) {
+    return Status(StatusCode::kBatchOverflow,
                   fmt::format("the pieces up to {} ask for more than {} bytes in one answer", i, tcp::kMaxDataPayload));
-    } else {
-      total += p.length;
-      read_scratch_.push_back({reinterpret_cast<uint8_t*>(addr), p.length});
-    }
-  }
+  });
   FrameHeader r;
   r.type = FrameType::kReadData;
   r.op_id = h.op_id;
