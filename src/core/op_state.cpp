@@ -7,11 +7,33 @@
 #include <cerrno>
 #include <climits>
 #include <ctime>
+#include <exception>
 #include <utility>
+#include <vector>
+
+#include "core/log.h"
 
 namespace dlslime {
 
 namespace {
+
+struct DeferredContinuation {
+  std::shared_ptr<const OpState> state;
+  std::function<void(const OpState&)> fn;
+};
+thread_local int scope_depth = 0;
+thread_local std::vector<DeferredContinuation> deferred;
+
+void run_continuation(const OpState& state, std::function<void(const OpState&)>& fn) noexcept {
+  try {
+    fn(state);
+  } catch (const std::exception& e) {
+    // A continuation must not take the completing thread (an I/O thread) down.
+    DLSLIME_ERROR("an op continuation threw: {}", e.what());
+  } catch (...) {
+    DLSLIME_ERROR("an op continuation threw a non-standard exception");
+  }
+}
 
 uint32_t* futex_word(const std::atomic<uint32_t>& a) {
   static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
@@ -60,7 +82,9 @@ bool OpState::complete(Status status, uint64_t nbytes) {
     continuation = std::move(continuation_);
   }
   if (waiters_.load(std::memory_order_seq_cst) > 0) futex_wake_all(done_);
-  if (continuation) continuation(*this);
+  if (continuation && !CompletionScope::defer(weak_from_this().lock(), continuation)) {
+    run_continuation(*this, continuation);
+  }
   return true;
 }
 
@@ -103,7 +127,30 @@ void OpState::on_complete(std::function<void(const OpState&)> fn) {
       return;
     }
   }
-  fn(*this);
+  if (!CompletionScope::defer(weak_from_this().lock(), fn)) run_continuation(*this, fn);
+}
+
+CompletionScope::CompletionScope() noexcept { ++scope_depth; }
+
+CompletionScope::~CompletionScope() {
+  if (scope_depth > 1) {
+    --scope_depth;
+    return;
+  }
+  // The outermost scope: run what was deferred, including what those continuations
+  // complete in turn (the scope stays open meanwhile, so they queue behind).
+  while (!deferred.empty()) {
+    std::vector<DeferredContinuation> batch;
+    batch.swap(deferred);
+    for (auto& d : batch) run_continuation(*d.state, d.fn);
+  }
+  --scope_depth;
+}
+
+bool CompletionScope::defer(std::shared_ptr<const OpState> state, std::function<void(const OpState&)>& fn) {
+  if (scope_depth == 0 || !state) return false;  // no scope, or a state not owned by a shared_ptr
+  deferred.push_back({std::move(state), std::move(fn)});
+  return true;
 }
 
 }  // namespace dlslime

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 
 #include "dlslime/endpoint.h"
@@ -18,7 +19,7 @@ namespace dlslime {
 //
 // Ownership: the Future handles and the transport's pending-op table share it. The
 // transport completes it from an I/O thread, never while holding a transport lock.
-class OpState {
+class OpState : public std::enable_shared_from_this<OpState> {
  public:
   explicit OpState(OpKind kind, uint32_t parts = 1) : kind_(kind), parts_left_(parts) {}
 
@@ -41,7 +42,8 @@ class OpState {
   const Status& status() const noexcept { return status_; }
   uint64_t nbytes() const noexcept { return nbytes_.load(std::memory_order_relaxed); }
 
-  // Runs `fn` once the op completes (at once if it already has), on the completing thread.
+  // Runs `fn` once the op completes (at once if it already has), on the completing thread;
+  // inside a CompletionScope, when that scope closes.
   void on_complete(std::function<void(const OpState&)> fn);
 
  private:
@@ -58,6 +60,24 @@ class OpState {
   Status first_error_;  // guarded by mu_
   Status status_;       // written once under mu_ before done_ is released
   std::function<void(const OpState&)> continuation_;
+};
+
+// Continuations of ops completed while a CompletionScope is open on this thread run when
+// the outermost scope closes, not inside complete(): after the code that completed them
+// has finished its bookkeeping, never inside its loop over a table (a continuation may
+// submit, shut the endpoint down or drop the last reference to it). Waiters are still
+// woken at once. The I/O threads open one around every handler (IoRuntime), so every
+// transport gets this without doing anything; code that completes ops on other threads
+// opens its own where it iterates.
+class CompletionScope {
+ public:
+  CompletionScope() noexcept;
+  ~CompletionScope();
+  CompletionScope(const CompletionScope&) = delete;
+  CompletionScope& operator=(const CompletionScope&) = delete;
+
+  // Queues fn(state) if a scope is open on this thread; false (the caller runs it) if not.
+  static bool defer(std::shared_ptr<const OpState> state, std::function<void(const OpState&)>& fn);
 };
 
 }  // namespace dlslime

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/log.h"
+#include "core/op_state.h"
 
 namespace dlslime::tcp {
 
@@ -17,8 +18,12 @@ IoRuntime::IoRuntime(unsigned threads) {
     w->thread = std::thread([w, i] {
       for (;;) {
         try {
-          w->context.run();
-          return;
+          // One handler at a time, each inside a CompletionScope: the continuations of
+          // ops it completes run once it has returned, never inside its bookkeeping.
+          for (;;) {
+            CompletionScope scope;
+            if (w->context.run_one() == 0) return;
+          }
         } catch (const std::exception& e) {
           // A handler must never take the process down; log and keep serving.
           DLSLIME_ERROR("I/O thread {}: unhandled exception in a handler: {}", i, e.what());

@@ -74,10 +74,35 @@ TcpEndpointImpl::TcpEndpointImpl(const std::string& ip, uint16_t port, TcpOption
   advertised_host_ = advertise_host_for(addr, options_, io_);
 }
 
+TcpEndpointImpl::TcpEndpointImpl(asio::io_context& io, TcpOptions options, std::shared_ptr<LocalRegionTable> regions)
+    : local_regions(regions ? std::move(regions) : std::make_shared<LocalRegionTable>()),
+      options_(std::move(options)),
+      io_(io),
+      endpoint_id_(random_id()),
+      sweep_timer_(io_) {
+  options_.validate();
+  listener_ = std::make_shared<tcp::TcpListener>(
+      io_, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0), options_, endpoint_id_);
+  advertised_host_ = "127.0.0.1";
+}
+
 TcpEndpointImpl::~TcpEndpointImpl() = default;
 
+std::shared_ptr<TcpConnection> TcpEndpointImpl::adopt_dialed_for_test(asio::ip::tcp::socket socket,
+                                                                      uint64_t peer_id) {
+  pair_with(peer_id);
+  auto conn = std::make_shared<TcpConnection>(std::move(socket), this, TcpConnection::Role::kDialed,
+                                              static_cast<uint16_t>(dialed_.size()));
+  dialed_.push_back(conn);
+  lanes_up_ = static_cast<uint16_t>(dialed_.size());
+  connected_ = true;
+  conn->start();
+  return conn;
+}
+
 void TcpEndpointImpl::run_on_io(std::function<void()> fn) {
-  if (io_.get_executor().running_in_this_thread()) return fn();
+  // No runtime: the caller drives the io_context itself (tests), so this is its thread.
+  if (!runtime_ || io_.get_executor().running_in_this_thread()) return fn();
   std::packaged_task<void()> task(std::move(fn));
   auto done = task.get_future();
   asio::post(io_, [&task] { task(); });

@@ -36,7 +36,15 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
 
   TcpEndpointImpl(const std::string& ip, uint16_t port, TcpOptions options,
                   std::shared_ptr<LocalRegionTable> regions);
+  // Tests and fuzzers: an endpoint on the caller's io_context, which the caller drives
+  // (poll/run) on its own thread; blocking calls that hop to the I/O thread run inline.
+  // It listens on 127.0.0.1 (port chosen by the OS) once start() is called.
+  TcpEndpointImpl(asio::io_context& io, TcpOptions options, std::shared_ptr<LocalRegionTable> regions);
   ~TcpEndpointImpl() override;
+
+  // Tests and fuzzers, on the I/O thread: adopts `socket` (whose handshake is assumed
+  // done) as the next dialed lane of a connection to peer `peer_id`, as connect() would.
+  std::shared_ptr<tcp::TcpConnection> adopt_dialed_for_test(asio::ip::tcp::socket socket, uint64_t peer_id);
 
   void start();
   nlohmann::json endpoint_info() const;

@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <stdexcept>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "core/op_state.h"
 #include "dlslime/future.h"
@@ -54,4 +57,43 @@ TEST(OpState, ContinuationRunsOnceAfterCompletion) {
   EXPECT_EQ(calls, 1);
   s->on_complete([&](const OpState&) { ++calls; });  // already done: runs at once
   EXPECT_EQ(calls, 2);
+}
+
+// Continuations of ops completed inside a CompletionScope run when the outermost scope
+// closes (after the completing code's bookkeeping), waiters see the completion at once,
+// and continuations that complete further ops have theirs run too.
+TEST(OpState, ContinuationsDeferredToTheOutermostScope) {
+  auto a = std::make_shared<OpState>(OpKind::kWrite);
+  auto b = std::make_shared<OpState>(OpKind::kWrite);
+  std::vector<std::string> order;
+  a->on_complete([&](const OpState&) {
+    order.push_back("a");
+    b->complete(Status::ok());  // completes another op from inside a continuation
+  });
+  b->on_complete([&](const OpState&) { order.push_back("b"); });
+  {
+    CompletionScope outer;
+    {
+      CompletionScope inner;
+      a->complete(Status::ok());
+      EXPECT_TRUE(a->done());  // waiters are not delayed
+    }
+    order.push_back("bookkeeping");
+    EXPECT_EQ(order, std::vector<std::string>{"bookkeeping"});
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"bookkeeping", "a", "b"}));
+}
+
+TEST(OpState, ThrowingContinuationDoesNotEscapeTheScope) {
+  auto s = std::make_shared<OpState>(OpKind::kRecv);
+  int later = 0;
+  s->on_complete([](const OpState&) { throw std::runtime_error("boom"); });
+  auto t = std::make_shared<OpState>(OpKind::kRecv);
+  t->on_complete([&](const OpState&) { ++later; });
+  {
+    CompletionScope scope;
+    s->complete(Status::ok());
+    t->complete(Status::ok());
+  }
+  EXPECT_EQ(later, 1);
 }
