@@ -1,6 +1,11 @@
 #include "core/log.h"
 
+#include <charconv>
 #include <cstdlib>
+#include <cstring>
+#include <system_error>
+
+#include <fmt/format.h>
 
 #include <spdlog/sinks/stdout_sinks.h>
 
@@ -43,6 +48,23 @@ std::shared_ptr<spdlog::logger> make_logger() {
 spdlog::logger& logger() {
   static std::shared_ptr<spdlog::logger> instance = make_logger();
   return *instance;
+}
+
+int64_t env_integer(const char* name, int64_t min, int64_t max, int64_t fallback) {
+  const char* raw = std::getenv(name);
+  if (!raw || !*raw) return fallback;
+  const char* end = raw + std::strlen(raw);
+  int64_t value = 0;
+  const auto [ptr, ec] = std::from_chars(raw, end, value);
+  if (ec == std::errc::result_out_of_range || (ec == std::errc() && ptr == end && (value < min || value > max))) {
+    throw InvalidArgumentError(
+        fmt::format("environment variable {}='{}' is out of range (allowed: {}..{})", name, raw, min, max));
+  }
+  if (ec != std::errc() || ptr != end) {
+    throw InvalidArgumentError(
+        fmt::format("environment variable {}='{}' is not an integer (allowed: {}..{})", name, raw, min, max));
+  }
+  return value;
 }
 
 void set_log_level(const std::string& level) { logger().set_level(parse_level(level)); }

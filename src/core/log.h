@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include <spdlog/spdlog.h>
@@ -9,6 +10,13 @@ namespace dlslime {
 // The library's own logger (not in spdlog's global registry, so an application's spdlog
 // setup is untouched). Created on first use; its level comes from DLSLIME_LOG_LEVEL then.
 spdlog::logger& logger();
+
+// The one parser for integer environment variables (DLSLIME_IO_THREADS, DLSLIME_TCP_*):
+// `fallback` when `name` is unset or empty, else its value, which must be a plain decimal
+// integer (no sign other than '-', no spaces) in min..max. Anything else throws
+// InvalidArgumentError naming the variable, its value and the allowed range, never a
+// silent cast or wrap-around.
+int64_t env_integer(const char* name, int64_t min, int64_t max, int64_t fallback);
 
 }  // namespace dlslime
 

@@ -1,17 +1,48 @@
 #include "tcp/io_runtime.h"
 
-#include <cstdlib>
+#include <pthread.h>
+
 #include <exception>
 #include <mutex>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "core/log.h"
 #include "core/op_state.h"
+#include "dlslime/errors.h"
 
 namespace dlslime::tcp {
 
-IoRuntime::IoRuntime(unsigned threads) {
-  if (threads == 0) threads = 1;
+namespace {
+
+// Bumped in every fork() child (pthread_atfork), so a runtime can tell that it was made
+// by an ancestor process whose threads are gone.
+std::atomic<unsigned long> g_fork_generation{0};
+
+// Guards shared()'s current runtime. Held across fork() (prepare handler) so the child
+// never inherits it locked by a thread that does not exist there.
+std::mutex g_shared_mu;
+
+void register_fork_handlers() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    pthread_atfork([] { g_shared_mu.lock(); },  // prepare: no shared() half done at the fork
+                   [] { g_shared_mu.unlock(); },  // parent
+                   [] {  // child
+                     g_fork_generation.fetch_add(1, std::memory_order_relaxed);
+                     g_shared_mu.unlock();
+                   });
+  });
+}
+
+}  // namespace
+
+IoRuntime::IoRuntime(unsigned threads) : generation_(g_fork_generation.load(std::memory_order_relaxed)) {
+  if (threads < 1 || threads > kMaxThreads) {
+    throw InvalidArgumentError(fmt::format("IoRuntime: {} I/O threads, must be in 1..{}", threads, kMaxThreads));
+  }
+  register_fork_handlers();
   for (unsigned i = 0; i < threads; ++i) {
     auto worker = std::make_unique<Worker>();
     Worker* w = worker.get();
@@ -35,6 +66,14 @@ IoRuntime::IoRuntime(unsigned threads) {
 }
 
 IoRuntime::~IoRuntime() {
+  if (!usable()) {
+    // A fork() child: the threads were never copied (joining or destroying their
+    // std::thread would terminate), and the io_contexts' epoll instances are shared with
+    // the parent, so stopping or destroying them could deregister the parent's sockets.
+    // Leak all of it; the child's own runtime is a different object.
+    for (auto& w : contexts_) (void)w.release();
+    return;
+  }
   for (auto& w : contexts_) {
     w->guard.reset();
     w->context.stop();
@@ -52,19 +91,17 @@ IoRuntime::~IoRuntime() {
   }
 }
 
+bool IoRuntime::usable() const noexcept {
+  return generation_ == g_fork_generation.load(std::memory_order_relaxed);
+}
+
 std::shared_ptr<IoRuntime> IoRuntime::shared() {
-  static std::mutex mu;
   static std::weak_ptr<IoRuntime> current;
-  std::lock_guard lock(mu);
-  if (auto rt = current.lock()) return rt;
-  unsigned threads = 1;
-  if (const char* env = std::getenv("DLSLIME_IO_THREADS"); env && *env) {
-    try {
-      threads = static_cast<unsigned>(std::stoul(env));
-    } catch (const std::exception&) {
-      DLSLIME_WARN("ignoring DLSLIME_IO_THREADS='{}': not a number", env);
-    }
-  }
+  std::lock_guard lock(g_shared_mu);
+  // After a fork() the inherited runtime may still be alive (held by inherited
+  // endpoints), but its threads are not: make a fresh one for this process.
+  if (auto rt = current.lock(); rt && rt->usable()) return rt;
+  const auto threads = static_cast<unsigned>(env_integer("DLSLIME_IO_THREADS", 1, kMaxThreads, 1));
   auto rt = std::make_shared<IoRuntime>(threads);
   current = rt;
   return rt;

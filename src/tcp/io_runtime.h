@@ -15,15 +15,32 @@ namespace dlslime::tcp {
 // thread and need no locks. User threads reach it with asio::post.
 //
 // The runtime is owned by the endpoints that use it: shared() returns the live instance
-// or makes one (sized by DLSLIME_IO_THREADS, default 1), and it stops with its last user.
+// or makes one (sized by DLSLIME_IO_THREADS, default 1, 1..kMaxThreads), and it stops
+// with its last user.
+//
+// fork(): the child inherits the runtime's memory but none of its threads, and its epoll
+// instances are shared with the parent (closing or re-registering descriptors in them
+// would change the parent's). A runtime therefore belongs to the process that made it:
+// in any other process usable() is false, nothing may be posted to it, and its
+// destructor leaks it instead of stopping, joining or destroying anything. shared() in a
+// forked child makes a fresh runtime of its own.
 class IoRuntime {
  public:
+  static constexpr unsigned kMaxThreads = 256;
+
+  // Throws InvalidArgumentError unless 1 <= threads <= kMaxThreads.
   explicit IoRuntime(unsigned threads);
   ~IoRuntime();
   IoRuntime(const IoRuntime&) = delete;
   IoRuntime& operator=(const IoRuntime&) = delete;
 
+  // The live runtime of this process, or a new one sized by DLSLIME_IO_THREADS.
+  // Throws InvalidArgumentError when DLSLIME_IO_THREADS is not an integer in range.
   static std::shared_ptr<IoRuntime> shared();
+
+  // False in a process other than the one that created this runtime (a fork() child):
+  // its threads do not run there, so work posted to it would never execute.
+  bool usable() const noexcept;
 
   // Round-robin choice of an io_context for a new endpoint.
   asio::io_context& next_context();
@@ -37,6 +54,8 @@ class IoRuntime {
   };
   std::vector<std::unique_ptr<Worker>> contexts_;
   std::atomic<unsigned> next_{0};
+  // The process's fork generation when this runtime was made (see usable()).
+  const unsigned long generation_;
 };
 
 }  // namespace dlslime::tcp
