@@ -5,6 +5,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -15,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/log.h"
+#include "core/op_state.h"
 #include "core/region_table.h"
 #include "dlslime/errors.h"
 #include "dlslime/nanoctrl_client.h"
@@ -39,13 +41,16 @@ std::string instance_of(const std::optional<json>& record) {
 
 class PeerConnectionState {
  public:
-  PeerConnectionState(std::string peer, std::string conn_id, std::shared_ptr<TcpEndpoint> ep)
-      : peer_alias(std::move(peer)), conn_id(std::move(conn_id)), endpoint(std::move(ep)) {}
+  PeerConnectionState(std::string peer, std::string conn_id, std::shared_ptr<TcpEndpoint> ep, bool passive)
+      : peer_alias(std::move(peer)), conn_id(std::move(conn_id)), endpoint(std::move(ep)), passive(passive) {}
 
   const std::string peer_alias;
   const std::string conn_id;
   const std::string transport = "tcp";
   const std::shared_ptr<TcpEndpoint> endpoint;
+  // Made for a peer's connect message, not by connect_to(): nobody here asked for it, so
+  // it counts against the bound on passive handshakes and is dropped when it fails.
+  const bool passive;
 
   mutable std::mutex mu;
   std::condition_variable cv;
@@ -56,6 +61,7 @@ class PeerConnectionState {
   json peer_info;               // the peer's endpoint_info, once known
   uint64_t peer_endpoint_id = 0;
   bool info_sent = false;       // our endpoint_info was posted to the peer (it had registered)
+  bool dialing = false;         // endpoint->connect() runs on a handshake thread
   std::chrono::steady_clock::time_point last_post;  // when, for re-posting
   std::map<std::string, int32_t> remote_handles;  // remote region name -> handle
 
@@ -129,7 +135,65 @@ json PeerConnection::peer_endpoint_info() const {
 
 // ---------------------------------------------------------------------------------------
 
-class PeerAgentImpl {
+// Threads for the agent's blocking side jobs (handshake dials, re-resolving a named op):
+// one thread per job, so a dial that waits out its connect timeout holds up nothing else.
+// Finished threads are joined on the next spawn; close() joins the rest and refuses new jobs.
+// Shared with op continuations, which may outlive the agent.
+class TaskThreads {
+ public:
+  ~TaskThreads() { close(); }
+
+  // False (and `fn` not run) once closed.
+  bool spawn(std::function<void()> fn) {
+    std::lock_guard lock(mu_);
+    if (closed_) return false;
+    reap_locked();
+    const uint64_t id = next_id_++;
+    // The thread reports itself finished under mu_, which is held until it is in threads_.
+    threads_.emplace(id, std::thread([this, id, fn = std::move(fn)] {
+      fn();
+      std::lock_guard done(mu_);
+      finished_.push_back(id);
+    }));
+    return true;
+  }
+
+  void close() {
+    std::map<uint64_t, std::thread> running;
+    {
+      std::lock_guard lock(mu_);
+      closed_ = true;
+      running.swap(threads_);
+      finished_.clear();
+    }
+    for (auto& [id, t] : running) {
+      if (t.get_id() == std::this_thread::get_id()) {
+        t.detach();  // a job that ends the agent: it cannot join itself
+      } else {
+        t.join();
+      }
+    }
+  }
+
+ private:
+  void reap_locked() {
+    for (uint64_t id : finished_) {
+      auto it = threads_.find(id);
+      if (it == threads_.end()) continue;
+      it->second.join();
+      threads_.erase(it);
+    }
+    finished_.clear();
+  }
+
+  std::mutex mu_;
+  bool closed_ = false;
+  uint64_t next_id_ = 0;
+  std::map<uint64_t, std::thread> threads_;
+  std::vector<uint64_t> finished_;
+};
+
+class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
  public:
   explicit PeerAgentImpl(PeerAgentOptions options);
   ~PeerAgentImpl() { shutdown(); }
@@ -139,25 +203,46 @@ class PeerAgentImpl {
   PeerConnection connect_to(const std::string& peer, const ConnectOptions& options);
   std::shared_ptr<PeerConnectionState> find(const std::string& peer) const;
   std::shared_ptr<TcpEndpoint> endpoint_for_io(const std::string& peer);
-  std::vector<Assignment> resolve(const std::string& peer, const std::vector<NamedAssignment>& named);
+  // read/write by region names: resolves and submits on one lookup of the connection.
+  Future named_op(const std::string& peer, const std::vector<NamedAssignment>& named, OpKind kind);
   int32_t register_region(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length);
   void unregister_region(const std::string& name);
   std::vector<std::string> peers() const;
+  // Set once by start(), before any thread of the agent runs; never changed after.
+  const std::string& alias() const { return alias_; }
 
   PeerAgentOptions options;
   NanoCtrlClient ctrl;
-  std::string alias;
 
  private:
+  // The connection to `peer` if it can take ops (connected), else the error numeric I/O raises.
+  std::shared_ptr<PeerConnectionState> connected(const std::string& peer) const;
+  // `fresh`: ignore the cached handles and the handshake's mr_info (the peer registered a
+  // name again); ask NanoCtrl.
+  std::vector<Assignment> resolve(const std::shared_ptr<PeerConnectionState>& c,
+                                  const std::vector<NamedAssignment>& named, bool fresh);
+  // A named op that failed with an unknown handle, resolved again and submitted once more
+  // on the same connection; `outer` completes with that attempt.
+  void retry_named(const std::shared_ptr<PeerConnectionState>& c, const std::vector<NamedAssignment>& named,
+                   OpKind kind, const std::shared_ptr<OpState>& outer, const Status& first);
   json registration_body() const;
-  void register_with_ctrl();
+  json register_with_ctrl();
+  void register_again();
   void publish_regions();
-  std::shared_ptr<PeerConnectionState> make_connection(const std::string& peer, const ConnectOptions& options);
+  // POSTs an agent route naming our registration (alias and, when NanoCtrl issued one,
+  // its incarnation), so NanoCtrl applies it to that registration only.
+  json agent_call(const std::string& path, json body);
+  std::shared_ptr<PeerConnectionState> make_connection(const std::string& peer, const ConnectOptions& options,
+                                                       bool passive);
+  // Forgets a connection a peer's message made (map entry and endpoint).
+  void drop_passive(const std::shared_ptr<PeerConnectionState>& c, const std::string& why);
+  // Runs the handshake's endpoint->connect() on a handshake thread.
+  void start_dial(const std::shared_ptr<PeerConnectionState>& c, const json& peer_info);
   void post_info(const std::shared_ptr<PeerConnectionState>& c);
   // Posts our info once, addressed to the peer agent instance `instance` (from its record).
   void claim_and_post(const std::shared_ptr<PeerConnectionState>& c, const std::string& instance);
   bool post_pending();
-  void complete_handshake(const std::shared_ptr<PeerConnectionState>& c, const json& peer_info);
+  void dial(const std::shared_ptr<PeerConnectionState>& c, const json& peer_info);
   void retire(const std::shared_ptr<PeerConnectionState>& c, const std::string& why);
   // The instance id NanoCtrl has registered under `peer` now ("" when it has none).
   std::string registered_instance(const std::string& peer);
@@ -167,7 +252,18 @@ class PeerAgentImpl {
   void on_message(const json& envelope);
   bool sleep_for(std::chrono::milliseconds d);
 
+  std::string alias_;
   std::shared_ptr<LocalRegionTable> regions_ = std::make_shared<LocalRegionTable>();
+  // Our registration: whether NanoCtrl holds one made by this agent now, and the
+  // incarnation it returned for it ("" from a NanoCtrl that issues none). shutdown()
+  // cleans up only a registration of ours: a refused one must not delete the live agent's.
+  mutable std::mutex reg_mu_;
+  bool registered_ = false;
+  std::string incarnation_;
+  // Passive handshakes dialling now (bounded by kMaxPassiveHandshakes).
+  std::atomic<int> passive_dials_{0};
+  std::chrono::steady_clock::time_point last_refusal_log_;  // mailbox thread only
+  std::shared_ptr<TaskThreads> tasks_ = std::make_shared<TaskThreads>();
   // Random per PeerAgent object, in its NanoCtrl record and in every connect message: a
   // message that a previous agent under the same alias posted before it shut down can
   // still be in our mailbox, and must not replace (or answer) the current one's.
@@ -190,6 +286,11 @@ constexpr auto kMailboxWait = std::chrono::milliseconds(500);
 constexpr auto kPeerPoll = std::chrono::milliseconds(50);
 // A handshake message not answered within this long is posted again.
 constexpr auto kRepost = std::chrono::milliseconds(1000);
+// Handshakes a peer's connect message (not our connect_to) may have dialling at once. The
+// mailbox is unauthenticated without a NanoCtrl token: anyone can post connect messages
+// under any alias, each pointing at an address of their choice. Past the bound such a
+// message is dropped; a real peer posts again every kRepost while unanswered.
+constexpr int kMaxPassiveHandshakes = 8;
 
 std::string local_address(const TcpOptions& tcp) {
   if (!tcp.advertise_host.empty()) return tcp.advertise_host;
@@ -224,29 +325,45 @@ PeerAgentImpl::PeerAgentImpl(PeerAgentOptions opts)
 json PeerAgentImpl::registration_body() const {
   json body = {{"address", local_address(options.tcp)},
                {"metadata", {{"transports", {"tcp"}}, {"instance", instance_}}}};
-  if (!alias.empty()) body["alias"] = alias;
+  if (!alias_.empty()) body["alias"] = alias_;
   return body;
 }
 
-void PeerAgentImpl::register_with_ctrl() {
+json PeerAgentImpl::register_with_ctrl() {
   json reply = ctrl.start_peer_agent(registration_body());
   if (!reply.contains("name") || !reply["name"].is_string()) {
     throw Error(StatusCode::kProtocolError, "NanoCtrl's /start_peer_agent reply has no 'name': " + reply.dump());
   }
-  alias = reply["name"].get<std::string>();
   if (options.heartbeat_interval.count() > 0) {
     heartbeat_interval_ = options.heartbeat_interval;
   } else if (reply.contains("heartbeat_interval_ms") && reply["heartbeat_interval_ms"].is_number()) {
     heartbeat_interval_ = std::chrono::milliseconds(std::max<int64_t>(reply["heartbeat_interval_ms"].get<int64_t>(), 10));
   }
+  return reply;
+}
+
+json PeerAgentImpl::agent_call(const std::string& path, json body) {
+  {
+    std::lock_guard lock(reg_mu_);
+    if (!incarnation_.empty()) body["incarnation"] = incarnation_;
+  }
+  return ctrl.call(path, body);
 }
 
 void PeerAgentImpl::start() {
-  alias = options.alias;
-  register_with_ctrl();
+  // Only now registered_ may become true: a refused registration (409, the alias is taken)
+  // throws here and leaves nothing of ours to clean up.
+  alias_ = options.alias;
+  json reply = register_with_ctrl();
+  alias_ = reply["name"].get<std::string>();
+  {
+    std::lock_guard lock(reg_mu_);
+    registered_ = true;
+    incarnation_ = reply.value("incarnation", "");
+  }
   mailbox_thread_ = std::thread([this] { mailbox_loop(); });
   heartbeat_thread_ = std::thread([this] { heartbeat_loop(); });
-  DLSLIME_INFO("PeerAgent '{}' registered with {} (scope '{}')", alias, ctrl.url(), options.scope);
+  DLSLIME_INFO("PeerAgent '{}' registered with {} (scope '{}')", alias_, ctrl.url(), options.scope);
 }
 
 bool PeerAgentImpl::sleep_for(std::chrono::milliseconds d) {
@@ -254,18 +371,51 @@ bool PeerAgentImpl::sleep_for(std::chrono::milliseconds d) {
   return !stop_cv_.wait_for(lock, d, [&] { return stopping_.load(); });
 }
 
+void PeerAgentImpl::register_again() {
+  {
+    // Whatever NanoCtrl holds under our alias now is not ours (gone, or another agent's).
+    std::lock_guard lock(reg_mu_);
+    registered_ = false;
+  }
+  DLSLIME_WARN("PeerAgent '{}': NanoCtrl no longer knows this agent; registering again", alias_);
+  json reply = register_with_ctrl();  // a 409 (another agent took the alias) propagates
+  const std::string name = reply["name"].get<std::string>();
+  {
+    std::lock_guard lock(reg_mu_);
+    registered_ = true;
+    incarnation_ = reply.value("incarnation", "");
+  }
+  if (name != alias_) {
+    // The alias is fixed for the agent's life (peers and every thread know it by it): a
+    // NanoCtrl that names us otherwise is not one to stay registered with.
+    agent_call("/cleanup", {{"agent_name", name}});
+    std::lock_guard lock(reg_mu_);
+    registered_ = false;
+    throw Error(StatusCode::kProtocolError,
+                fmt::format("NanoCtrl registered this agent again as '{}', not as '{}'", name, alias_));
+  }
+  publish_regions();
+}
+
 void PeerAgentImpl::heartbeat_loop() {
   while (sleep_for(heartbeat_interval_)) {
     try {
-      if (ctrl.heartbeat(alias) == "not_found") {
-        // NanoCtrl forgot us (restart on the memory store, or a long partition): register
-        // again under the same alias and publish our regions again.
-        DLSLIME_WARN("PeerAgent '{}': NanoCtrl no longer knows this agent; registering again", alias);
-        register_with_ctrl();
-        publish_regions();
-      }
+      json reply = agent_call("/heartbeat", {{"entity_type", "agent"}, {"entity_id", alias_}});
+      // NanoCtrl forgot us (restart on the memory store, an emptied Redis, a long
+      // partition): register again under the same alias and publish our regions again.
+      if (reply.value("status", "") == "not_found") register_again();
     } catch (const std::exception& e) {
-      DLSLIME_WARN("PeerAgent '{}': heartbeat failed (will retry): {}", alias, e.what());
+      bool ours = false;
+      {
+        std::lock_guard lock(reg_mu_);
+        ours = registered_;
+      }
+      if (ours) {
+        DLSLIME_WARN("PeerAgent '{}': heartbeat failed (will retry): {}", alias_, e.what());
+      } else {
+        DLSLIME_ERROR("PeerAgent '{}': not registered with NanoCtrl (peers cannot find this agent; will retry): {}",
+                      alias_, e.what());
+      }
     }
   }
 }
@@ -275,10 +425,10 @@ void PeerAgentImpl::mailbox_loop() {
   while (!stopping_) {
     std::vector<json> messages;
     try {
-      messages = ctrl.recv(alias, waiting_for_peers ? kPeerPoll : kMailboxWait, 32);
+      messages = ctrl.recv(alias_, waiting_for_peers ? kPeerPoll : kMailboxWait, 32);
     } catch (const std::exception& e) {
       if (stopping_) return;
-      DLSLIME_WARN("PeerAgent '{}': mailbox receive failed (will retry): {}", alias, e.what());
+      DLSLIME_WARN("PeerAgent '{}': mailbox receive failed (will retry): {}", alias_, e.what());
       sleep_for(std::chrono::milliseconds(200));
       continue;
     }
@@ -286,7 +436,7 @@ void PeerAgentImpl::mailbox_loop() {
       try {
         on_message(m);
       } catch (const std::exception& e) {
-        DLSLIME_WARN("PeerAgent '{}': dropped a malformed mailbox message {}: {}", alias, m.dump(), e.what());
+        DLSLIME_WARN("PeerAgent '{}': dropped a malformed mailbox message {}: {}", alias_, m.dump(), e.what());
       }
     }
     waiting_for_peers = post_pending();
@@ -314,7 +464,7 @@ void PeerAgentImpl::on_message(const json& envelope) {
     // this connection is to that agent or still waiting for it) is about the old agent.
     const std::string now = registered_instance(peer);
     if (!now.empty() && (instance.empty() || instance == now)) {
-      DLSLIME_DEBUG("PeerAgent '{}': ignoring a late cleanup of an earlier '{}'", alias, peer);
+      DLSLIME_DEBUG("PeerAgent '{}': ignoring a late cleanup of an earlier '{}'", alias_, peer);
       return;
     }
     {
@@ -328,13 +478,13 @@ void PeerAgentImpl::on_message(const json& envelope) {
   }
   if (type == "connect_peer") return;  // desired-topology intent; connect_to drives connections
   if (type != "connect") {
-    DLSLIME_DEBUG("PeerAgent '{}': ignoring mailbox message of type '{}'", alias, type);
+    DLSLIME_DEBUG("PeerAgent '{}': ignoring mailbox message of type '{}'", alias_, type);
     return;
   }
   const std::string from = envelope.at("from").get<std::string>();
   const json& info = msg.at("endpoint_info");
   if (msg.value("transport", "tcp") != "tcp") {
-    DLSLIME_WARN("PeerAgent '{}': '{}' asked for transport '{}', which this agent does not serve", alias, from,
+    DLSLIME_WARN("PeerAgent '{}': '{}' asked for transport '{}', which this agent does not serve", alias_, from,
                  msg.value("transport", ""));
     return;
   }
@@ -343,16 +493,17 @@ void PeerAgentImpl::on_message(const json& envelope) {
   const std::string to_instance = msg.value("to_instance", "");
   if (!to_instance.empty() && to_instance != instance_) {
     // Posted to an earlier agent under our alias, which left before reading it.
-    DLSLIME_DEBUG("PeerAgent '{}': ignoring a connect message from '{}' meant for an earlier '{}'", alias, from,
-                  alias);
+    DLSLIME_DEBUG("PeerAgent '{}': ignoring a connect message from '{}' meant for an earlier '{}'", alias_, from,
+                  alias_);
     return;
   }
   if (!is_current_instance(from, instance)) {
-    DLSLIME_DEBUG("PeerAgent '{}': ignoring a connect message from an earlier '{}' (instance {})", alias, from,
+    DLSLIME_DEBUG("PeerAgent '{}': ignoring a connect message from an earlier '{}' (instance {})", alias_, from,
                   instance);
     return;
   }
   std::shared_ptr<PeerConnectionState> c, stale;
+  bool made_here = false;  // a passive connection made for this message
   bool send_info = false;
   bool duplicate = false;
   const bool peer_has_ours = msg.value("have_peer_info", false);
@@ -387,14 +538,34 @@ void PeerAgentImpl::on_message(const json& envelope) {
   }
   if (stale) retire(stale, "replaced: the peer agent reconnected");
   if (!c) {
-    // The peer connects first: make the mirror connection with default options.
+    // The peer connects first: make the mirror connection with default options, unless
+    // the passive handshakes are all taken (see kMaxPassiveHandshakes). Nothing is made
+    // for a dropped message; the peer's repost gets in once a handshake ends.
+    if (passive_dials_.load() >= kMaxPassiveHandshakes) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_refusal_log_ > std::chrono::seconds(1)) {
+        last_refusal_log_ = now;
+        DLSLIME_WARN("PeerAgent '{}': {} handshakes that peers started are in progress; dropping the connect "
+                     "message from '{}' (it is posted again if the peer is real)",
+                     alias_, kMaxPassiveHandshakes, from);
+      }
+      return;
+    }
     ConnectOptions defaults;
     defaults.transport = "tcp";
-    c = make_connection(from, defaults);
-    std::lock_guard lock(mu_);
-    auto [it, inserted] = conns_.emplace(from, c);
-    if (!inserted) c = it->second;  // connect_to() raced us
+    auto made = make_connection(from, defaults, /*passive=*/true);
+    {
+      std::lock_guard lock(mu_);
+      if (!stopping_) {
+        auto [it, inserted] = conns_.emplace(from, made);
+        c = it->second;  // not inserted: connect_to() raced us
+      }
+    }
+    if (c != made) made->endpoint->shutdown();
+    if (!c) return;  // shutting down
+    made_here = c == made;
   }
+  bool dial_now = false;
   {
     std::lock_guard lock(c->mu);
     c->peer_info = info;
@@ -402,9 +573,30 @@ void PeerAgentImpl::on_message(const json& envelope) {
     c->peer_instance = instance;
     send_info = !c->info_sent || !peer_has_ours;
     c->info_sent = true;
+    // A repeat that arrives while the first one's dial runs changes nothing.
+    dial_now = c->state == "connecting" && !c->dialing;
+    if (dial_now) c->dialing = true;
   }
-  if (send_info) post_info(c);
-  complete_handshake(c, info);
+  if (send_info) {
+    try {
+      post_info(c);
+    } catch (const std::exception& e) {
+      // A sender we cannot answer (its alias is not registered: not a real agent) gets no
+      // connection kept for it.
+      if (made_here) drop_passive(c, std::string("answering the peer failed: ") + e.what());
+      throw;
+    }
+  }
+  if (dial_now) start_dial(c, info);
+}
+
+void PeerAgentImpl::drop_passive(const std::shared_ptr<PeerConnectionState>& c, const std::string& why) {
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = conns_.find(c->peer_alias); it != conns_.end() && it->second == c) conns_.erase(it);
+  }
+  c->endpoint->shutdown();
+  c->finish("failed", why);
 }
 
 std::string PeerAgentImpl::registered_instance(const std::string& peer) {
@@ -419,14 +611,14 @@ bool PeerAgentImpl::is_current_instance(const std::string& peer, const std::stri
 }
 
 std::shared_ptr<PeerConnectionState> PeerAgentImpl::make_connection(const std::string& peer,
-                                                                     const ConnectOptions& o) {
+                                                                     const ConnectOptions& o, bool passive) {
   std::shared_ptr<TcpEndpoint> ep(new TcpEndpoint(o.local_host, o.local_port, options.tcp, regions_));
   std::string id;
   {
     std::lock_guard lock(mu_);
-    id = fmt::format("{}->{}#{}", alias, peer, next_conn_++);
+    id = fmt::format("{}->{}#{}", alias_, peer, next_conn_++);
   }
-  return std::make_shared<PeerConnectionState>(peer, id, std::move(ep));
+  return std::make_shared<PeerConnectionState>(peer, id, std::move(ep), passive);
 }
 
 void PeerAgentImpl::post_info(const std::shared_ptr<PeerConnectionState>& c) {
@@ -446,18 +638,45 @@ void PeerAgentImpl::post_info(const std::shared_ptr<PeerConnectionState>& c) {
                     {"instance", instance_},
                     {"to_instance", to_instance},
                     {"endpoint_info", c->endpoint->endpoint_info()}};
-  ctrl.post(c->peer_alias, msg, alias);
+  ctrl.post(c->peer_alias, msg, alias_);
 }
 
-void PeerAgentImpl::complete_handshake(const std::shared_ptr<PeerConnectionState>& c, const json& peer_info) {
+void PeerAgentImpl::start_dial(const std::shared_ptr<PeerConnectionState>& c, const json& peer_info) {
+  // Off the mailbox thread: connect() can wait out the connect timeout (an address that
+  // accepts and never answers), and handshakes and cleanups behind it must not wait.
+  if (c->passive) passive_dials_.fetch_add(1);
+  if (!tasks_->spawn([this, c, peer_info] { dial(c, peer_info); })) {
+    if (c->passive) passive_dials_.fetch_sub(1);
+    retire(c, "this agent shut down");
+  }
+}
+
+void PeerAgentImpl::dial(const std::shared_ptr<PeerConnectionState>& c, const json& peer_info) {
   try {
     c->endpoint->connect(peer_info);
     c->finish("connected", "");
-    DLSLIME_INFO("PeerAgent '{}': connected to '{}' over tcp ({})", alias, c->peer_alias, c->conn_id);
+    DLSLIME_INFO("PeerAgent '{}': connected to '{}' over tcp ({})", alias_, c->peer_alias, c->conn_id);
   } catch (const std::exception& e) {
-    c->finish("failed", e.what(), dynamic_cast<const AuthenticationError*>(&e) != nullptr);
-    DLSLIME_WARN("PeerAgent '{}': connecting to '{}' failed: {}", alias, c->peer_alias, e.what());
+    const bool auth = dynamic_cast<const AuthenticationError*>(&e) != nullptr;
+    DLSLIME_WARN("PeerAgent '{}': connecting to '{}' failed: {}", alias_, c->peer_alias, e.what());
+    if (auth) {
+      // Kept open (until replaced or shut down): the peer's own handshake against this
+      // endpoint must end with the authentication error too, not with a refused dial.
+      c->finish("failed", e.what(), /*auth=*/true);
+    } else if (c->passive) {
+      // Nobody asked for it here: forget it, so failed (or forged) handshakes keep nothing.
+      drop_passive(c, e.what());
+    } else {
+      // The caller's handle keeps the state and reason; the listener and sockets close now.
+      c->endpoint->shutdown();
+      c->finish("failed", e.what());
+    }
   }
+  {
+    std::lock_guard lock(c->mu);
+    c->dialing = false;
+  }
+  if (c->passive) passive_dials_.fetch_sub(1);
 }
 
 void PeerAgentImpl::retire(const std::shared_ptr<PeerConnectionState>& c, const std::string& why) {
@@ -468,7 +687,7 @@ void PeerAgentImpl::retire(const std::shared_ptr<PeerConnectionState>& c, const 
 PeerConnection PeerAgentImpl::connect_to(const std::string& peer, const ConnectOptions& o) {
   if (stopping_) throw ConnectionError("connect_to() on a PeerAgent that was shut down", StatusCode::kCancelled);
   if (peer.empty()) throw InvalidArgumentError("peer alias must be a non-empty string");
-  if (peer == alias) throw InvalidArgumentError(fmt::format("an agent cannot connect to itself ('{}')", peer));
+  if (peer == alias_) throw InvalidArgumentError(fmt::format("an agent cannot connect to itself ('{}')", peer));
   if (o.transport == "rdma") throw_rdma_unavailable();
   if (o.transport != "tcp") {
     throw InvalidArgumentError(fmt::format("unknown transport '{}' (use \"tcp\" or \"rdma\")", o.transport));
@@ -485,7 +704,7 @@ PeerConnection PeerAgentImpl::connect_to(const std::string& peer, const ConnectO
     }
   }
   if (stale) retire(stale, "replaced by a new connect_to()");
-  auto c = make_connection(peer, o);
+  auto c = make_connection(peer, o, /*passive=*/false);
   {
     std::lock_guard lock(mu_);
     auto [it, inserted] = conns_.emplace(peer, c);
@@ -540,7 +759,7 @@ bool PeerAgentImpl::post_pending() {
     try {
       if (auto record = ctrl.get_peer_agent(c->peer_alias)) claim_and_post(c, instance_of(record));
     } catch (const std::exception& e) {
-      DLSLIME_DEBUG("PeerAgent '{}': waiting for '{}' to register: {}", alias, c->peer_alias, e.what());
+      DLSLIME_DEBUG("PeerAgent '{}': waiting for '{}' to register: {}", alias_, c->peer_alias, e.what());
     }
   }
   for (const auto& c : unanswered) {
@@ -553,7 +772,7 @@ bool PeerAgentImpl::post_pending() {
       }
       post_info(c);
     } catch (const std::exception& e) {
-      DLSLIME_DEBUG("PeerAgent '{}': re-posting to '{}' failed: {}", alias, c->peer_alias, e.what());
+      DLSLIME_DEBUG("PeerAgent '{}': re-posting to '{}' failed: {}", alias_, c->peer_alias, e.what());
     }
   }
   std::lock_guard lock(mu_);
@@ -577,7 +796,7 @@ std::vector<std::string> PeerAgentImpl::peers() const {
   return out;
 }
 
-std::shared_ptr<TcpEndpoint> PeerAgentImpl::endpoint_for_io(const std::string& peer) {
+std::shared_ptr<PeerConnectionState> PeerAgentImpl::connected(const std::string& peer) const {
   auto c = find(peer);
   if (!c) {
     throw Error(StatusCode::kNotConnected,
@@ -589,20 +808,25 @@ std::shared_ptr<TcpEndpoint> PeerAgentImpl::endpoint_for_io(const std::string& p
                 fmt::format("the connection to '{}' is {}{}; wait() on it after connect_to()", peer, c->state,
                             c->error.empty() ? "" : " (" + c->error + ")"));
   }
-  return c->endpoint;
+  return c;
 }
 
-std::vector<Assignment> PeerAgentImpl::resolve(const std::string& peer, const std::vector<NamedAssignment>& named) {
-  auto c = find(peer);
-  endpoint_for_io(peer);  // same errors as numeric I/O
+std::shared_ptr<TcpEndpoint> PeerAgentImpl::endpoint_for_io(const std::string& peer) {
+  return connected(peer)->endpoint;
+}
+
+std::vector<Assignment> PeerAgentImpl::resolve(const std::shared_ptr<PeerConnectionState>& c,
+                                               const std::vector<NamedAssignment>& named, bool fresh) {
   std::vector<Assignment> out;
   out.reserve(named.size());
+  std::map<std::string, int32_t> refreshed;  // fresh: each name asked of NanoCtrl once per batch
   for (const auto& n : named) {
     auto local = regions_->find(n.local_name);
     if (!local) throw NotFoundError(fmt::format("no local memory region named '{}'", n.local_name));
     int32_t remote = -1;
     json entry;
-    {
+    if (auto it = refreshed.find(n.remote_name); it != refreshed.end()) remote = it->second;
+    if (remote < 0 && !fresh) {
       std::lock_guard lock(c->mu);
       if (auto it = c->remote_handles.find(n.remote_name); it != c->remote_handles.end()) {
         remote = it->second;
@@ -612,28 +836,80 @@ std::vector<Assignment> PeerAgentImpl::resolve(const std::string& peer, const st
     }
     if (remote < 0) {
       if (entry.is_null()) {
-        // Registered after the handshake: NanoCtrl has the peer's record.
-        auto record = ctrl.get_mr_info(peer, n.remote_name);
+        // Registered after the handshake (or again): NanoCtrl has the peer's current record.
+        auto record = ctrl.get_mr_info(c->peer_alias, n.remote_name);
         if (!record) {
           throw NotFoundError(fmt::format("peer '{}' has no memory region named '{}' (not registered, or not yet "
                                           "published)",
-                                          peer, n.remote_name));
+                                          c->peer_alias, n.remote_name));
         }
         entry = *record;
       }
+      // Registering a known name again updates that handle's entry in place.
       remote = c->endpoint->register_remote_memory_region(n.remote_name, entry);
       std::lock_guard lock(c->mu);
       c->remote_handles[n.remote_name] = remote;
+      if (fresh) refreshed[n.remote_name] = remote;
     }
     out.push_back({*local, remote, n.remote_offset, n.local_offset, n.length});
   }
   return out;
 }
 
+namespace {
+
+Future submit_named(TcpEndpoint& ep, std::vector<Assignment> resolved, OpKind kind) {
+  return kind == OpKind::kRead ? ep.read(std::move(resolved)) : ep.write(std::move(resolved));
+}
+
+}  // namespace
+
+Future PeerAgentImpl::named_op(const std::string& peer, const std::vector<NamedAssignment>& named, OpKind kind) {
+  // One lookup: the handles are resolved in this connection's remote table, so they must
+  // be submitted on this connection's endpoint, even if a reconnect replaces it meanwhile.
+  auto c = connected(peer);
+  Future first = submit_named(*c->endpoint, resolve(c, named, /*fresh=*/false), kind);
+  // An unknown handle means the peer registered a name again (a new buffer, a new handle)
+  // since we cached it: resolve once more from NanoCtrl and retry once, off the I/O thread
+  // that completes `first` (resolving is an HTTP call).
+  auto outer = std::make_shared<OpState>(kind);
+  std::weak_ptr<PeerAgentImpl> weak = weak_from_this();
+  std::shared_ptr<TaskThreads> tasks = tasks_;
+  first.state()->on_complete([weak, tasks, c, named, kind, outer](const OpState& done) {
+    const Status status = done.status();
+    if (status.code() != StatusCode::kUnknownHandle) {
+      outer->complete(status, done.nbytes());
+      return;
+    }
+    const bool spawned = tasks->spawn([weak, c, named, kind, outer, status] {
+      if (auto self = weak.lock()) {
+        self->retry_named(c, named, kind, outer, status);
+      } else {
+        outer->complete(status);
+      }
+    });
+    if (!spawned) outer->complete(status);  // the agent is shutting down
+  });
+  return Future(outer);
+}
+
+void PeerAgentImpl::retry_named(const std::shared_ptr<PeerConnectionState>& c,
+                                const std::vector<NamedAssignment>& named, OpKind kind,
+                                const std::shared_ptr<OpState>& outer, const Status& first) {
+  try {
+    Future again = submit_named(*c->endpoint, resolve(c, named, /*fresh=*/true), kind);
+    again.state()->on_complete([outer](const OpState& done) { outer->complete(done.status(), done.nbytes()); });
+  } catch (const Error& e) {
+    outer->complete(Status(e.code(), fmt::format("{} (resolving again after: {})", e.what(), first.message())));
+  } catch (const std::exception& e) {
+    outer->complete(Status::failed(fmt::format("{} (resolving again after: {})", e.what(), first.message())));
+  }
+}
+
 int32_t PeerAgentImpl::register_region(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length) {
   const int32_t handle = regions_->add(name, addr, offset, length);
   try {
-    ctrl.register_mr(alias, name, regions_->mr_info()[name]);
+    ctrl.register_mr(alias_, name, regions_->mr_info()[name]);
   } catch (...) {
     regions_->remove(handle);
     throw;
@@ -643,32 +919,47 @@ int32_t PeerAgentImpl::register_region(const std::string& name, uintptr_t addr, 
 
 void PeerAgentImpl::unregister_region(const std::string& name) {
   regions_->remove(name);
-  ctrl.unregister_mr(alias, name);
+  ctrl.unregister_mr(alias_, name);
 }
 
 void PeerAgentImpl::publish_regions() {
-  for (const auto& [name, entry] : regions_->mr_info().items()) ctrl.register_mr(alias, name, entry);
+  // Held in a local: items() of the temporary would iterate a destroyed object.
+  const json info = regions_->mr_info();
+  for (const auto& [name, entry] : info.items()) ctrl.register_mr(alias_, name, entry);
 }
 
 void PeerAgentImpl::shutdown() {
   if (stopping_.exchange(true)) return;
   stop_cv_.notify_all();
-  std::map<std::string, std::shared_ptr<PeerConnectionState>> conns;
+  // The heartbeat thread first: one still running could register us again after cleanup.
+  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  auto retire_all = [this] {
+    std::map<std::string, std::shared_ptr<PeerConnectionState>> conns;
+    {
+      std::lock_guard lock(mu_);
+      conns.swap(conns_);
+    }
+    for (auto& [peer, c] : conns) retire(c, "this agent shut down");
+  };
+  // Endpoints first: the peers see the goodbye and fail their pending ops at once (and
+  // handshakes dialling now end).
+  retire_all();
+  bool ours = false;
   {
-    std::lock_guard lock(mu_);
-    conns.swap(conns_);
+    std::lock_guard lock(reg_mu_);
+    ours = registered_;
+    registered_ = false;
   }
-  // Endpoints first: the peers see the goodbye and fail their pending ops at once.
-  for (auto& [peer, c] : conns) retire(c, "this agent shut down");
-  if (!alias.empty()) {
+  if (ours) {
     try {
-      ctrl.cleanup(alias);
+      agent_call("/cleanup", {{"agent_name", alias_}});
     } catch (const std::exception& e) {
-      DLSLIME_WARN("PeerAgent '{}': NanoCtrl cleanup failed (its records expire with the TTL): {}", alias, e.what());
+      DLSLIME_WARN("PeerAgent '{}': NanoCtrl cleanup failed (its records expire with the TTL): {}", alias_, e.what());
     }
   }
-  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
   if (mailbox_thread_.joinable()) mailbox_thread_.join();
+  tasks_->close();
+  retire_all();  // any the mailbox thread made while stopping
 }
 
 // ---------------------------------------------------------------------------------------
@@ -679,7 +970,7 @@ PeerAgent::PeerAgent(PeerAgentOptions options) : impl_(std::make_shared<PeerAgen
 
 PeerAgent::~PeerAgent() { impl_->shutdown(); }
 
-const std::string& PeerAgent::alias() const { return impl_->alias; }
+const std::string& PeerAgent::alias() const { return impl_->alias(); }
 const std::string& PeerAgent::scope() const { return impl_->options.scope; }
 const std::string& PeerAgent::ctrl_url() const { return impl_->ctrl.url(); }
 
@@ -714,13 +1005,11 @@ Future PeerAgent::write(const std::string& peer, std::vector<Assignment> assignm
 }
 
 Future PeerAgent::read(const std::string& peer, const std::vector<NamedAssignment>& assignments) {
-  auto resolved = impl_->resolve(peer, assignments);
-  return impl_->endpoint_for_io(peer)->read(std::move(resolved));
+  return impl_->named_op(peer, assignments, OpKind::kRead);
 }
 
 Future PeerAgent::write(const std::string& peer, const std::vector<NamedAssignment>& assignments) {
-  auto resolved = impl_->resolve(peer, assignments);
-  return impl_->endpoint_for_io(peer)->write(std::move(resolved));
+  return impl_->named_op(peer, assignments, OpKind::kWrite);
 }
 
 Future PeerAgent::write_with_imm(const std::string& peer, std::vector<Assignment> assignments, uint32_t imm_data) {
