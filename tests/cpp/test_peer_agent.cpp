@@ -1,14 +1,24 @@
 // PeerAgent from C++: an embedded NanoCtrl, two agents, a named write and a message.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "dlslime/errors.h"
 #include "dlslime/nanoctrl.h"
+#include "dlslime/nanoctrl_client.h"
 #include "dlslime/peer_agent.h"
 
 using namespace dlslime;
@@ -33,6 +43,42 @@ ConnectOptions tcp() {
   ConnectOptions o;
   o.transport = "tcp";
   return o;
+}
+
+// Polls `pred` until it holds or `timeout` passes (no bare sleeps in the assertions).
+bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 10s) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+size_t fd_count() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+uintptr_t addr_of(std::vector<uint8_t>& v) { return reinterpret_cast<uintptr_t>(v.data()); }
+
+// Connects a and b (both sides call connect_to) and waits for both.
+void connect_both(PeerAgent& a, PeerAgent& b) {
+  PeerConnection ca = a.connect_to(b.alias(), tcp());
+  PeerConnection cb = b.connect_to(a.alias(), tcp());
+  ca.wait(10s);
+  cb.wait(10s);
+}
+
+// A named write of all of `src` into the peer's region `remote`; returns the status.
+int named_write(PeerAgent& from, const std::string& peer, const std::string& local, const std::string& remote,
+                uint64_t length) {
+  auto w = from.write(peer, std::vector<NamedAssignment>{{local, remote, 0, 0, length}});
+  auto st = w.wait_for(10s);
+  EXPECT_TRUE(st.has_value()) << "named write hung";
+  if (st && *st != 0) ADD_FAILURE() << w.message();
+  return st.value_or(-1);
 }
 
 }  // namespace
@@ -114,4 +160,193 @@ TEST(PeerAgentCpp, TokensGuardBothPlanes) {
   a.shutdown();
   b.shutdown();
   c.shutdown();
+}
+
+// Item 4: after NanoCtrl forgot the agent (memory store restarted), the heartbeat registers it
+// again and publishes its regions again; a peer that connects afterwards writes by name.
+TEST(PeerAgentCpp, RepublishesRegionsAfterNanoCtrlRestart) {
+  auto ctrl = std::make_unique<NanoCtrlServer>(local_ctrl());
+  ctrl->start();
+  NanoCtrlConfig again = local_ctrl();
+  again.port = ctrl->port();
+  const std::string url = ctrl->url();
+  PeerAgentOptions ao = agent(url, "rp_a");
+  ao.heartbeat_interval = 20ms;
+  PeerAgent a(ao);
+  std::vector<uint8_t> dst(4096, 0), src(4096, 0x3C);
+  a.register_memory_region("dst", addr_of(dst), 0, dst.size());
+
+  ctrl->stop();
+  ctrl = std::make_unique<NanoCtrlServer>(again);
+  ctrl->start();
+  NanoCtrlClient client(url);
+  ASSERT_TRUE(wait_until([&] { return client.get_mr_info("rp_a", "dst").has_value(); }))
+      << "the region was not published again after NanoCtrl restarted";
+  EXPECT_EQ((*client.get_mr_info("rp_a", "dst"))["length"], 4096);
+
+  PeerAgent b(agent(url, "rp_b"));
+  b.register_memory_region("src", addr_of(src), 0, src.size());
+  connect_both(a, b);
+  EXPECT_EQ(named_write(b, "rp_a", "src", "dst", src.size()), 0);
+  EXPECT_EQ(dst, src);
+}
+
+// Item 20: a PeerAgent refused because its alias is taken (409) cleans up nothing: the
+// live agent keeps its record and regions, and a peer still writes to it by name.
+TEST(PeerAgentCpp, RefusedDuplicateAliasLeavesTheFirstAgentWorking) {
+  NanoCtrlServer ctrl(local_ctrl());
+  ctrl.start();
+  PeerAgent first(agent(ctrl.url(), "dup_x"));
+  std::vector<uint8_t> dst(4096, 0), src(4096, 0x77);
+  first.register_memory_region("dst", addr_of(dst), 0, dst.size());
+  for (int i = 0; i < 3; ++i) {
+    try {
+      PeerAgent second(agent(ctrl.url(), "dup_x"));
+      ADD_FAILURE() << "a second agent under a taken alias was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("409"), std::string::npos) << e.what();
+    }
+  }
+  NanoCtrlClient client(ctrl.url());
+  auto record = client.get_peer_agent("dup_x");
+  ASSERT_TRUE(record.has_value()) << "the refused agent removed the live agent's record";
+  ASSERT_TRUE(client.get_mr_info("dup_x", "dst").has_value()) << "the refused agent removed the live agent's regions";
+
+  // A region registered after the handshake resolves through NanoCtrl only.
+  PeerAgent peer(agent(ctrl.url(), "dup_peer"));
+  peer.register_memory_region("src", addr_of(src), 0, src.size());
+  connect_both(first, peer);
+  std::vector<uint8_t> late(4096, 0);
+  first.register_memory_region("late", addr_of(late), 0, late.size());
+  EXPECT_EQ(named_write(peer, "dup_x", "src", "dst", src.size()), 0);
+  EXPECT_EQ(named_write(peer, "dup_x", "src", "late", src.size()), 0);
+  EXPECT_EQ(dst, src);
+  EXPECT_EQ(late, src);
+}
+
+// Item 22: the peer registers a name again at a new buffer (a new handle); the next named
+// write resolves the name again and lands in the new buffer.
+TEST(PeerAgentCpp, NamedWriteFollowsARegionRegisteredAgain) {
+  NanoCtrlServer ctrl(local_ctrl());
+  ctrl.start();
+  PeerAgent a(agent(ctrl.url(), "rr_a"));
+  PeerAgent b(agent(ctrl.url(), "rr_b"));
+  std::vector<uint8_t> src(4096, 0x11), old_buf(4096, 0), new_buf(4096, 0);
+  a.register_memory_region("src", addr_of(src), 0, src.size());
+  b.register_memory_region("buf", addr_of(old_buf), 0, old_buf.size());
+  connect_both(a, b);
+  EXPECT_EQ(named_write(a, "rr_b", "src", "buf", src.size()), 0);
+  EXPECT_EQ(old_buf, src);
+
+  b.register_memory_region("buf", addr_of(new_buf), 0, new_buf.size());
+  std::fill(src.begin(), src.end(), 0x22);
+  for (int i = 0; i < 2; ++i) {  // the first one retries; the second uses the refreshed handle
+    std::fill(new_buf.begin(), new_buf.end(), 0);
+    EXPECT_EQ(named_write(a, "rr_b", "src", "buf", src.size()), 0);
+    EXPECT_EQ(new_buf, src);
+  }
+  EXPECT_EQ(old_buf, std::vector<uint8_t>(4096, 0x11)) << "a write landed in the unregistered buffer";
+  // A name the peer no longer has still fails, with the unknown-handle status.
+  b.unregister_memory_region("buf");
+  auto w = a.write("rr_b", std::vector<NamedAssignment>{{"src", "buf", 0, 0, src.size()}});
+  ASSERT_TRUE(w.wait_for(10s).has_value());
+  EXPECT_EQ(w.status(), static_cast<int>(StatusCode::kUnknownHandle)) << w.message();
+}
+
+// Item 16: connect messages forged under made-up aliases (the mailbox takes posts from
+// anyone without a NanoCtrl token), each pointing at a socket that accepts and never
+// answers, neither keep descriptors after their handshakes fail nor hold up a real peer.
+TEST(PeerAgentCpp, ForgedConnectMessagesReleaseTheirResourcesAndDoNotBlockRealPeers) {
+  NanoCtrlServer ctrl(local_ctrl());
+  ctrl.start();
+  const int silent = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(silent, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(silent, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_EQ(::listen(silent, 1024), 0);
+  socklen_t len = sizeof sa;
+  ASSERT_EQ(::getsockname(silent, reinterpret_cast<sockaddr*>(&sa), &len), 0);
+  const int silent_port = ntohs(sa.sin_port);
+
+  PeerAgentOptions vo = agent(ctrl.url(), "fv_victim");
+  vo.tcp.connect_timeout = 1000ms;  // each forged handshake ends within a second
+  PeerAgent victim(vo);
+  PeerAgent real(agent(ctrl.url(), "fv_real"));
+  std::vector<uint8_t> dst(4096, 0), src(4096, 0x42);
+  victim.register_memory_region("dst", addr_of(dst), 0, dst.size());
+  real.register_memory_region("src", addr_of(src), 0, src.size());
+  const size_t baseline = fd_count();
+
+  constexpr int kForged = 60;
+  NanoCtrlClient forger(ctrl.url());
+  // Half the forged senders are registered agents too (anyone may register), so the victim
+  // can answer them and dials each; the other half it cannot even answer.
+  for (int i = 0; i < kForged; i += 2) forger.start_peer_agent({{"alias", "forged_" + std::to_string(i)}});
+  for (int i = 0; i < kForged; ++i) {
+    const nlohmann::json info = {{"transport", "tcp"}, {"host", "127.0.0.1"}, {"port", silent_port},
+                                 {"endpoint_id", 1000 + i}, {"lanes", 1}, {"mr_info", nlohmann::json::object()}};
+    forger.post("fv_victim", {{"type", "connect"}, {"transport", "tcp"}, {"conn_id", "forged#" + std::to_string(i)},
+                              {"have_peer_info", true}, {"endpoint_info", info}},
+                "forged_" + std::to_string(i));
+  }
+  // The real peer connects while the forged handshakes dial; the victim side is passive.
+  PeerConnection conn = real.connect_to("fv_victim", tcp());
+  EXPECT_NO_THROW(conn.wait(10s));
+  EXPECT_EQ(named_write(real, "fv_victim", "src", "dst", src.size()), 0);
+  EXPECT_EQ(dst, src);
+
+  // Every forged connection fails and is forgotten; the descriptors come back.
+  EXPECT_TRUE(wait_until([&] { return victim.peers() == std::vector<std::string>{"fv_real"}; }, 15s))
+      << victim.peers().size() << " connections kept";
+  // Slack: the real connection's listener and lanes on both sides, and pooled HTTP connections.
+  EXPECT_TRUE(wait_until([&] { return fd_count() <= baseline + 24; }, 15s))
+      << fd_count() << " fds open, " << baseline << " before the forged messages";
+  ::close(silent);
+}
+
+// Item 23: named ops racing reconnects. Each connection's remote table gives handles in the
+// order names are first used on it, so "x" and "y" swap handles between connections; an op
+// resolved on one connection and submitted on the next would write x's bytes into y. Every
+// op that completes must have written its own region only.
+TEST(PeerAgentCpp, NamedOpsRacingReconnectsWriteTheirOwnRegion) {
+  NanoCtrlServer ctrl(local_ctrl());
+  ctrl.start();
+  PeerAgent a(agent(ctrl.url(), "race_a"));
+  PeerAgent b(agent(ctrl.url(), "race_b"));
+  std::vector<uint8_t> sx(512, 0x11), sy(512, 0x22), x(512, 0), y(512, 0);
+  a.register_memory_region("sx", addr_of(sx), 0, sx.size());
+  a.register_memory_region("sy", addr_of(sy), 0, sy.size());
+  b.register_memory_region("x", addr_of(x), 0, x.size());
+  b.register_memory_region("y", addr_of(y), 0, y.size());
+  connect_both(a, b);
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> completed{0};
+  auto writer = [&](const std::string& local, const std::string& remote) {
+    while (!stop) {
+      try {
+        auto w = a.write("race_b", std::vector<NamedAssignment>{{local, remote, 0, 0, 512}});
+        if (w.wait_for(10s) == std::optional<int>(0)) ++completed;
+      } catch (const Error&) {
+        // not connected while reconnecting
+      }
+    }
+  };
+  std::thread wx(writer, "sx", "x"), wy(writer, "sy", "y");
+  for (int i = 0; i < 15; ++i) {
+    auto c = a.connection("race_b");
+    ASSERT_TRUE(c.has_value());
+    c->endpoint()->shutdown();
+    PeerConnection fresh = a.connect_to("race_b", tcp());
+    ASSERT_NO_THROW(fresh.wait(10s));
+  }
+  const int before = completed;
+  EXPECT_TRUE(wait_until([&] { return completed > before + 4; })) << "no named write completed after reconnecting";
+  stop = true;
+  wx.join();
+  wy.join();
+  for (uint8_t v : x) ASSERT_TRUE(v == 0 || v == 0x11) << "y's bytes landed in x";
+  for (uint8_t v : y) ASSERT_TRUE(v == 0 || v == 0x22) << "x's bytes landed in y";
 }
