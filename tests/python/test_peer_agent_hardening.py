@@ -14,6 +14,20 @@ OK = 0
 UNKNOWN_HANDLE = 405
 
 
+@pytest.fixture
+def agent():
+    """Makes PeerAgents that are shut down after the test, also when it fails."""
+    made = []
+
+    def make(**kw):
+        made.append(PeerAgent(**kw))
+        return made[-1]
+
+    yield make
+    for a in made:
+        a.shutdown()
+
+
 def connect_both(a, b):
     ca = a.connect_to(b.alias, transport="tcp")
     cb = b.connect_to(a.alias, transport="tcp")
@@ -27,7 +41,7 @@ def redis_flushall(port):
         assert s.recv(16).startswith(b"+OK")
 
 
-def test_regions_published_again_after_redis_is_emptied(unique):
+def test_regions_published_again_after_redis_is_emptied(agent, unique):
     """Item 4: the heartbeat registers the agent again and publishes its regions again (it
     used to fail with HTTP 400 on every region); a peer that connects afterwards writes."""
     with RedisServer() as redis:
@@ -35,28 +49,28 @@ def test_regions_published_again_after_redis_is_emptied(unique):
         server.start()
         try:
             client = nanoctrl.NanoCtrlClient(server.url)
-            a = PeerAgent(ctrl_url=server.url, alias=f"fl_a_{unique}", heartbeat_interval=0.02)
+            a = agent(ctrl_url=server.url, alias=f"fl_a_{unique}", heartbeat_interval=0.02)
             dst = Buffer(4096)
             a.register_memory_region("dst", dst.addr, 0, 4096)
             redis_flushall(redis.port)
             wait_until(lambda: client.get_mr_info(f"fl_a_{unique}", "dst") is not None, 10,
                        what="region published again after FLUSHALL")
-            b = PeerAgent(ctrl_url=server.url, alias=f"fl_b_{unique}")
+            b = agent(ctrl_url=server.url, alias=f"fl_b_{unique}")
             src = Buffer(4096, b"\x5c")
             b.register_memory_region("src", src.addr, 0, 4096)
             connect_both(a, b)
             assert b.write(f"fl_a_{unique}", [("src", "dst", 0, 0, 4096)]).wait_for(10) == OK
             assert dst.bytes() == src.bytes()
-            a.shutdown()
+            a.shutdown()  # while NanoCtrl still runs, so the cleanup reaches it
             b.shutdown()
         finally:
             server.stop()
 
 
-def test_refused_duplicate_alias_cleans_up_nothing(ctrl_url, unique):
+def test_refused_duplicate_alias_cleans_up_nothing(agent, ctrl_url, unique):
     """Item 20: deleting the refused agent leaves the live one's record, regions and peers."""
     alias = f"dup_{unique}"
-    first = PeerAgent(ctrl_url=ctrl_url, alias=alias)
+    first = agent(ctrl_url=ctrl_url, alias=alias)
     dst = Buffer(4096)
     first.register_memory_region("dst", dst.addr, 0, 4096)
     for _ in range(3):
@@ -65,21 +79,19 @@ def test_refused_duplicate_alias_cleans_up_nothing(ctrl_url, unique):
     client = nanoctrl.NanoCtrlClient(ctrl_url)
     assert client.get_peer_agent(alias) is not None
     assert client.get_mr_info(alias, "dst") is not None
-    peer = PeerAgent(ctrl_url=ctrl_url, alias=f"dup_peer_{unique}")
+    peer = agent(ctrl_url=ctrl_url, alias=f"dup_peer_{unique}")
     src = Buffer(4096, b"\x21")
     peer.register_memory_region("src", src.addr, 0, 4096)
     connect_both(first, peer)
     assert peer.write(alias, [("src", "dst", 0, 0, 4096)]).wait_for(10) == OK
     assert dst.bytes() == src.bytes()
-    first.shutdown()
-    peer.shutdown()
 
 
-def test_named_write_follows_a_region_registered_again(ctrl_url, unique):
+def test_named_write_follows_a_region_registered_again(agent, ctrl_url, unique):
     """Item 22: after the peer registers "buf" at a new buffer, the next named write lands
     there (it used to fail with 405 until a reconnect)."""
-    a = PeerAgent(ctrl_url=ctrl_url, alias=f"rr_a_{unique}")
-    b = PeerAgent(ctrl_url=ctrl_url, alias=f"rr_b_{unique}")
+    a = agent(ctrl_url=ctrl_url, alias=f"rr_a_{unique}")
+    b = agent(ctrl_url=ctrl_url, alias=f"rr_b_{unique}")
     src, old, new = Buffer(256, b"\x01"), Buffer(256), Buffer(256)
     a.register_memory_region("src", src.addr, 0, 256)
     b.register_memory_region("buf", old.addr, 0, 256)
@@ -91,18 +103,16 @@ def test_named_write_follows_a_region_registered_again(ctrl_url, unique):
     assert new.bytes() == b"\x02" * 256 and old.bytes() == b"\x01" * 256
     b.unregister_memory_region("buf")
     assert a.write(b.alias, [("src", "buf", 0, 0, 256)]).wait_for(10) == UNKNOWN_HANDLE
-    a.shutdown()
-    b.shutdown()
 
 
-def test_forged_connect_messages_keep_no_fds_and_block_no_peer(ctrl_url, unique):
+def test_forged_connect_messages_keep_no_fds_and_block_no_peer(agent, ctrl_url, unique):
     """Item 16: connect messages posted through NanoCtrl's HTTP routes under made-up aliases,
     pointing at a socket that accepts and never answers."""
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(1024)
-    victim = PeerAgent(ctrl_url=ctrl_url, alias=f"fv_{unique}", connect_timeout=1.0)
-    real = PeerAgent(ctrl_url=ctrl_url, alias=f"fr_{unique}")
+    victim = agent(ctrl_url=ctrl_url, alias=f"fv_{unique}", connect_timeout=1.0)
+    real = agent(ctrl_url=ctrl_url, alias=f"fr_{unique}")
     dst, src = Buffer(4096), Buffer(4096, b"\x42")
     victim.register_memory_region("dst", dst.addr, 0, 4096)
     real.register_memory_region("src", src.addr, 0, 4096)
@@ -126,6 +136,4 @@ def test_forged_connect_messages_keep_no_fds_and_block_no_peer(ctrl_url, unique)
     wait_until(lambda: victim.peers() == [real.alias], 15, what="forged connections forgotten")
     # Slack: the real connection's listener and lanes on both sides, pooled HTTP connections.
     wait_until(lambda: fd_count() <= baseline + 24, 15, what="descriptors back near the baseline")
-    victim.shutdown()
-    real.shutdown()
     silent.close()
