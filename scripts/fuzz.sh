@@ -17,12 +17,12 @@ ROOT=$PWD
 BUILD=${DLSLIME_FUZZ_BUILD_DIR:-build-fuzz}
 FUZZ_SECONDS=${FUZZ_SECONDS:-30}
 JOBS=${JOBS:-2}
-ALL_TARGETS=(fuzz_frame_header fuzz_handshake fuzz_tcp_stream fuzz_nanoctrl_request)
+ALL_TARGETS=(fuzz_frame_header fuzz_handshake fuzz_tcp_stream fuzz_tcp_initiator fuzz_nanoctrl_request)
 if [ $# -gt 0 ]; then TARGETS=("$@"); else TARGETS=("${ALL_TARGETS[@]}"); fi
 
 # Per-target options: the longest input worth trying, and a dictionary.
 declare -A MAX_LEN=([fuzz_frame_header]=41 [fuzz_handshake]=65 [fuzz_tcp_stream]=65536
-                    [fuzz_nanoctrl_request]=4096)
+                    [fuzz_tcp_initiator]=4096 [fuzz_nanoctrl_request]=4096)
 declare -A DICT=([fuzz_nanoctrl_request]=tests/fuzz/nanoctrl.dict)
 
 step() { printf '\n==== %s ====\n' "$*"; }

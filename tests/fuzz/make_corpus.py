@@ -164,6 +164,71 @@ def streams():
     write(t, "truncated-list", write_data([(0, 0, 8), (1, 0, 8)], b"", op_id=33, length=2 * 24 + 16)[:40 + 30])
 
 
+def initiator():
+    """fuzz_tcp_initiator: records of the harness's own format (tests/fuzz/fuzz_tcp_initiator.cpp):
+    a control byte (bit 0 lane, bits 1-3 kind, bit 4 batch, bits 5-7 variant) and its bytes.
+    Ops by index: 0 = a read of 6 pieces in 5 requests over both lanes (requests 0-4 by first
+    piece; request 3 is one 16 KiB piece on lane 1, request 4 two pieces), 1 = a write over both
+    lanes, 2 = a send, 3 = a one-piece read."""
+    t = "fuzz_tcp_initiator"
+    # record kinds
+    K_READ_DATA, K_WRITE_ACK, K_SEND_ACK, K_GOODBYE, K_RAW, K_RAW_HEADER, K_AGAIN, K_ANSWER = range(8)
+
+    def rec(kind, *args, lane=0, batch=False, v=0):
+        return bytes([lane | kind << 1 | (0x10 if batch else 0) | v << 5, *args])
+
+    def answer(op, **kw):  # the complete, correct answer to one op
+        return rec(K_ANSWER, op, **kw)
+
+    def run(req, **kw):  # one correct answer to request `req` of op 0, on its lane
+        return rec(K_READ_DATA, 0, req, **kw)
+
+    def raw(data, lane=0):
+        return b"".join(rec(K_RAW, len(data[i:i + 255]), lane=lane) + data[i:i + 255] for i in range(0, len(data), 255))
+
+    everything = answer(0) + answer(1) + answer(2) + answer(3)
+    write(t, "all-ok", everything)
+    write(t, "all-ok-one-delivery", answer(0, batch=True) + answer(1, batch=True) + answer(2, batch=True) + answer(3))
+    write(t, "all-ok-reverse", answer(0, v=1) + answer(1, v=1) + answer(3, v=1) + answer(2))
+    write(t, "answers-on-wrong-lanes", answer(0, lane=1) + answer(1, lane=1) + answer(3, lane=1) + answer(2))
+    write(t, "errors", rec(K_READ_DATA, 0, 3, v=3) + rec(K_WRITE_ACK, 1, 0, v=4) + rec(K_SEND_ACK, 2, v=4) +
+          rec(K_READ_DATA, 3, 0, v=3) + everything)
+    write(t, "bad-lengths", rec(K_READ_DATA, 0, 1, 7, v=5) + rec(K_READ_DATA, 3, 0, 0xFF, v=5) + everything)
+    write(t, "pieces-never-requested", rec(K_READ_DATA, 0, 0, 2, 3, v=4) + rec(K_READ_DATA, 3, 0, 1, 1, v=4) +
+          rec(K_READ_DATA, 0, 4, v=7) + rec(K_READ_DATA, 4, 0) + everything)
+    write(t, "unknown-op-ids", rec(K_READ_DATA, 4, 0) + rec(K_WRITE_ACK, 9, 0) + rec(K_SEND_ACK, 4, v=4) +
+          rec(K_RAW_HEADER, *frame(WRITE_ACK, op_id=2**64 - 1)) + everything)
+    write(t, "goodbye-mid-answer", run(3, v=6) + rec(K_GOODBYE, lane=1) + rec(K_GOODBYE))
+    write(t, "garbage", run(0) + raw(b"\xde\xad\xbe\xef" * 16, lane=1) + everything)
+    write(t, "truncated-answer", run(3, v=6) + answer(3))
+    write(t, "peer-requests-on-dialed-lanes", raw(read_request([(0, 0, 64), (1, 0, 16)], op_id=77)) +
+          raw(write_data([(1, 0, 8), (0, 8, 8)], op_id=78), lane=1) +
+          raw(frame(SEND_DATA, LAST, op_id=79, length=5) + b"hello") + everything)
+    write(t, "write-ack-twice-one-lane", rec(K_WRITE_ACK, 1, 0) + rec(K_AGAIN) + rec(K_AGAIN, lane=1) + everything)
+    write(t, "send-ack-for-write", rec(K_SEND_ACK, 1) + rec(K_SEND_ACK, 3) + everything)
+    # Reproducers of the bugs of issue 10 item 2 (they fail on the code before its fix).
+    # A write acknowledgement completes a read: success with no byte placed (nbytes check).
+    write(t, "write-ack-completes-read", rec(K_WRITE_ACK, 0, 0) + answer(0))
+    # ... or fails it: the read's memory is freed, then its answers are placed into it (ASan).
+    write(t, "write-ack-error-then-read-data", rec(K_WRITE_ACK, 0, 5, v=4) + answer(0))
+    # The same while an answer is half-way in on lane 1: its rest goes to freed memory.
+    write(t, "write-ack-mid-answer", run(3, v=6) + rec(K_WRITE_ACK, 0, 0, v=4) + raw(bytes(300), lane=1))
+    # Requests 0-3 answered, then request 0 twice more on lane 1: the read reports success
+    # though pieces 4-5 never came (nbytes / content check).
+    write(t, "read-data-duplicates-success", run(0) + run(1) + run(2) + run(3) + rec(K_AGAIN, lane=1) +
+          run(0, lane=1))
+    # A duplicate (an error answer) completes the read while request 3's answer is arriving
+    # on lane 1; the rest of that answer is scattered through freed memory (ASan).
+    write(t, "read-data-duplicate-mid-answer", run(0) + run(1) + run(2) + run(4) + run(3, v=6) +
+          run(0, v=3) + raw(bytes(300), lane=1))
+    # The same with only the header of request 3's answer in (op 0 has id 1; request 3 is
+    # one 16 KiB piece): the engine reads the payload straight into the read's memory
+    # (readv), which is freed when the next bytes come.
+    write(t, "read-data-duplicate-mid-direct-read", run(0) + run(1) + run(2) + run(4) +
+          raw(frame(READ_DATA, op_id=1, index=3, offset=1, length=16384), lane=1) + run(0, v=3) +
+          rec(K_RAW, 15, lane=1, v=7))  # 16 KiB of filler: the rest of that answer
+
+
 def nanoctrl():
     t = "fuzz_nanoctrl_request"
     routes = ["start_peer_agent", "heartbeat", "query", "get_peer_agent", "cleanup", "set_topology",
@@ -215,4 +280,5 @@ if __name__ == "__main__":
     frames()
     handshakes()
     streams()
+    initiator()
     nanoctrl()
