@@ -1,7 +1,9 @@
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -17,6 +19,31 @@ spdlog::logger& logger();
 // InvalidArgumentError naming the variable, its value and the allowed range, never a
 // silent cast or wrap-around.
 int64_t env_integer(const char* name, int64_t min, int64_t max, int64_t fallback);
+
+// For a log line that a peer or the OS can make repeat fast (one per refused connection):
+// at most one line per interval, which reports how many events it stands for, so a flood
+// cannot fill stderr (an undrained stderr blocks every thread that logs). Not thread-
+// safe: one owner, on one thread.
+class LogLimiter {
+ public:
+  explicit LogLimiter(std::chrono::steady_clock::duration interval) : interval_(interval) {}
+  // Counts one event. Returns the number of events since the last line (this one
+  // included) when a line is due now, else 0.
+  uint64_t tick() {
+    ++events_;
+    const auto now = std::chrono::steady_clock::now();
+    if (logged_ && now - last_ < interval_) return 0;
+    logged_ = true;
+    last_ = now;
+    return std::exchange(events_, 0);
+  }
+
+ private:
+  std::chrono::steady_clock::duration interval_;
+  std::chrono::steady_clock::time_point last_{};
+  bool logged_ = false;
+  uint64_t events_ = 0;
+};
 
 }  // namespace dlslime
 

@@ -1,11 +1,14 @@
 #include "dlslime/tcp_endpoint.h"
 
 #include <cstdlib>
+#include <limits>
 #include <string>
+#include <type_traits>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/log.h"
 #include "dlslime/errors.h"
 #include "tcp/frame.h"
 #include "tcp/tcp_endpoint_impl.h"
@@ -14,24 +17,51 @@ namespace dlslime {
 
 namespace {
 
+// The allowed range of every numeric option. from_env() and validate() both use it, so an
+// environment variable and a keyword argument are held to the same bounds.
+struct Range {
+  int64_t min, max;
+};
+constexpr int64_t kMaxTimeoutMs = 365LL * 24 * 3600 * 1000;  // a year: far from overflowing a deadline
+constexpr Range kLanes{1, 64};
+constexpr Range kChunkSize{4096, static_cast<int64_t>(tcp::kMaxDataPayload)};
+constexpr Range kConnectTimeoutMs{1, kMaxTimeoutMs};
+constexpr Range kOpTimeoutMs{0, kMaxTimeoutMs};  // 0 = no deadline
+constexpr Range kSocketBuffer{0, std::numeric_limits<int>::max()};  // 0 = OS default
+// The kernel's own bounds (MAX_TCP_KEEPIDLE, MAX_TCP_KEEPINTVL, MAX_TCP_KEEPCNT): beyond
+// them setsockopt fails with EINVAL.
+constexpr Range kKeepaliveIdleS{1, 32767};
+constexpr Range kKeepaliveIntervalS{1, 32767};
+constexpr Range kKeepaliveCount{1, 127};
+constexpr Range kMaxInflightOps{1, 1 << 24};
+constexpr Range kMaxBatchItems{1, 1 << 24};
+constexpr Range kUnexpectedBufferBytes{0, 1LL << 40};
+
 template <class T>
-void env_number(const char* name, T& out) {
-  const char* raw = std::getenv(name);
-  if (!raw || !*raw) return;
-  try {
-    size_t used = 0;
-    const long long v = std::stoll(raw, &used);
-    if (used != std::string(raw).size()) throw std::invalid_argument(raw);
-    out = static_cast<T>(v);
-  } catch (const std::exception&) {
-    throw InvalidArgumentError(fmt::format("environment variable {}='{}' is not an integer", name, raw));
+void env_option(const char* name, Range r, T& field) {
+  field = static_cast<T>(env_integer(name, r.min, r.max, static_cast<int64_t>(field)));
+}
+
+void env_option(const char* name, Range r, std::chrono::milliseconds& field) {
+  field = std::chrono::milliseconds(env_integer(name, r.min, r.max, field.count()));
+}
+
+template <class T>
+void check_option(const char* option, T value, Range r, const char* note = "") {
+  bool ok;
+  if constexpr (std::is_unsigned_v<T>) {
+    ok = value >= static_cast<uint64_t>(r.min) && value <= static_cast<uint64_t>(r.max);
+  } else {
+    ok = static_cast<int64_t>(value) >= r.min && static_cast<int64_t>(value) <= r.max;
+  }
+  if (!ok) {
+    throw InvalidArgumentError(
+        fmt::format("TcpEndpoint option {}={} is out of range (allowed: {}..{}){}", option, value, r.min, r.max, note));
   }
 }
 
-void env_ms(const char* name, std::chrono::milliseconds& out) {
-  long long ms = out.count();
-  env_number(name, ms);
-  out = std::chrono::milliseconds(ms);
+void check_option(const char* option, std::chrono::milliseconds value, Range r, const char* note = "") {
+  check_option(option, value.count(), r, note);
 }
 
 }  // namespace
@@ -40,42 +70,42 @@ TcpOptions TcpOptions::from_env() {
   TcpOptions o;
   if (const char* host = std::getenv("DLSLIME_TCP_ADVERTISE_HOST"); host && *host) o.advertise_host = host;
   if (const char* token = std::getenv("DLSLIME_TCP_TOKEN"); token && *token) o.token = token;
-  env_number("DLSLIME_TCP_LANES", o.lanes);
-  env_number("DLSLIME_TCP_CHUNK_SIZE", o.chunk_size);
-  env_ms("DLSLIME_TCP_CONNECT_TIMEOUT_MS", o.connect_timeout);
-  env_ms("DLSLIME_TCP_OP_TIMEOUT_MS", o.op_timeout);
-  env_ms("DLSLIME_TCP_RECV_TIMEOUT_MS", o.recv_timeout);
-  env_number("DLSLIME_TCP_SNDBUF", o.sndbuf);
-  env_number("DLSLIME_TCP_RCVBUF", o.rcvbuf);
-  env_number("DLSLIME_TCP_KEEPALIVE_IDLE_S", o.keepalive_idle_s);
-  env_number("DLSLIME_TCP_KEEPALIVE_INTERVAL_S", o.keepalive_interval_s);
-  env_number("DLSLIME_TCP_KEEPALIVE_COUNT", o.keepalive_count);
-  env_number("DLSLIME_TCP_MAX_INFLIGHT_OPS", o.max_inflight_ops);
-  env_number("DLSLIME_TCP_MAX_BATCH_ITEMS", o.max_batch_items);
-  env_number("DLSLIME_TCP_UNEXPECTED_BUFFER_BYTES", o.unexpected_buffer_bytes);
+  env_option("DLSLIME_TCP_LANES", kLanes, o.lanes);
+  env_option("DLSLIME_TCP_CHUNK_SIZE", kChunkSize, o.chunk_size);
+  env_option("DLSLIME_TCP_CONNECT_TIMEOUT_MS", kConnectTimeoutMs, o.connect_timeout);
+  env_option("DLSLIME_TCP_OP_TIMEOUT_MS", kOpTimeoutMs, o.op_timeout);
+  env_option("DLSLIME_TCP_RECV_TIMEOUT_MS", kOpTimeoutMs, o.recv_timeout);
+  env_option("DLSLIME_TCP_SNDBUF", kSocketBuffer, o.sndbuf);
+  env_option("DLSLIME_TCP_RCVBUF", kSocketBuffer, o.rcvbuf);
+  env_option("DLSLIME_TCP_KEEPALIVE_IDLE_S", kKeepaliveIdleS, o.keepalive_idle_s);
+  env_option("DLSLIME_TCP_KEEPALIVE_INTERVAL_S", kKeepaliveIntervalS, o.keepalive_interval_s);
+  env_option("DLSLIME_TCP_KEEPALIVE_COUNT", kKeepaliveCount, o.keepalive_count);
+  env_option("DLSLIME_TCP_MAX_INFLIGHT_OPS", kMaxInflightOps, o.max_inflight_ops);
+  env_option("DLSLIME_TCP_MAX_BATCH_ITEMS", kMaxBatchItems, o.max_batch_items);
+  env_option("DLSLIME_TCP_UNEXPECTED_BUFFER_BYTES", kUnexpectedBufferBytes, o.unexpected_buffer_bytes);
   return o;
 }
 
 void TcpOptions::validate() const {
-  auto bad = [](const std::string& what) { throw InvalidArgumentError("TcpEndpoint option " + what); };
-  if (lanes < 1 || lanes > 64) bad(fmt::format("lanes={} must be in 1..64", lanes));
-  if (chunk_size < 4096 || chunk_size > tcp::kMaxDataPayload) {
-    bad(fmt::format("chunk_size={} must be in 4096..{}", chunk_size, tcp::kMaxDataPayload));
-  }
-  if (connect_timeout.count() <= 0) bad("connect_timeout must be positive");
-  if (op_timeout.count() < 0) bad("op_timeout must be >= 0 (0 = no deadline)");
-  if (recv_timeout.count() < 0) bad("recv_timeout must be >= 0 (0 = no deadline)");
-  if (sndbuf < 0 || rcvbuf < 0) bad("sndbuf/rcvbuf must be >= 0 (0 = OS default)");
-  if (keepalive_idle_s < 1 || keepalive_interval_s < 1 || keepalive_count < 1) {
-    bad("keepalive_idle/keepalive_interval/keepalive_count must be >= 1");
-  }
-  if (max_inflight_ops < 1) bad("max_inflight_ops must be >= 1");
-  if (max_batch_items < 1) bad("max_batch_items must be >= 1");
+  check_option("lanes", lanes, kLanes);
+  check_option("chunk_size", chunk_size, kChunkSize);
+  check_option("connect_timeout_ms", connect_timeout, kConnectTimeoutMs);
+  check_option("op_timeout_ms", op_timeout, kOpTimeoutMs, " (0 = no deadline)");
+  check_option("recv_timeout_ms", recv_timeout, kOpTimeoutMs, " (0 = no deadline)");
+  check_option("sndbuf", sndbuf, kSocketBuffer, " (0 = OS default)");
+  check_option("rcvbuf", rcvbuf, kSocketBuffer, " (0 = OS default)");
+  check_option("keepalive_idle", keepalive_idle_s, kKeepaliveIdleS, " seconds (the kernel's limit)");
+  check_option("keepalive_interval", keepalive_interval_s, kKeepaliveIntervalS, " seconds (the kernel's limit)");
+  check_option("keepalive_count", keepalive_count, kKeepaliveCount, " (the kernel's limit)");
+  check_option("max_inflight_ops", max_inflight_ops, kMaxInflightOps);
+  check_option("max_batch_items", max_batch_items, kMaxBatchItems);
+  check_option("unexpected_buffer_bytes", unexpected_buffer_bytes, kUnexpectedBufferBytes);
   // Anyone who can reach the port can get a MAC over a nonce of its choosing and guess
   // the token offline, so a short one is refused rather than silently weak.
   if (!token.empty() && token.size() < kMinTokenSize) {
-    bad(fmt::format("token must be at least {} bytes (it is {}); e.g. `openssl rand -hex 16`", kMinTokenSize,
-                    token.size()));
+    throw InvalidArgumentError(fmt::format("TcpEndpoint option token must be at least {} bytes (it is {}); e.g. "
+                                           "`openssl rand -hex 16`",
+                                           kMinTokenSize, token.size()));
   }
 }
 

@@ -4,8 +4,11 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cstring>
+#include <limits>
 
 #include <asio/connect.hpp>
 #include <asio/read.hpp>
@@ -17,20 +20,28 @@
 
 namespace dlslime::tcp {
 
-void apply_socket_options(asio::ip::tcp::socket& socket, const TcpOptions& o) {
-  std::error_code ec;
-  socket.set_option(asio::ip::tcp::no_delay(true), ec);
-  socket.set_option(asio::socket_base::keep_alive(true), ec);
+Status apply_socket_options(asio::ip::tcp::socket& socket, const TcpOptions& o) {
   const int fd = socket.native_handle();
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &o.keepalive_idle_s, sizeof(int));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &o.keepalive_interval_s, sizeof(int));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &o.keepalive_count, sizeof(int));
-  // Unacknowledged data fails the connection within the same bound as an idle peer.
-  const unsigned user_timeout_ms =
-      static_cast<unsigned>((o.keepalive_idle_s + o.keepalive_interval_s * o.keepalive_count) * 1000);
-  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof user_timeout_ms);
-  if (o.sndbuf > 0) socket.set_option(asio::socket_base::send_buffer_size(o.sndbuf), ec);
-  if (o.rcvbuf > 0) socket.set_option(asio::socket_base::receive_buffer_size(o.rcvbuf), ec);
+  auto set = [fd](int level, int name, const char* label, int value) -> Status {
+    if (::setsockopt(fd, level, name, &value, sizeof value) == 0) return Status::ok();
+    return Status::failed(fmt::format("setsockopt({}={}) failed: {}", label, value, std::strerror(errno)));
+  };
+  // Unacknowledged data fails the connection within the same bound as an idle peer. In
+  // 64 bits: at the kernel's maxima the sum is 4.2e9 ms, past an int.
+  const int64_t user_timeout_ms =
+      (static_cast<int64_t>(o.keepalive_idle_s) + int64_t{o.keepalive_interval_s} * o.keepalive_count) * 1000;
+  Status st = set(IPPROTO_TCP, TCP_NODELAY, "TCP_NODELAY", 1);
+  if (st) st = set(SOL_SOCKET, SO_KEEPALIVE, "SO_KEEPALIVE", 1);
+  if (st) st = set(IPPROTO_TCP, TCP_KEEPIDLE, "TCP_KEEPIDLE", o.keepalive_idle_s);
+  if (st) st = set(IPPROTO_TCP, TCP_KEEPINTVL, "TCP_KEEPINTVL", o.keepalive_interval_s);
+  if (st) st = set(IPPROTO_TCP, TCP_KEEPCNT, "TCP_KEEPCNT", o.keepalive_count);
+  if (st) {
+    st = set(IPPROTO_TCP, TCP_USER_TIMEOUT, "TCP_USER_TIMEOUT",
+             static_cast<int>(std::min<int64_t>(user_timeout_ms, std::numeric_limits<int>::max())));
+  }
+  if (st && o.sndbuf > 0) st = set(SOL_SOCKET, SO_SNDBUF, "SO_SNDBUF", o.sndbuf);
+  if (st && o.rcvbuf > 0) st = set(SOL_SOCKET, SO_RCVBUF, "SO_RCVBUF", o.rcvbuf);
+  return st;
 }
 
 namespace {
@@ -67,7 +78,11 @@ struct Dial : std::enable_shared_from_this<Dial> {
                                                                       "alive and listening there?)",
                                                                       self->request.peer_label, ec.message())));
                           }
-                          apply_socket_options(self->sockets[lane], self->options);
+                          if (Status st = apply_socket_options(self->sockets[lane], self->options); !st) {
+                            return self->lane_done(Status(st.code(), fmt::format("connecting to {}: {}",
+                                                                                 self->request.peer_label,
+                                                                                 st.message())));
+                          }
                           self->send_hello(lane);
                         });
   }
@@ -95,7 +110,7 @@ struct Dial : std::enable_shared_from_this<Dial> {
     asio::async_read(sockets[lane], asio::buffer(replies[lane]),
                      [self = shared_from_this(), lane](std::error_code ec, size_t) {
                        if (self->finished) return;
-                       if (ec) return self->lane_done(self->io_failure("waiting for the hello reply", ec));
+                       if (ec) return self->lane_done(self->reply_lost(ec));
                        if (is_challenge(self->replies[lane].data())) return self->read_challenge(lane);
                        HelloReply reply;
                        if (Status st = parse_hello_reply(self->replies[lane].data(), &reply); !st) {
@@ -175,8 +190,11 @@ struct Dial : std::enable_shared_from_this<Dial> {
                      [self = shared_from_this(), lane, reply](std::error_code ec, size_t) {
                        if (self->finished) return;
                        std::string reason = ec ? std::string("(no reason given)") : self->reasons[lane];
+                       // Refusals keep their code; kTimeout: this dialer ran past the acceptor's
+                       // handshake deadline.
                        const bool refusal = reply.status == StatusCode::kAccessDenied ||
-                                            reply.status == StatusCode::kAuthenticationFailed;
+                                            reply.status == StatusCode::kAuthenticationFailed ||
+                                            reply.status == StatusCode::kTimeout;
                        self->lane_done(Status(refusal ? reply.status : StatusCode::kProtocolError,
                                               fmt::format("{} refused the connection: {}",
                                                           self->request.peer_label, reason)));
@@ -199,6 +217,19 @@ struct Dial : std::enable_shared_from_this<Dial> {
     }
     peer_id = reply.endpoint_id;
     lane_done(Status::ok());
+  }
+
+  // The acceptor closed before answering: it names its reason in a reply when it can, so
+  // a bare close means it could not even write that (or is not a DLSlime endpoint).
+  Status reply_lost(const std::error_code& ec) const {
+    if (ec != asio::error::eof && ec != asio::error::connection_reset) {
+      return io_failure("waiting for the hello reply", ec);
+    }
+    return Status(StatusCode::kFailed,
+                  fmt::format("{} closed the connection without answering the hello ({}): it may be overloaded "
+                              "with incomplete handshakes (a handshake flood), have run out of file descriptors, "
+                              "or not be a DLSlime endpoint",
+                              request.peer_label, ec.message()));
   }
 
   Status io_failure(const char* what, const std::error_code& ec) const {
@@ -262,6 +293,10 @@ struct TcpListener::Pending {
   explicit Pending(asio::ip::tcp::socket s) : socket(std::move(s)), timer(socket.get_executor()) {}
   asio::ip::tcp::socket socket;
   asio::steady_timer timer;
+  PendingList::iterator where;
+  bool listed = false;    // in pending_ (not yet retired)
+  bool replying = false;  // the handshake is decided and its reply is being written
+  bool writing = false;   // the auth challenge is being written
   std::array<uint8_t, kHelloSize> hello_raw{};
   Hello hello;
   Nonce nonce{};  // this side's challenge nonce
@@ -273,7 +308,7 @@ struct TcpListener::Pending {
 
 TcpListener::TcpListener(asio::io_context& ctx, const asio::ip::tcp::endpoint& bind, const TcpOptions& options,
                          uint64_t endpoint_id)
-    : acceptor_(ctx), options_(options), endpoint_id_(endpoint_id) {
+    : acceptor_(ctx), backoff_timer_(ctx), options_(options), endpoint_id_(endpoint_id) {
   std::error_code ec;
   acceptor_.open(bind.protocol(), ec);
   if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
@@ -296,35 +331,81 @@ void TcpListener::close() {
   closed_ = true;
   std::error_code ignored;
   acceptor_.close(ignored);
+  backoff_timer_.cancel();
+  // Their handlers see closed_ and abandon (retire is idempotent).
+  for (auto& p : pending_) {
+    p->listed = false;
+    p->timer.cancel();
+    p->socket.close(ignored);
+  }
+  pending_.clear();
+}
+
+TcpListener::Stats TcpListener::stats() const {
+  Stats s;
+  s.accepted = counters_.accepted.load(std::memory_order_relaxed);
+  s.accept_failures = counters_.accept_failures.load(std::memory_order_relaxed);
+  s.handshakes_completed = counters_.completed.load(std::memory_order_relaxed);
+  s.handshakes_refused = counters_.refused.load(std::memory_order_relaxed);
+  s.handshakes_timed_out = counters_.timed_out.load(std::memory_order_relaxed);
+  s.handshakes_evicted = counters_.evicted.load(std::memory_order_relaxed);
+  return s;
 }
 
 void TcpListener::accept_next() {
   if (closed_) return;
   acceptor_.async_accept([self = shared_from_this()](std::error_code ec, asio::ip::tcp::socket socket) {
     if (self->closed_) return;
-    if (ec) {
-      // Transient (EMFILE, ECONNABORTED): keep listening.
-      DLSLIME_WARN("accept failed: {}", ec.message());
-    } else if (self->pending_ >= kMaxPendingHandshakes) {
-      DLSLIME_WARN("refusing a connection: {} handshakes already pending", self->pending_);
+    if (ec) return self->accept_failed(ec);
+    self->backoff_ = std::chrono::milliseconds(0);
+    self->counters_.accepted.fetch_add(1, std::memory_order_relaxed);
+    if (Status st = apply_socket_options(socket, self->options_); !st) {
+      self->counters_.refused.fetch_add(1, std::memory_order_relaxed);
+      if (const uint64_t n = self->accept_log_.tick()) {
+        DLSLIME_WARN("closing {} accepted connection(s): {}", n, st.message());
+      }
+      std::error_code ignored;
+      socket.close(ignored);
     } else {
-      apply_socket_options(socket, self->options_);
+      if (self->pending_.size() >= kMaxPendingHandshakes) self->evict_oldest();
       self->handshake(std::make_shared<Pending>(std::move(socket)));
     }
     self->accept_next();
   });
 }
 
+// accept() fails again at once while the cause lasts (EMFILE: the connection stays in the
+// backlog), so retrying immediately would spin a core and log at disk speed. Back off,
+// doubling, and log one line per interval with the count.
+void TcpListener::accept_failed(const std::error_code& ec) {
+  counters_.accept_failures.fetch_add(1, std::memory_order_relaxed);
+  backoff_ = backoff_.count() == 0 ? kMinAcceptBackoff : std::min(backoff_ * 2, kMaxAcceptBackoff);
+  if (const uint64_t n = accept_log_.tick()) {
+    DLSLIME_WARN("accept on port {} failed {} time(s) since the last report: {}; retrying in {} ms", port_, n,
+                 ec.message(), backoff_.count());
+  }
+  backoff_timer_.expires_after(backoff_);
+  backoff_timer_.async_wait([self = shared_from_this()](std::error_code wait_ec) {
+    if (wait_ec || self->closed_) return;
+    self->accept_next();
+  });
+}
+
 void TcpListener::handshake(std::shared_ptr<Pending> p) {
-  ++pending_;
+  p->where = pending_.insert(pending_.end(), p);
+  p->listed = true;
+  // One deadline for the whole handshake, not per byte: trickling cannot extend it.
   p->timer.expires_after(options_.connect_timeout);
-  p->timer.async_wait([p](std::error_code ec) {
-    if (ec) return;
-    std::error_code ignored;
-    p->socket.close(ignored);  // a peer that never finishes its hello
+  p->timer.async_wait([weak = weak_from_this(), p](std::error_code ec) {
+    auto self = weak.lock();
+    if (ec || !self || !p->listed) return;
+    self->counters_.timed_out.fetch_add(1, std::memory_order_relaxed);
+    if (p->replying) return self->abandon(p);  // its reply is already (partly) on the wire
+    self->drop(p, Status::timeout(fmt::format("the handshake was not completed within {} ms (connect_timeout)",
+                                              self->options_.connect_timeout.count())));
   });
   asio::async_read(p->socket, asio::buffer(p->hello_raw), [self = shared_from_this(), p](std::error_code ec, size_t) {
-    if (ec || self->closed_) return self->abandon(p);
+    if (ec || self->closed_ || !p->listed) return self->abandon(p);
     Status verdict = parse_hello(p->hello_raw.data(), &p->hello);
     if (verdict) verdict = self->check_auth_flag(p->hello);
     if (verdict && !self->options_.token.empty()) {
@@ -361,11 +442,13 @@ void TcpListener::challenge(std::shared_ptr<Pending> p) {
   c.endpoint_id = endpoint_id_;
   c.mac = auth_mac(options_.token, AuthRole::kAcceptor, p->hello_raw.data(), kHelloSize, c.nonce, endpoint_id_);
   encode_challenge(c, p->challenge_raw.data());
+  p->writing = true;
   asio::async_write(p->socket, asio::buffer(p->challenge_raw), [self = shared_from_this(), p](std::error_code ec,
                                                                                               size_t) {
-    if (ec || self->closed_) return self->abandon(p);
+    p->writing = false;
+    if (ec || self->closed_ || !p->listed) return self->abandon(p);
     asio::async_read(p->socket, asio::buffer(p->proof_raw), [self, p](std::error_code ec, size_t) {
-      if (ec || self->closed_) return self->abandon(p);
+      if (ec || self->closed_ || !p->listed) return self->abandon(p);
       Proof proof;
       Status verdict = parse_proof(p->proof_raw.data(), &proof);
       if (verdict) {
@@ -386,14 +469,62 @@ void TcpListener::challenge(std::shared_ptr<Pending> p) {
   });
 }
 
+// The oldest incomplete handshake has been slow the longest: a legitimate dialer finishes
+// in a round trip, so under a flood of slow connections the oldest is the attacker's.
+void TcpListener::evict_oldest() {
+  for (auto& p : pending_) {
+    if (p->replying) continue;  // decided: its reply is on its way
+    counters_.evicted.fetch_add(1, std::memory_order_relaxed);
+    if (const uint64_t n = evict_log_.tick()) {
+      DLSLIME_WARN("port {}: {} incomplete handshake(s) dropped since the last report to admit new connections "
+                   "(more than {} at once: a slow or flooding dialer?)",
+                   port_, n, kMaxPendingHandshakes);
+    }
+    drop(p, Status(StatusCode::kAccessDenied,
+                   fmt::format("dropped: the handshake was still incomplete when {} newer connections arrived (this "
+                               "endpoint keeps at most {} incomplete handshakes)",
+                               kMaxPendingHandshakes, kMaxPendingHandshakes)));
+    return;
+  }
+}
+
+void TcpListener::drop(std::shared_ptr<Pending> p, const Status& why) {  // by value: retire() erases the list's copy
+  retire(p);
+  HelloReply r;
+  r.endpoint_id = endpoint_id_;
+  r.status = why.code();
+  p->reason = why.message().substr(0, kMaxReasonText);
+  r.reason_len = static_cast<uint32_t>(p->reason.size());
+  encode_hello_reply(r, p->reply_raw.data());
+  std::array<asio::const_buffer, 2> bufs{asio::buffer(p->reply_raw), asio::buffer(p->reason)};
+  std::error_code ignored;
+  // A fresh socket's send buffer takes these few bytes at once; a non-blocking send never
+  // waits for a peer that does not read. Not while the challenge is still being written:
+  // the two would interleave.
+  if (!p->writing) {
+    p->socket.non_blocking(true, ignored);
+    p->socket.send(bufs, 0, ignored);
+  }
+  p->socket.shutdown(asio::socket_base::shutdown_both, ignored);
+  p->socket.close(ignored);
+}
+
 void TcpListener::abandon(const std::shared_ptr<Pending>& p) {
-  --pending_;
-  p->timer.cancel();
+  retire(p);
   std::error_code ignored;
   p->socket.close(ignored);
 }
 
+void TcpListener::retire(const std::shared_ptr<Pending>& p) {
+  p->timer.cancel();
+  if (!p->listed) return;
+  p->listed = false;
+  pending_.erase(p->where);
+}
+
 void TcpListener::reply(std::shared_ptr<Pending> p, const Status& verdict) {
+  p->replying = true;
+  if (!verdict.is_ok()) counters_.refused.fetch_add(1, std::memory_order_relaxed);
   HelloReply r;
   r.endpoint_id = endpoint_id_;
   r.status = verdict.code();
@@ -403,14 +534,16 @@ void TcpListener::reply(std::shared_ptr<Pending> p, const Status& verdict) {
   }
   encode_hello_reply(r, p->reply_raw.data());
   std::array<asio::const_buffer, 2> bufs{asio::buffer(p->reply_raw), asio::buffer(p->reason)};
+  // The deadline still runs: a dialer that does not read its reply is dropped with it.
   asio::async_write(p->socket, bufs, [self = shared_from_this(), p, ok = verdict.is_ok()](std::error_code ec, size_t) {
-    --self->pending_;
-    p->timer.cancel();
+    const bool live = p->listed;
+    self->retire(p);
     std::error_code ignored;
-    if (ec || !ok || self->closed_) {
+    if (ec || !ok || !live || self->closed_) {
       p->socket.close(ignored);
       return;
     }
+    self->counters_.completed.fetch_add(1, std::memory_order_relaxed);
     self->accepted_(std::move(p->socket), p->hello);
   });
 }
