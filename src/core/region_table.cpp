@@ -1,9 +1,11 @@
 #include "core/region_table.h"
 
+#include <algorithm>
 #include <limits>
 
 #include <fmt/format.h>
 
+#include "core/log.h"
 #include "dlslime/errors.h"
 
 namespace dlslime {
@@ -13,23 +15,83 @@ namespace {
 // The cached resolve of both tables: refreshes `cache` when it holds another handle (one
 // lookup under the table's lock) and reports whether [offset, offset+length) lies inside
 // the cached region. On false the caller's uncached resolve produces the error.
-template <class Regions, class BaseOf>
+template <class Regions, class Fill>
 bool cached_range(ResolveCache& cache, std::mutex& mu, const Regions& regions, int32_t handle, uint64_t offset,
-                  uint64_t length, BaseOf base_of) {
+                  uint64_t length, Fill fill) {
   if (!cache.valid || cache.handle != handle) {
     std::lock_guard lock(mu);
     auto it = regions.find(handle);
     cache.handle = handle;
     cache.valid = it != regions.end();
     if (cache.valid) {
-      cache.base = base_of(it->second);
+      fill(it->second, cache);
       cache.length = it->second.length;
+    } else {
+      cache.use = RegionUse();
     }
   }
   return cache.valid && range_within(cache.length, offset, length);
 }
 
 }  // namespace
+
+void RegionLifetime::release() noexcept {
+  if (users_.fetch_sub(1, std::memory_order_seq_cst) == 1 && draining_.load(std::memory_order_seq_cst)) {
+    std::lock_guard lock(mu_);  // the waiter is either before its check or inside wait
+    cv_.notify_all();
+  }
+}
+
+bool RegionLifetime::wait_unused(std::chrono::steady_clock::time_point deadline) {
+  draining_.store(true, std::memory_order_seq_cst);
+  std::unique_lock lock(mu_);
+  return cv_.wait_until(lock, deadline, [&] { return users_.load(std::memory_order_seq_cst) == 0; });
+}
+
+void RegionUses::take(RegionUses&& other) {
+  for (auto& u : other.uses_) {
+    if (uses_.empty() || uses_.back().lifetime() != u.lifetime()) uses_.push_back(std::move(u));
+  }
+  other.uses_.clear();
+}
+
+bool RegionUses::holds(const RegionLifetime* lifetime) const noexcept {
+  for (const auto& u : uses_) {
+    if (u.lifetime() == lifetime) return true;
+  }
+  return false;
+}
+
+void LocalRegionTable::watch(std::weak_ptr<RegionRevoker> revoker) {
+  std::lock_guard lock(mu_);
+  std::erase_if(revokers_, [](const auto& w) { return w.expired(); });
+  revokers_.push_back(std::move(revoker));
+}
+
+void LocalRegionTable::drain(const std::shared_ptr<RegionLifetime>& lifetime) {
+  if (lifetime->users() == 0) return;  // the common case: nothing in flight
+  std::vector<std::shared_ptr<RegionRevoker>> revokers;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& w : revokers_) {
+      if (auto r = w.lock()) revokers.push_back(std::move(r));
+    }
+  }
+  // On a thread that must itself drop the uses (a completion callback on an I/O thread),
+  // waiting would only run out the deadline: revoke at once.
+  const bool on_io_thread = std::any_of(revokers.begin(), revokers.end(), [](auto& r) { return r->on_own_thread(); });
+  const auto timeout = std::chrono::milliseconds(drain_timeout_.load());
+  if (!on_io_thread && lifetime->wait_unused(std::chrono::steady_clock::now() + timeout)) return;
+  DLSLIME_WARN("unregistering region '{}' (handle {}): {} transfer(s) still use it{}; revoking them",
+               lifetime->name(), lifetime->handle(), lifetime->users(),
+               on_io_thread ? " (called on an I/O thread)" : fmt::format(" after {} ms", timeout.count()));
+  for (auto& r : revokers) r->revoke_region(*lifetime);
+  if (!lifetime->wait_unused(std::chrono::steady_clock::now() + std::chrono::seconds(5))) {
+    throw TimeoutError(fmt::format(
+        "region '{}' is still in use by {} transfer(s) after they were revoked; do not free its memory",
+        lifetime->name(), lifetime->users()));
+  }
+}
 
 int32_t LocalRegionTable::add(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length) {
   if (name.empty()) throw InvalidArgumentError("memory region name must not be empty");
@@ -41,34 +103,50 @@ int32_t LocalRegionTable::add(const std::string& name, uintptr_t addr, uint64_t 
                     offset, length));
   }
   const uintptr_t start = addr + offset;
-  std::lock_guard lock(mu_);
-  if (auto it = by_name_.find(name); it != by_name_.end()) {
-    const LocalRegion& old = regions_.at(it->second);
-    if (old.addr == start && old.length == length) return it->second;
-    regions_.erase(it->second);
-    by_name_.erase(it);
+  std::shared_ptr<RegionLifetime> replaced;
+  int32_t handle = 0;
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = by_name_.find(name); it != by_name_.end()) {
+      const LocalRegion& old = regions_.at(it->second);
+      if (old.addr == start && old.length == length) return it->second;
+      replaced = old.lifetime;
+      regions_.erase(it->second);
+      by_name_.erase(it);
+    }
+    if (next_handle_ == std::numeric_limits<int32_t>::max()) throw InvalidArgumentError("region handles exhausted");
+    handle = next_handle_++;
+    regions_.emplace(handle, LocalRegion{name, start, length, std::make_shared<RegionLifetime>(handle, name)});
+    by_name_.emplace(name, handle);
   }
-  if (next_handle_ == std::numeric_limits<int32_t>::max()) throw InvalidArgumentError("region handles exhausted");
-  const int32_t handle = next_handle_++;
-  regions_.emplace(handle, LocalRegion{name, start, length});
-  by_name_.emplace(name, handle);
+  if (replaced) drain(replaced);  // the caller may reuse or free the old bytes once this returns
   return handle;
 }
 
 void LocalRegionTable::remove(const std::string& name) {
-  std::lock_guard lock(mu_);
-  auto it = by_name_.find(name);
-  if (it == by_name_.end()) throw NotFoundError(fmt::format("no local memory region named '{}'", name));
-  regions_.erase(it->second);
-  by_name_.erase(it);
+  std::shared_ptr<RegionLifetime> lifetime;
+  {
+    std::lock_guard lock(mu_);
+    auto it = by_name_.find(name);
+    if (it == by_name_.end()) throw NotFoundError(fmt::format("no local memory region named '{}'", name));
+    lifetime = regions_.at(it->second).lifetime;
+    regions_.erase(it->second);
+    by_name_.erase(it);
+  }
+  drain(lifetime);
 }
 
 void LocalRegionTable::remove(int32_t handle) {
-  std::lock_guard lock(mu_);
-  auto it = regions_.find(handle);
-  if (it == regions_.end()) throw NotFoundError(fmt::format("no local memory region with handle {}", handle));
-  by_name_.erase(it->second.name);
-  regions_.erase(it);
+  std::shared_ptr<RegionLifetime> lifetime;
+  {
+    std::lock_guard lock(mu_);
+    auto it = regions_.find(handle);
+    if (it == regions_.end()) throw NotFoundError(fmt::format("no local memory region with handle {}", handle));
+    lifetime = it->second.lifetime;
+    by_name_.erase(it->second.name);
+    regions_.erase(it);
+  }
+  drain(lifetime);
 }
 
 Status LocalRegionTable::resolve(int32_t handle, uint64_t offset, uint64_t length, uintptr_t* out) const {
@@ -86,7 +164,11 @@ Status LocalRegionTable::resolve(int32_t handle, uint64_t offset, uint64_t lengt
 
 Status LocalRegionTable::resolve(int32_t handle, uint64_t offset, uint64_t length, uintptr_t* out,
                                  ResolveCache& cache) const {
-  if (!cached_range(cache, mu_, regions_, handle, offset, length, [](const LocalRegion& r) { return r.addr; })) {
+  const auto fill = [](const LocalRegion& r, ResolveCache& c) {
+    c.base = r.addr;
+    c.use = RegionUse(r.lifetime);  // under the table's lock: see drain()
+  };
+  if (!cached_range(cache, mu_, regions_, handle, offset, length, fill)) {
     return resolve(handle, offset, length, out);  // the error, with its message
   }
   *out = static_cast<uintptr_t>(cache.base + offset);
@@ -163,7 +245,9 @@ Status RemoteRegionTable::resolve(int32_t handle, uint64_t offset, uint64_t leng
 
 Status RemoteRegionTable::resolve(int32_t handle, uint64_t offset, uint64_t length, int32_t* peer_handle,
                                   ResolveCache& cache) const {
-  const auto owner_handle = [](const RemoteRegion& r) { return uint64_t{static_cast<uint32_t>(r.peer_handle)}; };
+  const auto owner_handle = [](const RemoteRegion& r, ResolveCache& c) {
+    c.base = uint64_t{static_cast<uint32_t>(r.peer_handle)};
+  };
   if (!cached_range(cache, mu_, regions_, handle, offset, length, owner_handle)) {
     return resolve(handle, offset, length, peer_handle);  // the error, with its message
   }

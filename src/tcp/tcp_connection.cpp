@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include <asio/post.hpp>
 #include <asio/read.hpp>
@@ -14,6 +15,55 @@
 #include "core/log.h"
 
 namespace dlslime::tcp {
+
+WriteItem::WriteItem(WriteItem&& o) noexcept
+    : op_id_(o.op_id_),
+      tail_header_(o.tail_header_),
+      bytes_(std::move(o.bytes_)),
+      segments_(std::move(o.segments_)),
+      uses_(std::move(o.uses_)),
+      meter_(std::exchange(o.meter_, nullptr)),
+      metered_(std::exchange(o.metered_, 0)) {}
+
+WriteItem& WriteItem::operator=(WriteItem&& o) noexcept {
+  if (this == &o) return *this;
+  if (meter_) *meter_ -= metered_;
+  op_id_ = o.op_id_;
+  tail_header_ = o.tail_header_;
+  bytes_ = std::move(o.bytes_);
+  segments_ = std::move(o.segments_);
+  uses_ = std::move(o.uses_);
+  meter_ = std::exchange(o.meter_, nullptr);
+  metered_ = std::exchange(o.metered_, 0);
+  return *this;
+}
+
+WriteItem::~WriteItem() {
+  if (meter_) *meter_ -= metered_;
+}
+
+void WriteItem::meter(size_t* meter) {
+  if (meter_) *meter_ -= metered_;
+  meter_ = meter;
+  metered_ = 0;
+  remeter();
+}
+
+void WriteItem::remeter() {
+  if (!meter_) return;
+  const size_t now = memory();
+  *meter_ += now - metered_;  // capacities only grow while an item is built
+  metered_ = now;
+}
+
+void AnswerBudget::on_drained() {
+  if (stalled.empty() || bytes > limit / 2) return;
+  auto waiting = std::move(stalled);
+  stalled.clear();
+  for (auto& w : waiting) {
+    if (auto conn = w.lock()) conn->resume_answers();
+  }
+}
 
 void WriteItem::add_header(const FrameHeader& h) {
   uint8_t raw[kFrameHeaderSize];
@@ -27,6 +77,7 @@ void WriteItem::reserve(size_t frames, uint64_t payload) {
   const uint64_t inline_bytes = std::min<uint64_t>(payload, frames * kInlinePayloadMax);
   bytes_.reserve(bytes_.size() + frames * kFrameHeaderSize + inline_bytes);
   segments_.reserve(segments_.size() + 2 * frames);
+  remeter();
 }
 
 void WriteItem::add_copy(const void* data, size_t n) {
@@ -39,6 +90,7 @@ void WriteItem::add_copy(const void* data, size_t n) {
   } else {
     segments_.push_back({nullptr, offset, n});
   }
+  remeter();
 }
 
 void WriteItem::add_payload(const void* data, size_t n) {
@@ -47,6 +99,7 @@ void WriteItem::add_payload(const void* data, size_t n) {
   } else {
     tail_header_ = kNoTail;
     segments_.push_back({static_cast<const uint8_t*>(data), 0, n});
+    remeter();
   }
 }
 
@@ -57,8 +110,29 @@ void WriteItem::append_buffers(std::vector<iovec>& out) const {
   }
 }
 
-TcpConnection::TcpConnection(asio::ip::tcp::socket socket, FrameHandler* handler, Role role, uint16_t lane)
-    : socket_(std::move(socket)), handler_(handler), role_(role), lane_(lane), rbuf_(new uint8_t[kStagingSize]) {}
+TcpConnection::TcpConnection(asio::ip::tcp::socket socket, FrameHandler* handler, Role role, uint16_t lane,
+                             std::shared_ptr<AnswerBudget> budget)
+    : budget_(budget ? std::move(budget) : std::make_shared<AnswerBudget>()),
+      socket_(std::move(socket)),
+      handler_(handler),
+      role_(role),
+      lane_(lane),
+      rbuf_(new uint8_t[kStagingSize]) {}
+
+template <class F>
+void TcpConnection::guarded(F&& fn) noexcept {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    DLSLIME_ERROR("lane {}: internal error while handling I/O: {}", lane_, e.what());
+    close(Status::failed(fmt::format("lane {} closed after an internal error: {}", lane_, e.what())));
+  }
+}
+
+bool TcpConnection::holds(const RegionLifetime* lifetime) const {
+  if (segment_uses_.holds(lifetime)) return true;
+  return std::any_of(queue_.begin(), queue_.end(), [&](const WriteItem& item) { return item.uses().holds(lifetime); });
+}
 
 std::string TcpConnection::peer_address() const {
   std::error_code ec;
@@ -114,6 +188,7 @@ void TcpConnection::consume(const uint8_t* src, size_t n) {
 void TcpConnection::finish_frame() {
   have_header_ = false;
   sink_ready_ = false;
+  segment_uses_.clear();  // the payload is placed (or was dropped)
   const FrameHeader h = hdr_;
   const PayloadSink sink = sink_;
   sink_ = {};
@@ -128,20 +203,29 @@ void TcpConnection::take_prefix() {
   rx_text_.clear();
 }
 
-size_t TcpConnection::queued_answers() const {
-  size_t total = 0;  // few items: answers of one handler turn share one
-  for (const WriteItem& item : queue_) {
-    if (item.op_id() == 0) total += item.memory();
-  }
-  return total;
+void TcpConnection::stall_for_answers() {
+  answers_full_ = true;
+  budget_->stalled.push_back(weak_from_this());
+}
+
+void TcpConnection::resume_answers() {
+  if (!answers_full_ || closed_) return;
+  answers_full_ = false;
+  asio::post(socket_.get_executor(), [self = shared_from_this()] {
+    self->guarded([&] {
+      if (!self->closed_) self->process();
+    });
+  });
 }
 
 void TcpConnection::process() {
   while (!closed_) {
     if (!have_header_) {
       if (rend_ - rbeg_ < kFrameHeaderSize) break;
-      answers_full_ = queued_answers() > kMaxQueuedAnswers;
-      if (answers_full_) break;  // do_write resumes once they drain
+      if (budget_->full()) {  // resumed once the peer has read enough of them
+        if (!answers_full_) stall_for_answers();
+        break;
+      }
       if (Status st = parse_frame_header(rbuf_.get() + rbeg_, &hdr_); !st) {
         close(st);
         return;
@@ -217,7 +301,7 @@ void TcpConnection::schedule_read() {
                             if (self->closed_) return;
                             if (ec) return self->close(self->io_error(ec, "reading"));
                             self->rend_ += n;
-                            self->process();
+                            self->guarded([&] { self->process(); });
                           });
 }
 
@@ -244,13 +328,15 @@ void TcpConnection::read_direct(uint64_t bytes) {
     self->reading_ = self->reading_direct_ = false;
     if (self->closed_) return;
     if (ec) return self->close(self->io_error(ec, "receiving a payload"));
-    self->sink_.advance(n);
-    self->remaining_ -= n;
-    if (self->remaining_ > 0) return self->schedule_read();  // direct again, or staging for small segments
-    self->set_low_watermark(1);
-    self->expect_large_ = true;
-    self->finish_frame();
-    self->process();
+    self->guarded([&] {
+      self->sink_.advance(n);
+      self->remaining_ -= n;
+      if (self->remaining_ > 0) return self->schedule_read();  // direct again, or staging for small segments
+      self->set_low_watermark(1);
+      self->expect_large_ = true;
+      self->finish_frame();
+      self->process();
+    });
   });
 }
 
@@ -271,7 +357,9 @@ void TcpConnection::resume_reading() {
   paused_ = false;
   // Not inline: the caller may be inside another connection's frame handler.
   asio::post(socket_.get_executor(), [self = shared_from_this()] {
-    if (!self->closed_) self->process();
+    self->guarded([&] {
+      if (!self->closed_) self->process();
+    });
   });
 }
 
@@ -293,7 +381,10 @@ void TcpConnection::send(WriteItem item) {
 WriteItem& TcpConnection::control() {
   // Append to the last queued item unless it is being written (its buffers are in iov_)
   // or belongs to an op (abandon() must be able to drop exactly that op's frames).
-  if (queue_.size() <= writing_items_ || queue_.back().op_id() != 0) queue_.emplace_back(0);
+  if (queue_.size() <= writing_items_ || queue_.back().op_id() != 0) {
+    queue_.emplace_back(0);
+    queue_.back().meter(&budget_->bytes);
+  }
   schedule_flush();
   return queue_.back();
 }
@@ -307,7 +398,9 @@ void TcpConnection::schedule_flush() {
   flush_posted_ = true;
   asio::post(socket_.get_executor(), [self = shared_from_this()] {
     self->flush_posted_ = false;
-    if (!self->closed_ && self->writing_items_ == 0) self->do_write();
+    self->guarded([&] {
+      if (!self->closed_ && self->writing_items_ == 0) self->do_write();
+    });
   });
 }
 
@@ -339,7 +432,7 @@ void TcpConnection::do_write() {
         socket_.async_wait(asio::socket_base::wait_write, [self = shared_from_this()](std::error_code ec) {
           if (self->closed_) return;
           if (ec) return self->close(self->io_error(ec, "sending"));
-          self->do_write();
+          self->guarded([&] { self->do_write(); });
         });
         return;
       }
@@ -356,12 +449,7 @@ void TcpConnection::do_write() {
   }
   queue_.erase(queue_.begin(), queue_.begin() + static_cast<ptrdiff_t>(writing_items_));
   writing_items_ = 0;
-  if (answers_full_ && queued_answers() <= kMaxQueuedAnswers / 2) {
-    answers_full_ = false;
-    asio::post(socket_.get_executor(), [self = shared_from_this()] {
-      if (!self->closed_) self->process();
-    });
-  }
+  budget_->on_drained();
   if (!queue_.empty()) do_write();
 }
 
@@ -383,6 +471,9 @@ void TcpConnection::close(const Status& why) {
   socket_.close(ignored);
   queue_.clear();
   writing_items_ = 0;
+  segment_uses_.clear();
+  sink_ = {};  // nothing is placed any more
+  budget_->on_drained();
   FrameHandler* handler = handler_;
   handler_ = nullptr;
   DLSLIME_DEBUG("lane {} ({}) closed: {}", lane_, role_ == Role::kDialed ? "dialed" : "accepted", why.to_string());

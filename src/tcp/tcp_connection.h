@@ -12,6 +12,7 @@
 #include <asio/buffer.hpp>
 #include <asio/ip/tcp.hpp>
 
+#include "core/region_table.h"
 #include "dlslime/status.h"
 #include "tcp/frame.h"
 
@@ -28,6 +29,9 @@ class WriteItem {
   static constexpr size_t kInlinePayloadMax = 256;
 
   explicit WriteItem(uint64_t op_id = 0) : op_id_(op_id) {}
+  WriteItem(WriteItem&& o) noexcept;
+  WriteItem& operator=(WriteItem&& o) noexcept;
+  ~WriteItem();
 
   // Room for `frames` frames carrying `payload` bytes in all, so that building a batch
   // allocates once instead of regrowing (and re-copying) its buffers.
@@ -44,8 +48,16 @@ class WriteItem {
   void append_buffers(std::vector<iovec>& out) const;
   // Memory the item holds (copied bytes and its segment list), not what it references.
   size_t memory() const { return bytes_.capacity() + segments_.capacity() * sizeof(Segment); }
+  // Keeps the regions its referenced payloads point into registered until the item is
+  // written or dropped (read answers; an op's own frames are covered by the op).
+  void hold(RegionUses&& uses) { uses_.take(std::move(uses)); }
+  const RegionUses& uses() const { return uses_; }
+  // Counts memory() into *meter while the item lives (the answer budget of a peer).
+  void meter(size_t* meter);
 
  private:
+  void remeter();
+
   struct Segment {
     const uint8_t* external;  // nullptr: the bytes are bytes_[offset, offset+size)
     size_t offset;
@@ -56,6 +68,9 @@ class WriteItem {
   size_t tail_header_ = kNoTail;  // offset in bytes_ of the last header, if nothing followed it
   std::vector<uint8_t> bytes_;
   std::vector<Segment> segments_;
+  RegionUses uses_;
+  size_t* meter_ = nullptr;  // where memory() is counted (nullptr: nowhere)
+  size_t metered_ = 0;       // what is counted there now
 };
 
 template <class Pred>
@@ -104,6 +119,22 @@ struct PayloadSink {
 
 class TcpConnection;
 
+// Answers (acknowledgements, read responses) queued to one peer on all its connections: a
+// peer that sends requests and never reads the answers may make them hold at most `limit`
+// bytes. Past it the peer's connections stop reading requests until half has drained
+// (bounded memory however many lanes the peer opens). Only answers count: requests are
+// bounded by max_inflight_ops, and pausing on them could wait on the peer's own pause.
+// Shared by the connections of one endpoint, on its I/O thread.
+struct AnswerBudget {
+  static constexpr size_t kDefaultLimit = 8 << 20;
+  size_t bytes = 0;
+  size_t limit = kDefaultLimit;
+  std::vector<std::weak_ptr<TcpConnection>> stalled;  // stopped reading until bytes <= limit / 2
+  bool full() const { return bytes > limit; }
+  // Restarts the stalled connections once enough has drained.
+  void on_drained();
+};
+
 enum class RxAction { kContinue, kPause };
 
 // Frame semantics live in the endpoint; the connection only moves bytes.
@@ -129,7 +160,8 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
  public:
   enum class Role : uint8_t { kDialed, kAccepted };
 
-  TcpConnection(asio::ip::tcp::socket socket, FrameHandler* handler, Role role, uint16_t lane);
+  TcpConnection(asio::ip::tcp::socket socket, FrameHandler* handler, Role role, uint16_t lane,
+                std::shared_ptr<AnswerBudget> budget = nullptr);
 
   void start();
   // Queues the frames of local op `item.op_id()` (they may reference its memory, so
@@ -149,9 +181,15 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
 
   // Storage for the segments of the frame being read (on_prefix); reused per frame.
   std::vector<PayloadSegment>& segments() { return segments_; }
+  // The regions those segments point into, held until the frame is placed or dropped.
+  RegionUses& segment_uses() { return segment_uses_; }
+  // Whether a frame being read or an item queued here refers to `lifetime`'s region.
+  bool holds(const RegionLifetime* lifetime) const;
 
   void pause_reading() { paused_ = true; }
   void resume_reading();
+  // The peer's answer budget has drained: reading its requests goes on (AnswerBudget).
+  void resume_answers();
 
   // Fails the connection: cancels its I/O and reports `why` to the handler once.
   void close(const Status& why);
@@ -166,12 +204,6 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
 
  private:
   static constexpr size_t kStagingSize = 256 * 1024;
-  // Answers (acknowledgements, read responses) queued for a peer that does not read them
-  // may hold at most this much memory; past it the connection stops reading the peer's
-  // requests until half of it has drained (bounded memory against a peer that sends
-  // requests and never reads). Only answers count: requests are bounded by
-  // max_inflight_ops, and pausing on them could wait on the peer's own pause.
-  static constexpr size_t kMaxQueuedAnswers = 8 << 20;
   // Payload remainders at least this large are read straight into their destination
   // (one readv over up to kMaxDirectSegments segments), if those segments average at
   // least kDirectSegmentMin bytes; smaller ones are copied out of the staging buffer.
@@ -193,9 +225,15 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
   void read_direct(uint64_t bytes);
   void set_low_watermark(uint64_t bytes);
   void do_write();
-  size_t queued_answers() const;
+  void stall_for_answers();
+  // Runs an I/O completion: an exception from the frame handlers (allocation failure, a
+  // bug) closes this connection, failing its ops, instead of leaving it with no read
+  // posted and its ops hanging.
+  template <class F>
+  void guarded(F&& fn) noexcept;
   Status io_error(const std::error_code& ec, const char* what) const;
 
+  std::shared_ptr<AnswerBudget> budget_;  // before queue_: its items count into it
   asio::ip::tcp::socket socket_;
   FrameHandler* handler_;
   const Role role_;
@@ -209,11 +247,12 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
   PayloadSink sink_;
   std::string rx_text_;  // collected payloads
   std::vector<PayloadSegment> segments_;
+  RegionUses segment_uses_;
   std::vector<asio::mutable_buffer> direct_bufs_;
   uint64_t remaining_ = 0;
   bool have_header_ = false, sink_ready_ = false;
   bool paused_ = false, reading_ = false, reading_direct_ = false;
-  bool answers_full_ = false;  // stopped reading: too many answers queued (kMaxQueuedAnswers)
+  bool answers_full_ = false;  // stopped reading: too many answers queued (AnswerBudget)
   // The last payload was read directly: the next frame is likely large too, so staging
   // reads take only its header and piece list instead of copying the start of its payload.
   bool expect_large_ = false;

@@ -92,7 +92,7 @@ std::shared_ptr<TcpConnection> TcpEndpointImpl::adopt_dialed_for_test(asio::ip::
                                                                       uint64_t peer_id) {
   pair_with(peer_id);
   auto conn = std::make_shared<TcpConnection>(std::move(socket), this, TcpConnection::Role::kDialed,
-                                              static_cast<uint16_t>(dialed_.size()));
+                                              static_cast<uint16_t>(dialed_.size()), answer_budget_);
   dialed_.push_back(conn);
   lanes_up_ = static_cast<uint16_t>(dialed_.size());
   connected_ = true;
@@ -100,16 +100,60 @@ std::shared_ptr<TcpConnection> TcpEndpointImpl::adopt_dialed_for_test(asio::ip::
   return conn;
 }
 
+void TcpEndpointImpl::throw_inherited() const {
+  throw ConnectionError(fmt::format("TcpEndpoint {:#x} was created before fork() and cannot be used in the child "
+                                    "process; create a new endpoint there",
+                                    endpoint_id_),
+                        StatusCode::kFailed);
+}
+
 void TcpEndpointImpl::run_on_io(std::function<void()> fn) {
+  if (inherited()) throw_inherited();
   // No runtime: the caller drives the io_context itself (tests), so this is its thread.
-  if (!runtime_ || io_.get_executor().running_in_this_thread()) return fn();
-  std::packaged_task<void()> task(std::move(fn));
-  auto done = task.get_future();
-  asio::post(io_, [&task] { task(); });
-  done.get();
+  if (!runtime_ || io_.get_executor().running_in_this_thread()) {
+    CompletionScope scope;
+    return fn();
+  }
+  // The hop has a deadline (a continuation blocking the I/O thread must not hang the
+  // caller for good). fn may refer to the caller's stack, so a hop that times out before
+  // it started is abandoned (it never runs); one that started is waited for.
+  struct Hop {
+    std::mutex mu;
+    std::condition_variable cv;
+    enum { kQueued, kRunning, kDone, kAbandoned } state = kQueued;
+    std::exception_ptr error;
+  };
+  auto hop = std::make_shared<Hop>();
+  asio::post(io_, [hop, &fn] {
+    {
+      std::lock_guard lock(hop->mu);
+      if (hop->state == Hop::kAbandoned) return;
+      hop->state = Hop::kRunning;
+    }
+    try {
+      fn();
+    } catch (...) {
+      hop->error = std::current_exception();
+    }
+    std::lock_guard lock(hop->mu);
+    hop->state = Hop::kDone;
+    hop->cv.notify_all();
+  });
+  std::unique_lock lock(hop->mu);
+  if (!hop->cv.wait_for(lock, kIoHopTimeout, [&] { return hop->state == Hop::kDone; })) {
+    if (hop->state == Hop::kQueued) {
+      hop->state = Hop::kAbandoned;
+      throw TimeoutError(fmt::format(
+          "the endpoint's I/O thread did not respond within {} s (is a completion callback blocking it?)",
+          std::chrono::duration_cast<std::chrono::seconds>(kIoHopTimeout).count()));
+    }
+    hop->cv.wait(lock, [&] { return hop->state == Hop::kDone; });
+  }
+  if (hop->error) std::rethrow_exception(hop->error);
 }
 
 void TcpEndpointImpl::start() {
+  local_regions->watch(std::static_pointer_cast<RegionRevoker>(shared_from_this()));
   std::weak_ptr<TcpEndpointImpl> weak = weak_from_this();
   run_on_io([&] {
     listener_->start(
@@ -161,7 +205,8 @@ void TcpEndpointImpl::adopt_accepted(asio::ip::tcp::socket socket, const tcp::He
   }
   pair_with(hello.sender_id);
   last_loss_.clear();
-  auto conn = std::make_shared<TcpConnection>(std::move(socket), this, TcpConnection::Role::kAccepted, hello.lane_index);
+  auto conn = std::make_shared<TcpConnection>(std::move(socket), this, TcpConnection::Role::kAccepted, hello.lane_index,
+                                              answer_budget_);
   DLSLIME_DEBUG("accepted lane {} from peer {:#x} at {}", hello.lane_index, hello.sender_id, conn->peer_address());
   accepted_.push_back(conn);
   conn->start();
@@ -179,6 +224,7 @@ void TcpEndpointImpl::pair_with(uint64_t peer_id) {
 
 void TcpEndpointImpl::connect(const nlohmann::json& peer_info) {
   if (shut_down_) throw ConnectionError("connect() on a shut-down endpoint", StatusCode::kCancelled);
+  if (inherited()) throw_inherited();
   if (!peer_info.is_object()) throw InvalidArgumentError("peer_info must be a dict (the peer's endpoint_info())");
   if (peer_info.contains("transport") && peer_info["transport"] != "tcp") {
     throw InvalidArgumentError(
@@ -230,13 +276,19 @@ void TcpEndpointImpl::connect(const nlohmann::json& peer_info) {
     for (const auto& r : results) request.addresses.push_back(r.endpoint());
   }
 
-  auto result = std::make_shared<std::promise<Status>>();
-  auto outcome = result->get_future();
+  auto result = std::make_shared<ConnectWait>();
+  auto outcome = result->promise.get_future();
+  {
+    std::lock_guard lock(connects_mu_);
+    std::erase_if(connects_, [](const auto& w) { return w.expired(); });
+    connects_.push_back(result);
+  }
+  if (shut_down_) result->finish(Status::cancelled("the endpoint was shut down"));  // raced with shutdown()
   post([request = std::move(request), result](TcpEndpointImpl& self) mutable {
-    if (self.shut_down_) return result->set_value(Status::cancelled("the endpoint was shut down"));
+    if (self.shut_down_) return result->finish(Status::cancelled("the endpoint was shut down"));
     if (!self.dialed_.empty()) {
-      if (request.target_id == 0 || request.target_id == self.peer_id_) return result->set_value(Status::ok());
-      return result->set_value(Status(StatusCode::kAccessDenied,
+      if (request.target_id == 0 || request.target_id == self.peer_id_) return result->finish(Status::ok());
+      return result->finish(Status(StatusCode::kAccessDenied,
                                       fmt::format("already connected to peer {:#x}; a TcpEndpoint serves one peer",
                                                   self.peer_id_)));
     }
@@ -244,8 +296,8 @@ void TcpEndpointImpl::connect(const nlohmann::json& peer_info) {
     tcp::dial_lanes(self.io_, std::move(request), self.options_,
                     [weak = self.weak_from_this(), result, label](tcp::DialResult r) {
                       auto self = weak.lock();
-                      if (!self) return result->set_value(Status::cancelled("the endpoint is gone"));
-                      if (!r.status) return result->set_value(r.status);
+                      if (!self) return result->finish(Status::cancelled("the endpoint is gone"));
+                      if (!r.status) return result->finish(r.status);
                       Status verdict = Status::ok();
                       if (self->shut_down_) {
                         verdict = Status::cancelled("the endpoint was shut down during connect()");
@@ -260,14 +312,14 @@ void TcpEndpointImpl::connect(const nlohmann::json& peer_info) {
                           std::error_code ignored;
                           s.close(ignored);
                         }
-                        return result->set_value(verdict);  // a concurrent connect() won
+                        return result->finish(verdict);  // a concurrent connect() won
                       }
                       self->pair_with(r.peer_id);
                       self->last_loss_.clear();
                       for (size_t lane = 0; lane < r.sockets.size(); ++lane) {
                         auto conn = std::make_shared<TcpConnection>(std::move(r.sockets[lane]), self.get(),
                                                                     TcpConnection::Role::kDialed,
-                                                                    static_cast<uint16_t>(lane));
+                                                                    static_cast<uint16_t>(lane), self->answer_budget_);
                         self->dialed_.push_back(conn);
                         conn->start();
                       }
@@ -275,7 +327,7 @@ void TcpEndpointImpl::connect(const nlohmann::json& peer_info) {
                       self->connected_ = true;
                       DLSLIME_INFO("connected to {} (peer {:#x}) over {} lane(s)", label, r.peer_id,
                                    self->dialed_.size());
-                      result->set_value(Status::ok());
+                      result->finish(Status::ok());
                     });
   });
   // The dial has its own deadline; this guard only covers a stalled I/O thread.
@@ -283,6 +335,7 @@ void TcpEndpointImpl::connect(const nlohmann::json& peer_info) {
     throw TimeoutError(fmt::format("connect() to {}:{} did not finish", host, port));
   }
   const Status st = outcome.get();
+  if (st.code() == StatusCode::kCancelled) throw ConnectionError("connect(): " + st.message(), StatusCode::kCancelled);
   if (st.code() == StatusCode::kTimeout) throw TimeoutError(st.message());
   if (st.code() == StatusCode::kAuthenticationFailed) throw AuthenticationError(st.message());
   if (!st) throw ConnectionError(st.message(), st.code());
@@ -306,17 +359,23 @@ void TcpEndpointImpl::start_op(Submission& sub) {
                                          last_loss_)));
     return;
   }
-  if (pending_.size() >= options_.max_inflight_ops) {
-    state->complete(Status(StatusCode::kBatchOverflow,
-                           fmt::format("{} ops already in flight (max_inflight_ops)", pending_.size())));
-    return;
-  }
   if (sub.items.empty()) {  // only zero-length items
     state->complete(Status::ok());
     return;
   }
   const bool has_deadline = sub.op.deadline != Clock::time_point::max();
   const bool is_send = state->kind() == OpKind::kSend;
+  if (state->kind() == OpKind::kWrite || state->kind() == OpKind::kWriteWithImm) {
+    // Each lane's frames end in one acknowledgement, on that lane (on_write_ack).
+    for (const auto& [lane, item] : sub.items) {
+      const uint64_t bit = uint64_t{1} << dialed_[lane % dialed_.size()]->lane();
+      if (sub.op.ack_lanes & bit) {  // fewer lanes than when it was planned: a reconnect in between
+        state->complete(Status::not_connected("the connection changed while the op was submitted; submit it again"));
+        return;
+      }
+      sub.op.ack_lanes |= bit;
+    }
+  }
   pending_.emplace(sub.op_id, std::move(sub.op));
   for (auto& [lane, item] : sub.items) dialed_[lane % dialed_.size()]->send(std::move(item));
   if (is_send) {
@@ -327,17 +386,57 @@ void TcpEndpointImpl::start_op(Submission& sub) {
   if (has_deadline) arm_sweeper();
 }
 
-void TcpEndpointImpl::complete_op(uint64_t op_id, const Status& status, uint64_t nbytes, bool whole) {
+void TcpEndpointImpl::finish_op(uint64_t op_id, Status status, uint64_t nbytes) {
   auto it = pending_.find(op_id);
-  if (it == pending_.end()) return;  // it already expired; the late answer is dropped
-  std::shared_ptr<OpState> state = it->second.state;
-  if (whole) {
-    pending_.erase(it);
-    state->complete(status, nbytes);
-    return;
+  if (it == pending_.end()) return;  // it already ended; a late answer is dropped
+  PendingOp op = std::move(it->second);
+  pending_.erase(it);
+  // The op's memory must not be touched once its future completes. Queued frames are
+  // dropped and sinks released; bytes already being written or read can only be stopped
+  // by closing that connection (which fails the endpoint's other ops the same way).
+  std::vector<std::shared_ptr<TcpConnection>> stuck;
+  for (auto* lanes : {&dialed_, &accepted_}) {
+    for (auto& conn : *lanes) {
+      if (!conn->release(op_id) || !conn->abandon(op_id)) stuck.push_back(conn);
+    }
   }
-  // Erase before the continuation can run: it may submit or shut down.
-  if (state->finish_part(status, nbytes) || state->done()) pending_.erase(op_id);
+  for (auto& conn : stuck) {
+    conn->close(Status::peer_closed(fmt::format("lane {} was closed: {} op {} ended ({}) while its bytes were in transit",
+                                                conn->lane(), op_kind_name(op.state->kind()), op_id,
+                                                status_code_name(status.code()))));
+  }
+  std::shared_ptr<OpState> state = std::move(op.state);
+  op = PendingOp();  // regions and the in-flight slot go before the future completes
+  state->complete(std::move(status), nbytes);
+}
+
+void TcpEndpointImpl::violation(TcpConnection& conn, std::string what) {
+  DLSLIME_WARN("peer {:#x}, lane {}: {}", peer_id_, conn.lane(), what);
+  conn.close(Status::protocol_error(std::move(what)));
+}
+
+void TcpEndpointImpl::revoke_region(const RegionLifetime& lifetime) {
+  run_on_io([&] {
+    std::vector<uint64_t> ops;
+    for (const auto& [id, op] : pending_) {
+      if (op.uses.holds(&lifetime)) ops.push_back(id);
+    }
+    for (uint64_t id : ops) {
+      finish_op(id, Status(StatusCode::kUnknownHandle,
+                           fmt::format("local region '{}' was unregistered while the op was in flight", lifetime.name())));
+    }
+    std::vector<std::shared_ptr<TcpConnection>> holding;
+    for (auto* lanes : {&dialed_, &accepted_}) {
+      for (auto& conn : *lanes) {
+        if (conn->holds(&lifetime)) holding.push_back(conn);
+      }
+    }
+    for (auto& conn : holding) {
+      conn->close(Status::failed(fmt::format(
+          "lane {} was closed: region '{}' was unregistered while a transfer of the peer on it was in flight",
+          conn->lane(), lifetime.name())));
+    }
+  });
 }
 
 void TcpEndpointImpl::arm_sweeper() {
@@ -369,7 +468,13 @@ void TcpEndpointImpl::sweep() {
       waiting = true;
     }
   }
-  for (uint64_t id : expired) expire_op(id);
+  for (uint64_t id : expired) {
+    auto it = pending_.find(id);
+    if (it == pending_.end()) continue;  // ended meanwhile (a lane closed by an earlier one)
+    const OpKind kind = it->second.state->kind();
+    finish_op(id, Status::timeout(fmt::format("{} did not complete within {} ms (op_timeout)", op_kind_name(kind),
+                                              options_.op_timeout.count())));
+  }
 
   const auto recv_timeout_status = [&] {
     return Status::timeout(fmt::format("recv: no message arrived within {} ms (recv_timeout)",
@@ -399,25 +504,6 @@ void TcpEndpointImpl::sweep() {
     }
   }
   if (waiting) arm_sweeper();
-}
-
-void TcpEndpointImpl::expire_op(uint64_t op_id) {
-  auto it = pending_.find(op_id);
-  if (it == pending_.end()) return;
-  std::shared_ptr<OpState> state = std::move(it->second.state);
-  pending_.erase(it);
-  // The op's memory must not be touched once its future completes. Queued frames are
-  // dropped; bytes already being written or read can only be stopped by closing.
-  std::vector<std::shared_ptr<TcpConnection>> stuck;
-  for (auto& conn : dialed_) {
-    if (!conn->release(op_id) || !conn->abandon(op_id)) stuck.push_back(conn);
-  }
-  state->complete(Status::timeout(fmt::format("{} did not complete within {} ms (op_timeout)",
-                                              op_kind_name(state->kind()), options_.op_timeout.count())));
-  for (auto& conn : stuck) {
-    conn->close(Status::peer_closed(
-        fmt::format("lane {} was closed: an op timed out while its bytes were in transit", conn->lane())));
-  }
 }
 
 void TcpEndpointImpl::on_closed(TcpConnection& conn, const Status& why) {
@@ -454,23 +540,50 @@ void TcpEndpointImpl::fail_all(const Status& why) {
   // to later recvs even though the peer is gone (but not past shutdown()).
   std::erase_if(unexpected_, [&](const auto& m) { return shut_down_ || !m->complete; });
   unexpected_bytes_ = 0;
-  for (const auto& m : unexpected_) unexpected_bytes_ += m->buffered.size();
+  for (const auto& m : unexpected_) unexpected_bytes_ += m->buffered.size() + kHeldMessageOverhead;
   inbound_writes_.clear();
   paused_conn_.reset();
   failing_ = false;
   // Complete outside the bookkeeping: continuations may call back into the endpoint.
-  for (auto& [id, op] : pending) op.state->complete(why);
+  // The lanes are closed: nothing touches the ops' memory any more.
+  for (auto& [id, op] : pending) {
+    op.uses.clear();
+    op.state->complete(why);
+  }
   for (auto& r : recvs) r.state->complete(why);
   if (current && current->matched && current->recv.state) current->recv.state->complete(why);
 }
 
 void TcpEndpointImpl::shutdown() {
   if (shut_down_.exchange(true)) return;
-  run_on_io([this] {
-    listener_->close();
-    sweep_timer_.cancel();
-    fail_all(Status::cancelled("the endpoint was shut down"));
-  });
+  if (inherited()) {
+    // In a fork() child: nothing may run on the parent's I/O thread (it is not here), and
+    // closing the sockets would deregister them from the epoll instance the parent still
+    // uses. The parent's endpoint is left untouched: this copy is never destroyed.
+    static std::mutex kept_mu;
+    static auto* kept = new std::vector<std::shared_ptr<TcpEndpointImpl>>();
+    std::lock_guard lock(kept_mu);
+    kept->push_back(shared_from_this());
+    return;
+  }
+  {
+    // A connect() in progress returns now; its dial closes what it opens (shut_down_).
+    std::lock_guard lock(connects_mu_);
+    for (auto& w : connects_) {
+      if (auto wait = w.lock()) wait->finish(Status::cancelled("the endpoint was shut down during connect()"));
+    }
+    connects_.clear();
+  }
+  try {
+    run_on_io([this] {
+      listener_->close();
+      sweep_timer_.cancel();
+      fail_all(Status::cancelled("the endpoint was shut down"));
+    });
+  } catch (const std::exception& e) {
+    // Called from destructors: report, never throw.
+    DLSLIME_ERROR("TcpEndpoint {:#x}: shutdown did not finish: {}", endpoint_id_, e.what());
+  }
   DLSLIME_DEBUG("TcpEndpoint {:#x} shut down", endpoint_id_);
 }
 

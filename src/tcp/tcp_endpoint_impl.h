@@ -3,11 +3,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <condition_variable>
 #include <deque>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -30,7 +33,9 @@ namespace dlslime {
 // Region tables are thread-safe and used from any thread; everything else (connections, pending ops, posted receives) is owned by the
 // endpoint's I/O thread and touched only there. User threads prepare an op (resolve
 // handles, build frames) and post it to that thread.
-class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_shared_from_this<TcpEndpointImpl> {
+class TcpEndpointImpl final : public tcp::FrameHandler,
+                              public RegionRevoker,
+                              public std::enable_shared_from_this<TcpEndpointImpl> {
  public:
   using Clock = std::chrono::steady_clock;
 
@@ -68,15 +73,44 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
                 std::string_view text) override;
   void on_closed(tcp::TcpConnection& conn, const Status& why) override;
 
+  // RegionRevoker
+  void revoke_region(const RegionLifetime& lifetime) override;
+  bool on_own_thread() const override { return io_.get_executor().running_in_this_thread(); }
+
  private:
-  // An initiated op waiting for its acknowledgements or data.
+  // One op counted against max_inflight_ops from submit() until it is finished (RAII).
+  class InflightSlot {
+   public:
+    InflightSlot() = default;
+    explicit InflightSlot(std::atomic<uint32_t>* count) : count_(count) {}
+    InflightSlot(InflightSlot&& o) noexcept : count_(std::exchange(o.count_, nullptr)) {}
+    InflightSlot& operator=(InflightSlot&& o) noexcept {
+      std::swap(count_, o.count_);
+      return *this;
+    }
+    ~InflightSlot() {
+      if (count_) count_->fetch_sub(1, std::memory_order_relaxed);
+    }
+
+   private:
+    std::atomic<uint32_t>* count_ = nullptr;
+  };
+  // An initiated op waiting for its acknowledgements or data. Everything it references
+  // (frames queued on lanes, sinks into its buffers, its regions) is released by
+  // finish_op(), the one way an op ends, before its future completes.
   struct PendingOp {
     std::shared_ptr<OpState> state;
     Clock::time_point deadline = Clock::time_point::max();
+    RegionUses uses;      // the local regions its frames and sinks point into
+    InflightSlot slot;
+    uint64_t ack_lanes = 0;  // write: bit per dialed lane whose acknowledgement is due
     std::vector<tcp::PayloadSegment> reads;  // read: destination of each piece, by index
+    // read: at the first piece of each request not answered yet, its piece count (an
+    // answer must match one exactly, once)
+    std::vector<uint16_t> read_runs;
     uint32_t reads_left = 0;                 // read: pieces not answered yet
     uint64_t nbytes = 0;          // read: bytes placed so far
-    Status error;                 // read: the first error a response reported
+    Status error;                 // the first error an answer reported
   };
   // A prepared op on its way from the submitting thread to the I/O thread.
   struct Submission {
@@ -128,17 +162,33 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
   void answer_read(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view list);
   template <class OverLimit>
   Status resolve_pieces(std::string_view list, uint64_t first, uint64_t limit,
-                        std::vector<tcp::PayloadSegment>& segments, uint64_t* total, OverLimit over_limit) const;
-  void on_send_ack(const tcp::FrameHeader& h, std::string_view text);
-  void complete_op(uint64_t op_id, const Status& status, uint64_t nbytes, bool whole);
+                        std::vector<tcp::PayloadSegment>& segments, RegionUses& uses, uint64_t* total,
+                        OverLimit over_limit) const;
+  void on_send_ack(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view text);
+  void on_write_ack(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view text);
+  // The one way an initiated op ends (answered, refused, expired, revoked): releases its
+  // queued frames, sinks and regions, closes a lane still moving its bytes, then
+  // completes the future. No-op if the op already ended.
+  void finish_op(uint64_t op_id, Status status, uint64_t nbytes = 0);
+  // Fails the connection: a frame that contradicts the state of its op.
+  void violation(tcp::TcpConnection& conn, std::string what);
+  // Messages held before a recv was posted: each costs its bytes plus this much.
+  static constexpr uint64_t kHeldMessageOverhead = 256;
+  void forget_held(const InboundMessage& msg);
+  std::shared_ptr<InboundMessage> take_held_front();
   void arm_sweeper();
   void sweep();
-  void expire_op(uint64_t op_id);
   void fail_all(const Status& why);
   Status decide_hello(const tcp::Hello& hello);
   void pair_with(uint64_t peer_id);
   void adopt_accepted(asio::ip::tcp::socket socket, const tcp::Hello& hello);
+  // This endpoint was made before fork() and this is the child: its I/O thread does not
+  // exist here, and its asio state shares the parent's epoll instance.
+  bool inherited() const noexcept { return runtime_ && !runtime_->usable(); }
+  [[noreturn]] void throw_inherited() const;
+  // Runs fn on the I/O thread and waits (at most kIoHopTimeout: TimeoutError).
   void run_on_io(std::function<void()> fn);
+  static constexpr std::chrono::seconds kIoHopTimeout{10};
   // Runs fn(*this) on the I/O thread; the endpoint stays alive until it has run.
   template <class F>
   void post(F&& fn) {
@@ -154,7 +204,18 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
   std::atomic<bool> connected_{false};
   std::atomic<bool> shut_down_{false};
   std::atomic<uint64_t> next_op_id_{1};
+  std::atomic<uint32_t> inflight_{0};  // read/write/send ops from submit() until finished
   std::atomic<uint16_t> lanes_up_{0};
+  // connect() calls waiting for their dial, so that shutdown() can end them at once.
+  struct ConnectWait {
+    std::promise<Status> promise;
+    std::atomic<bool> finished{false};
+    void finish(Status st) {  // the first outcome wins: the dial's, or shutdown's
+      if (!finished.exchange(true)) promise.set_value(std::move(st));
+    }
+  };
+  std::mutex connects_mu_;
+  std::vector<std::weak_ptr<ConnectWait>> connects_;  // guarded by connects_mu_
   // Submitted ops and recvs not yet taken by the I/O thread. Only the submission that
   // finds the list empty posts a drain, so a burst costs one post and one wake-up, and
   // the ops drained in one turn leave in one write per lane.
@@ -166,6 +227,8 @@ class TcpEndpointImpl final : public tcp::FrameHandler, public std::enable_share
   uint64_t previous_peer_id_ = 0;  // the last one it was paired with, even after a loss
   std::vector<std::shared_ptr<tcp::TcpConnection>> dialed_;    // by lane: our requests
   std::vector<std::shared_ptr<tcp::TcpConnection>> accepted_;  // the peer's requests
+  // Answers queued to the peer on all its connections (bounded per peer, not per lane).
+  std::shared_ptr<tcp::AnswerBudget> answer_budget_ = std::make_shared<tcp::AnswerBudget>();
   std::vector<Handoff> draining_;  // the batch being started (its capacity is reused)
   std::unordered_map<uint64_t, PendingOp> pending_;
   // Messages sent, in the order they went out on lane 0, until acknowledged (on_send_ack).

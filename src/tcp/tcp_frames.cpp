@@ -48,21 +48,42 @@ void TcpEndpointImpl::ack(TcpConnection& conn, FrameType type, uint64_t op_id, c
   item.add_copy(text.data(), text.size());
 }
 
-void TcpEndpointImpl::on_send_ack(const FrameHeader& h, std::string_view text) {
+void TcpEndpointImpl::on_send_ack(TcpConnection& conn, const FrameHeader& h, std::string_view text) {
   // The receiver acknowledges messages in the order they arrived, and one acknowledgement
   // stands for its message and every earlier one not acknowledged yet (those arrived
   // whole and were accepted: a refused one gets its own acknowledgement). sends_ holds the
   // messages in the order they went out on lane 0.
+  if (auto op = pending_.find(h.op_id); op != pending_.end() && op->second.state->kind() != OpKind::kSend) {
+    return violation(conn, fmt::format("a message acknowledgement for op {}, which is a {}", h.op_id,
+                                       op_kind_name(op->second.state->kind())));
+  }
   const auto it = std::find(sends_.begin(), sends_.end(), h.op_id);
   if (it == sends_.end()) return;  // not a message of ours (stray, or dropped long ago)
   const Status status = h.status == 0 ? Status::ok() : remote_status(h, text);
-  while (!sends_.empty()) {  // a continuation may fail the endpoint (fail_all clears sends_)
-    const uint64_t id = sends_.front();
-    sends_.pop_front();
-    const bool last = id == h.op_id;
-    complete_op(id, last ? status : Status::ok(), 0, true);  // no-op for messages that expired
-    if (last) break;
+  std::vector<uint64_t> done(sends_.begin(), it + 1);
+  sends_.erase(sends_.begin(), it + 1);
+  for (uint64_t id : done) finish_op(id, id == h.op_id ? status : Status::ok());  // no-op for expired ones
+}
+
+void TcpEndpointImpl::on_write_ack(TcpConnection& conn, const FrameHeader& h, std::string_view text) {
+  // One acknowledgement per lane that carried the op's frames, on that lane: anything
+  // else (an ack for a read or a message, a second one, one on another lane) is a peer
+  // claiming bytes arrived that it never received, and fails the connection.
+  auto it = pending_.find(h.op_id);
+  if (it == pending_.end()) return;  // it already ended (expired); a late answer
+  PendingOp& op = it->second;
+  const OpKind kind = op.state->kind();
+  const uint64_t bit = conn.lane() < 64 ? uint64_t{1} << conn.lane() : 0;
+  if (kind != OpKind::kWrite && kind != OpKind::kWriteWithImm) {
+    return violation(conn, fmt::format("a write acknowledgement for op {}, which is a {}", h.op_id, op_kind_name(kind)));
   }
+  if (conn.role() != TcpConnection::Role::kDialed || (op.ack_lanes & bit) == 0) {
+    return violation(conn, fmt::format("a write acknowledgement for op {} on lane {}, which owes it none", h.op_id,
+                                       conn.lane()));
+  }
+  op.ack_lanes &= ~bit;
+  if (h.status != 0 && op.error.is_ok()) op.error = remote_status(h, text);
+  if (op.ack_lanes == 0) finish_op(h.op_id, std::move(op.error));
 }
 
 RxAction TcpEndpointImpl::on_header(TcpConnection& conn, const FrameHeader& h, PayloadSink& sink) {
@@ -74,14 +95,17 @@ RxAction TcpEndpointImpl::on_header(TcpConnection& conn, const FrameHeader& h, P
     case FrameType::kReadData: {
       auto it = pending_.find(h.op_id);
       if (it == pending_.end()) return RxAction::kContinue;  // expired: drain
-      const PendingOp& op = it->second;
-      // The answer to one request: pieces [index, index + offset) of the op.
+      PendingOp& op = it->second;
+      // The answer to one request: pieces [index, index + offset) of the op, exactly one
+      // of its requests not answered yet, on one of our own connections.
       const uint64_t first = h.index, count = h.offset;
-      if (first > op.reads.size() || count > op.reads.size() - first || count > op.reads_left) {
-        conn.close(Status::protocol_error(fmt::format(
-            "read response for pieces {}..{} of op {} does not match a request", first, first + count, h.op_id)));
+      if (op.state->kind() != OpKind::kRead || conn.role() != TcpConnection::Role::kDialed ||
+          first >= op.read_runs.size() || count == 0 || op.read_runs[first] != count) {
+        violation(conn, fmt::format("a read answer for pieces {}..{} of op {} ({}) that answers no outstanding request",
+                                    first, first + count, h.op_id, op_kind_name(op.state->kind())));
         return RxAction::kContinue;
       }
+      op.read_runs[first] = 0;  // answered: a second answer is refused
       if (h.status != 0) {
         sink.collect = true;
         return RxAction::kContinue;
@@ -89,9 +113,8 @@ RxAction TcpEndpointImpl::on_header(TcpConnection& conn, const FrameHeader& h, P
       uint64_t expected = 0;
       for (uint64_t i = first; i < first + count; ++i) expected += op.reads[i].length;
       if (expected != h.length) {
-        conn.close(Status::protocol_error(fmt::format(
-            "read response of {} bytes for pieces {}..{} of op {}, expected {}", h.length, first, first + count,
-            h.op_id, expected)));
+        violation(conn, fmt::format("a read answer of {} bytes for pieces {}..{} of op {}, expected {}", h.length,
+                                    first, first + count, h.op_id, expected));
         return RxAction::kContinue;
       }
       sink.scatter(op.reads.data() + first, count);
@@ -106,12 +129,14 @@ RxAction TcpEndpointImpl::on_header(TcpConnection& conn, const FrameHeader& h, P
 
 template <class OverLimit>
 Status TcpEndpointImpl::resolve_pieces(std::string_view list, uint64_t first, uint64_t limit,
-                                       std::vector<tcp::PayloadSegment>& segments, uint64_t* total,
-                                       OverLimit over_limit) const {
+                                       std::vector<tcp::PayloadSegment>& segments, RegionUses& uses,
+                                       uint64_t* total, OverLimit over_limit) const {
   // A piece list from the wire (its size was checked by the parser) resolved against the
-  // local regions: the destinations of its non-empty pieces in order, or the first bad
-  // piece's error (numbered from `first`), or over_limit(i) once they pass `limit` bytes.
+  // local regions: the destinations of its non-empty pieces in order, with a use of each
+  // region they point into (unregister waits for it), or the first bad piece's error
+  // (numbered from `first`), or over_limit(i) once they pass `limit` bytes.
   segments.clear();
+  uses.clear();
   *total = 0;
   ResolveCache cache;
   for (size_t i = 0; i < list.size() / tcp::kPieceSize; ++i) {
@@ -122,7 +147,10 @@ Status TcpEndpointImpl::resolve_pieces(std::string_view list, uint64_t first, ui
     }
     if (p.length > limit - *total) return over_limit(i);
     *total += p.length;
-    if (p.length > 0) segments.push_back({reinterpret_cast<uint8_t*>(addr), p.length});
+    if (p.length > 0) {
+      segments.push_back({reinterpret_cast<uint8_t*>(addr), p.length});
+      uses.hold(cache);
+    }
   }
   return Status::ok();
 }
@@ -135,7 +163,7 @@ void TcpEndpointImpl::on_prefix(TcpConnection& conn, const FrameHeader& h, std::
   const uint64_t data = h.length - list.size();  // the parser checked h.length >= the list
   std::vector<tcp::PayloadSegment>& segments = conn.segments();
   uint64_t total = 0;
-  Status st = resolve_pieces(list, h.index, data, segments, &total, [&](size_t) {
+  Status st = resolve_pieces(list, h.index, data, segments, conn.segment_uses(), &total, [&](size_t) {
     return Status::protocol_error(
         fmt::format("the write frame's pieces add up to more than the {} bytes it carries", data));
   });
@@ -144,6 +172,7 @@ void TcpEndpointImpl::on_prefix(TcpConnection& conn, const FrameHeader& h, std::
         fmt::format("the write frame's pieces add up to {} bytes, but it carries {}", total, data));
   }
   if (!st) {
+    conn.segment_uses().clear();  // nothing of it is placed
     InboundWrite& acc = inbound_writes_[&conn];
     if (acc.op_id != h.op_id || acc.status.is_ok()) acc = {h.op_id, std::move(st)};  // the op's first error
     return;  // drained
@@ -168,9 +197,7 @@ void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const 
     case FrameType::kReadRequest:
       answer_read(conn, h, text);
       return;
-    case FrameType::kWriteAck:
-      complete_op(h.op_id, h.status == 0 ? Status::ok() : remote_status(h, text), 0, false);
-      return;
+    case FrameType::kWriteAck: on_write_ack(conn, h, text); return;
     case FrameType::kReadData: {
       // Counted here, on the I/O thread, and completed once: no atomic per piece.
       auto it = pending_.find(h.op_id);
@@ -183,12 +210,11 @@ void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const 
       }
       op.reads_left -= static_cast<uint32_t>(h.offset);  // on_header checked it against reads_left
       if (op.reads_left > 0) return;
-      const Status st = std::move(op.error);  // complete_op erases `op`
-      const uint64_t nbytes = st.is_ok() ? op.nbytes : 0;
-      complete_op(h.op_id, st, nbytes, true);
+      const uint64_t nbytes = op.error.is_ok() ? op.nbytes : 0;
+      finish_op(h.op_id, std::move(op.error), nbytes);
       return;
     }
-    case FrameType::kSendAck: on_send_ack(h, text); return;
+    case FrameType::kSendAck: on_send_ack(conn, h, text); return;
     case FrameType::kSendData: {
       auto msg = current_msg_;
       if (!msg) return;
@@ -197,8 +223,7 @@ void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const 
       current_msg_.reset();
       msg->complete = true;
       if (!msg->matched && !recvs_.empty() && !unexpected_.empty() && unexpected_.front() == msg) {
-        unexpected_.pop_front();
-        unexpected_bytes_ -= msg->buffered.size();
+        take_held_front();
         PostedRecv recv = std::move(recvs_.front());
         recvs_.pop_front();
         attach(*msg, std::move(recv));
@@ -231,7 +256,8 @@ void TcpEndpointImpl::answer_read(TcpConnection& conn, const FrameHeader& h, std
   // One answer per request: all pieces' bytes in one frame, or the first piece's error.
   const size_t count = list.size() / tcp::kPieceSize;  // the parser checked the size
   uint64_t total = 0;
-  const Status st = resolve_pieces(list, 0, tcp::kMaxDataPayload, read_scratch_, &total, [](size_t i) {
+  RegionUses uses;  // held by the answer until it is written or dropped
+  const Status st = resolve_pieces(list, 0, tcp::kMaxDataPayload, read_scratch_, uses, &total, [](size_t i) {
     return Status(StatusCode::kBatchOverflow,
                   fmt::format("the pieces up to {} ask for more than {} bytes in one answer", i, tcp::kMaxDataPayload));
   });
@@ -247,6 +273,7 @@ void TcpEndpointImpl::answer_read(TcpConnection& conn, const FrameHeader& h, std
     r.length = total;
     item.add_header(r);
     for (const tcp::PayloadSegment& piece : read_scratch_) item.add_payload(piece.addr, piece.length);
+    item.hold(std::move(uses));
   } else {
     const std::string_view reason = std::string_view(st.message()).substr(0, tcp::kMaxErrorText);
     r.length = reason.size();
@@ -268,7 +295,7 @@ RxAction TcpEndpointImpl::on_message_header(TcpConnection& conn, const FrameHead
       old->recv.state->complete(Status::failed(
           fmt::format("the sender abandoned the message after {} bytes", old->received)));
     } else if (!old->matched) {
-      unexpected_bytes_ -= old->buffered.size();
+      forget_held(*old);
       unexpected_.erase(std::remove(unexpected_.begin(), unexpected_.end(), old), unexpected_.end());
     }
   }
@@ -276,6 +303,13 @@ RxAction TcpEndpointImpl::on_message_header(TcpConnection& conn, const FrameHead
     if (h.offset != 0) {
       conn.close(Status::protocol_error(fmt::format("message frame at offset {} without its start", h.offset)));
       return RxAction::kContinue;
+    }
+    // A held message costs its bytes plus kHeldMessageOverhead, so that empty or tiny
+    // messages are bounded by unexpected_buffer_bytes too (their count at most
+    // unexpected_buffer_bytes / kHeldMessageOverhead).
+    if (recvs_.empty() && unexpected_bytes_ + kHeldMessageOverhead + h.length > options_.unexpected_buffer_bytes) {
+      paused_conn_ = conn.shared_from_this();  // flow control: wait for a recv
+      return RxAction::kPause;
     }
     auto msg = std::make_shared<InboundMessage>();
     msg->op_id = h.op_id;
@@ -286,6 +320,7 @@ RxAction TcpEndpointImpl::on_message_header(TcpConnection& conn, const FrameHead
       recvs_.pop_front();
     } else {
       unexpected_.push_back(msg);
+      unexpected_bytes_ += kHeldMessageOverhead;
     }
     current_msg_ = std::move(msg);
   }
@@ -297,8 +332,7 @@ RxAction TcpEndpointImpl::on_message_header(TcpConnection& conn, const FrameHead
   }
   if (!m.matched && !recvs_.empty() && !unexpected_.empty() && unexpected_.front() == current_msg_) {
     // A recv was posted while this held message was arriving: the rest goes straight in.
-    unexpected_.pop_front();
-    unexpected_bytes_ -= m.buffered.size();
+    take_held_front();
     PostedRecv recv = std::move(recvs_.front());
     recvs_.pop_front();
     attach(m, std::move(recv));
@@ -340,6 +374,17 @@ void TcpEndpointImpl::finish_message(InboundMessage& m) {
   if (auto conn = m.conn.lock()) ack(*conn, FrameType::kSendAck, m.op_id, st);
 }
 
+void TcpEndpointImpl::forget_held(const InboundMessage& msg) {
+  unexpected_bytes_ -= msg.buffered.size() + kHeldMessageOverhead;
+}
+
+std::shared_ptr<TcpEndpointImpl::InboundMessage> TcpEndpointImpl::take_held_front() {
+  auto msg = std::move(unexpected_.front());
+  unexpected_.pop_front();
+  forget_held(*msg);
+  return msg;
+}
+
 void TcpEndpointImpl::resume_paused() {
   if (auto conn = paused_conn_.lock()) conn->resume_reading();
   paused_conn_.reset();
@@ -364,9 +409,7 @@ void TcpEndpointImpl::post_recv(PostedRecv recv) {
     return;
   }
   if (!unexpected_.empty() && unexpected_.front()->complete) {
-    auto msg = std::move(unexpected_.front());
-    unexpected_.pop_front();
-    unexpected_bytes_ -= msg->buffered.size();
+    auto msg = take_held_front();
     attach(*msg, std::move(recv));
     finish_message(*msg);
     resume_paused();

@@ -39,6 +39,9 @@ Future TcpEndpointImpl::fail_now(OpKind kind, Status status) const {
 
 Future TcpEndpointImpl::submit(OpRequest req) {
   if (shut_down_) return fail_now(req.kind, Status::cancelled("the endpoint is shut down"));
+  if (inherited()) {
+    return fail_now(req.kind, Status::failed("the endpoint was created before fork(); create a new one in the child"));
+  }
   const uint64_t op_id = next_op_id_.fetch_add(1, std::memory_order_relaxed);
   if (req.kind == OpKind::kRecv || req.kind == OpKind::kSend) {
     const Chunk& c = req.chunk;
@@ -58,7 +61,14 @@ Future TcpEndpointImpl::submit(OpRequest req) {
     hand_off(std::move(recv));
     return f;
   }
+  // The in-flight bound holds here, where ops enter, so the hand-off queue is bounded too.
+  if (inflight_.fetch_add(1, std::memory_order_relaxed) >= options_.max_inflight_ops) {
+    inflight_.fetch_sub(1, std::memory_order_relaxed);
+    return fail_now(req.kind, Status(StatusCode::kBatchOverflow,
+                                     fmt::format("{} ops already in flight (max_inflight_ops)", options_.max_inflight_ops)));
+  }
   Submission sub;
+  sub.op.slot = InflightSlot(&inflight_);
   if (req.kind == OpKind::kSend) {
     prepare_send(req, op_id, sub);
   } else if (Status error; !prepare_one_sided(req, op_id, sub, &error)) {
@@ -125,6 +135,7 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
       *error = Status(st.code(), fmt::format("{} item {}: {}", op_kind_name(req.kind), i, st.message()));
       return false;
     }
+    if (a.length > 0) sub.op.uses.hold(local_cache);  // unregister waits for this op
     for (uint64_t done = 0; done < a.length; done += options_.chunk_size) {
       const uint64_t n = std::min(options_.chunk_size, a.length - done);
       pieces.push_back({reinterpret_cast<uint8_t*>(local) + done, peer_handle, a.target_offset + done, n, 0});
@@ -153,14 +164,15 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
 
   sub.op_id = op_id;
   sub.op.deadline = deadline_after(options_.op_timeout);
-  if (is_read) sub.op.reads.reserve(pieces.size());
-  uint32_t lanes_used = 0;
+  if (is_read) {
+    sub.op.reads.reserve(pieces.size());
+    sub.op.read_runs.assign(pieces.size(), 0);
+  }
   uint32_t next_index = 0;
   std::vector<const Piece*> run;
   uint64_t run_bytes = 0;
   for (uint16_t lane = 0; lane < lanes; ++lane) {
     if (pieces_on[lane] == 0) continue;
-    ++lanes_used;
     sub.items.emplace_back(lane, WriteItem(op_id));
     WriteItem& item = sub.items.back().second;
     const uint64_t data = load[lane] - pieces_on[lane] * tcp::kFrameHeaderSize;
@@ -177,6 +189,7 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
       if (is_read) {
         h.type = FrameType::kReadRequest;
         h.length = list_bytes;
+        sub.op.read_runs[next_index] = static_cast<uint16_t>(run.size());  // <= kMaxPieces
       } else {
         h.type = FrameType::kWriteData;
         h.offset = run.size();
@@ -208,10 +221,10 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
     }
     emit(true);
   }
-  // Parts: one acknowledgement per lane for a write. A read completes once, when the
-  // I/O thread has counted an answer for every piece (reads_left).
+  // A write completes once every lane has acknowledged its frames (ack_lanes, set when it
+  // starts), a read once an answer has been counted for every piece (reads_left).
   sub.op.reads_left = is_read ? static_cast<uint32_t>(pieces.size()) : 0;
-  sub.op.state = std::make_shared<OpState>(req.kind, is_read ? 1 : lanes_used);
+  sub.op.state = std::make_shared<OpState>(req.kind);
   return true;
 }
 
