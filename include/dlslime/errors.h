@@ -10,7 +10,9 @@ namespace dlslime {
 
 // Exceptions thrown synchronously by API calls (construction, connect, registration,
 // malformed arguments). Failures of submitted operations are reported through their
-// future's status instead. The Python bindings map each class to one Python exception.
+// future's status instead. The Python bindings choose the Python exception by code() (one
+// class per StatusCode, docs/api.md), so throw the class, or Error with the code, that
+// says what went wrong; a plain std::runtime_error reaches Python as RuntimeError.
 class DLSLIME_API Error : public std::runtime_error {
  public:
   Error(StatusCode code, const std::string& what) : std::runtime_error(what), code_(code) {}

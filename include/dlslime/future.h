@@ -30,7 +30,8 @@ class DLSLIME_API Future {
     return wait_for(std::chrono::duration_cast<std::chrono::nanoseconds>(timeout));
   }
   bool done() const;
-  // Valid once done(): the status code and the reason (empty on success).
+  // The status code and the reason (empty on success) once done(); while the op runs,
+  // StatusCode::kPending and "operation still running".
   int status() const;
   std::string message() const;
   Status result() const;

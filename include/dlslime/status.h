@@ -13,6 +13,7 @@ namespace dlslime {
 // place they are defined; docs/api.md lists them. 0..403 keep DLSlime's numbering.
 enum class StatusCode : int32_t {
   kSuccess = 0,
+  kPending = 1,               // the op has not completed yet (Future::status() while running; never final)
   kBatchOverflow = 400,       // more items in a batch, or more ops in flight, than allowed
   kUnknownOpcode = 401,       // the peer sent a frame kind this side does not know
   kTimeout = 402,             // the op's deadline passed before it completed

@@ -29,7 +29,7 @@ int Future::status() const { return result().raw_code(); }
 std::string Future::message() const { return result().message(); }
 
 Status Future::result() const {
-  if (!checked(state_).done()) return Status(StatusCode::kFailed, "operation still running");
+  if (!checked(state_).done()) return Status(StatusCode::kPending, "operation still running");
   return state_->status();
 }
 

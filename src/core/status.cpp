@@ -7,6 +7,7 @@ namespace dlslime {
 const char* status_code_name(StatusCode code) noexcept {
   switch (code) {
     case StatusCode::kSuccess: return "SUCCESS";
+    case StatusCode::kPending: return "PENDING";
     case StatusCode::kBatchOverflow: return "BATCH_OVERFLOW";
     case StatusCode::kUnknownOpcode: return "UNKNOWN_OPCODE";
     case StatusCode::kTimeout: return "TIMEOUT";
