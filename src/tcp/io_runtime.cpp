@@ -38,6 +38,12 @@ void register_fork_handlers() {
 
 }  // namespace
 
+namespace {
+thread_local asio::io_context* t_current_context = nullptr;
+}  // namespace
+
+asio::io_context* IoRuntime::current_context() noexcept { return t_current_context; }
+
 IoRuntime::IoRuntime(unsigned threads) : generation_(g_fork_generation.load(std::memory_order_relaxed)) {
   if (threads < 1 || threads > kMaxThreads) {
     throw InvalidArgumentError(fmt::format("IoRuntime: {} I/O threads, must be in 1..{}", threads, kMaxThreads));
@@ -47,6 +53,7 @@ IoRuntime::IoRuntime(unsigned threads) : generation_(g_fork_generation.load(std:
     auto worker = std::make_unique<Worker>();
     Worker* w = worker.get();
     w->thread = std::thread([w, i] {
+      t_current_context = &w->context;
       for (;;) {
         try {
           // One handler at a time, each inside a CompletionScope: the continuations of

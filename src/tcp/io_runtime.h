@@ -41,6 +41,10 @@ class IoRuntime {
   // False in a process other than the one that created this runtime (a fork() child):
   // its threads do not run there, so work posted to it would never execute.
   bool usable() const noexcept;
+  // The io_context this thread runs, if it is an I/O thread (nullptr otherwise). True
+  // also while the continuations deferred after a handler run, where asio's
+  // running_in_this_thread() is not.
+  static asio::io_context* current_context() noexcept;
 
   // Round-robin choice of an io_context for a new endpoint.
   asio::io_context& next_context();

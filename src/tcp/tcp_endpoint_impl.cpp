@@ -110,7 +110,7 @@ void TcpEndpointImpl::throw_inherited() const {
 void TcpEndpointImpl::run_on_io(std::function<void()> fn) {
   if (inherited()) throw_inherited();
   // No runtime: the caller drives the io_context itself (tests), so this is its thread.
-  if (!runtime_ || io_.get_executor().running_in_this_thread()) {
+  if (!runtime_ || on_own_thread()) {
     CompletionScope scope;
     return fn();
   }

@@ -75,7 +75,9 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
 
   // RegionRevoker
   void revoke_region(const RegionLifetime& lifetime) override;
-  bool on_own_thread() const override { return io_.get_executor().running_in_this_thread(); }
+  bool on_own_thread() const override {
+    return io_.get_executor().running_in_this_thread() || tcp::IoRuntime::current_context() == &io_;
+  }
 
  private:
   // One op counted against max_inflight_ops from submit() until it is finished (RAII).
