@@ -80,6 +80,16 @@ class DLSLIME_API Endpoint {
   // Makes a remote handle from one entry of the peer's endpoint_info()["mr_info"].
   virtual int32_t register_remote_memory_region(const std::string& name, const nlohmann::json& mr_info_entry) = 0;
   // Throws NotFoundError if no local region has this name or handle.
+  //
+  // Lifetime contract (every transport): new operations and new peer requests naming the
+  // region fail (UNKNOWN_HANDLE) from the moment this is called, and it returns only once
+  // nothing in flight refers to the region's memory (an op's local buffers, a peer's write
+  // being placed, a read answer being sent), so the memory may be freed as soon as it
+  // returns. Transfers still running after the drain timeout (5 s) are revoked: their ops
+  // fail and the connections carrying them close. Called from a completion callback (an
+  // I/O thread, which waiting would deadlock) it revokes at once. Throws TimeoutError,
+  // and the memory must not be freed, only if a use outlives its revocation. Registering
+  // an existing name for other bytes drains the replaced region the same way.
   virtual void unregister_memory_region(const std::string& name) = 0;
   virtual void unregister_memory_region(int32_t handle) = 0;
   virtual nlohmann::json mr_info() const = 0;
@@ -96,7 +106,14 @@ class DLSLIME_API Endpoint {
   Future imm_recv();
 
   virtual Capabilities capabilities() const = 0;
-  // Idempotent. Pending ops complete with kCancelled; later ops fail the same way.
+  // Idempotent. Pending ops complete with kCancelled; later ops fail the same way. A
+  // connect() in progress returns at once (ConnectionError).
+  //
+  // Op contract: a future completes exactly once, after the transport has dropped every
+  // reference to the op's memory; its continuation (OpState::on_complete) runs after the
+  // transport's bookkeeping, on the completing I/O thread. A peer's answer that does not
+  // match its op (wrong kind, a second answer, a lane that owes none) fails the
+  // connection and its ops with PROTOCOL_ERROR; it never completes an op early.
   virtual void shutdown() = 0;
 
  protected:
