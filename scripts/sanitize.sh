@@ -24,7 +24,7 @@ JOBS=${JOBS:-2}
 PYTHON=${PYTHON:-python3}
 export CC=${CC:-gcc} CXX=${CXX:-g++}
 WHICH=${1:-all}
-PYTESTS=${SANITIZE_PYTESTS:-tests/python/test_tcp.py tests/python/test_tcp_auth.py tests/python/test_peer_agent_tcp.py tests/python/test_hostile.py tests/python/test_soak.py}
+PYTESTS=${SANITIZE_PYTESTS:-tests/python/test_tcp.py tests/python/test_tcp_auth.py tests/python/test_peer_agent_tcp.py tests/python/test_hostile.py tests/python/test_lifetimes.py tests/python/test_soak.py}
 SOAK_SECONDS=${SANITIZE_SOAK_SECONDS:-10}
 
 step() { printf '\n==== %s ====\n' "$*"; }
