@@ -1,5 +1,7 @@
 #include "core/log.h"
 
+#include <pthread.h>
+
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
@@ -26,6 +28,19 @@ spdlog::level::level_enum parse_level(const std::string& name) {
   return level;
 }
 
+spdlog::logger& the_logger();
+
+// fork() copies the sink's mutex in whatever state it was: held by an I/O thread that was
+// logging at that moment, the child's first log line would wait forever. The child gets a
+// fresh sink; the old one is leaked, never destroyed with a mutex that may be held.
+void fresh_sink_in_fork_child() {
+  auto& sinks = the_logger().sinks();
+  for (auto& sink : sinks) {
+    new std::shared_ptr<spdlog::sinks::sink>(std::move(sink));  // leaked on purpose
+    sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+  }
+}
+
 std::shared_ptr<spdlog::logger> make_logger() {
   auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
   auto log = std::make_shared<spdlog::logger>("dlslime", std::move(sink));
@@ -43,11 +58,21 @@ std::shared_ptr<spdlog::logger> make_logger() {
   return log;
 }
 
+spdlog::logger& the_logger() {
+  static std::shared_ptr<spdlog::logger> instance = make_logger();
+  return *instance;
+}
+
 }  // namespace
 
 spdlog::logger& logger() {
-  static std::shared_ptr<spdlog::logger> instance = make_logger();
-  return *instance;
+  static const bool fork_safe = [] {
+    the_logger();  // made before the handler can run
+    pthread_atfork(nullptr, nullptr, [] { fresh_sink_in_fork_child(); });
+    return true;
+  }();
+  (void)fork_safe;
+  return the_logger();
 }
 
 int64_t env_integer(const char* name, int64_t min, int64_t max, int64_t fallback) {
