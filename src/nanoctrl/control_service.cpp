@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <random>
 #include <set>
 
 #include <fmt/format.h>
@@ -28,6 +29,29 @@ json envelope(const std::string& from, const json& message) {
 }
 
 constexpr const char* kServerSender = "nanoctrl";
+
+// Names one registration of an alias: 128 random bits, so a later registration of the same
+// alias (after a cleanup or expiry, here or on another NanoCtrl sharing the Redis) never
+// gets the same value.
+std::string new_incarnation() {
+  std::random_device rd;
+  return fmt::format("{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
+}
+
+// The `incarnation` a request names, or "" when it names none (upstream clients).
+std::string requested_incarnation(const Fields& f) {
+  auto v = f.opt_string("incarnation");
+  if (!v) return "";
+  if (v->empty() || v->size() > 64) throw bad_request("field 'incarnation' must be the 1-64 character string "
+                                                      "/start_peer_agent returned");
+  return *v;
+}
+
+// The incarnation stored in an agent record ("" for an unparsable record).
+std::string record_incarnation(const std::string& record) {
+  json r = json::parse(record, nullptr, /*allow_exceptions=*/false);
+  return r.is_object() ? r.value("incarnation", "") : "";
+}
 
 }  // namespace
 
@@ -91,6 +115,13 @@ void ControlService::drop_agent_state(const std::string& scope, const std::strin
 
 // ---------------------------------------------------------------------------------- agents
 
+ApiError ControlService::stale_cleanup(const std::string& scope, const std::string& alias) const {
+  return ApiError(409, fmt::format("cleanup refused: agent '{}' in scope {} is registered by another agent now "
+                                   "(its incarnation differs from the one given); a cleanup removes only the "
+                                   "registration that returned that incarnation",
+                                   alias, scope_label(scope)));
+}
+
 json ControlService::start_peer_agent(const json& req) {
   Fields f(req);
   const std::string scope = f.scope();
@@ -108,6 +139,7 @@ json ControlService::start_peer_agent(const json& req) {
       {"metadata", f.opt_object("metadata").value_or(json::object())},
       {"endpoint_info", f.opt_object("endpoint_info").value_or(json(nullptr))},
       {"registered_at_ms", now_ms()},
+      {"incarnation", new_incarnation()},
   };
 
   std::string name = requested;
@@ -135,6 +167,7 @@ json ControlService::start_peer_agent(const json& req) {
   return {{"status", "ok"},
           {"name", name},
           {"scope", scope},
+          {"incarnation", record["incarnation"]},
           {"ttl_ms", config_.ttl.count()},
           {"heartbeat_interval_ms", std::max<int64_t>(config_.ttl.count() / 4, 1)}};
 }
@@ -153,6 +186,18 @@ json ControlService::heartbeat(const json& req) {
   }
   const std::string key =
       type == "agent" ? agent_key(scope, id) : prefix(scope) + "entity:" + type + ":" + id;
+  // An agent that names its registration refreshes only that one, never a newer agent that
+  // took the alias after it expired.
+  const std::string incarnation = type == "agent" ? requested_incarnation(f) : "";
+  if (!incarnation.empty()) {
+    auto held = store_.get(key);
+    if (held && record_incarnation(*held) != incarnation) {
+      return {{"status", "not_found"},
+              {"message", fmt::format("agent '{}' in scope {} is now another registration (yours expired or was "
+                                      "cleaned up); register again",
+                                      id, scope_label(scope))}};
+    }
+  }
   if (store_.expire(key, config_.ttl)) {
     return {{"status", "ok"}, {"message", "heartbeat accepted"}, {"ttl_ms", config_.ttl.count()}};
   }
@@ -207,7 +252,15 @@ json ControlService::cleanup(const json& req) {
   Fields f(req);
   const std::string scope = f.scope();
   const std::string alias = f.has("agent_name") ? f.req_name("agent_name") : f.req_name("name");
+  const std::string incarnation = requested_incarnation(f);
   const std::string p = prefix(scope);
+
+  // A cleanup naming an incarnation removes only that registration: an agent whose own
+  // registration was refused, or expired and was taken over, must not delete the live one.
+  std::optional<std::string> record = store_.get(agent_key(scope, alias));
+  if (!incarnation.empty() && record && record_incarnation(*record) != incarnation) {
+    throw stale_cleanup(scope, alias);
+  }
 
   // Its peers: agents it exchanged messages with, its topology targets, and agents whose
   // topology targets it.
@@ -229,8 +282,15 @@ json ControlService::cleanup(const json& req) {
   }
   peers.erase(alias);
 
-  const bool existed = agent_exists(scope, alias);
-  drop_agent_state(scope, alias, /*with_record=*/true);
+  bool existed = record.has_value();
+  if (incarnation.empty()) {
+    drop_agent_state(scope, alias, /*with_record=*/true);
+  } else {
+    // State first, then the record only if it is still the one checked above: deleting the
+    // record first would let a new registration start before its leftovers are dropped.
+    drop_agent_state(scope, alias, /*with_record=*/false);
+    if (record && !store_.del_if_equal(agent_key(scope, alias), *record)) throw stale_cleanup(scope, alias);
+  }
 
   json notified = json::array();
   const json message = {{"type", "cleanup"}, {"peer", alias}};

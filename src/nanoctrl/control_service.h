@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dlslime/nanoctrl.h"
+#include "nanoctrl/request.h"
 #include "nanoctrl/store.h"
 
 // The control plane's semantics, independent of HTTP: each call takes a validated request
@@ -62,6 +63,8 @@ class ControlService {
   // Pushes a NanoCtrl-originated message; false when the mailbox is full.
   bool notify(const std::string& scope, const std::string& to, const nlohmann::json& message);
   void link_peers(const std::string& scope, const std::string& a, const std::string& b);
+  // The 409 for a cleanup whose incarnation is not the live registration's.
+  ApiError stale_cleanup(const std::string& scope, const std::string& alias) const;
   void drop_agent_state(const std::string& scope, const std::string& alias, bool with_record);
   std::vector<nlohmann::json> load_json(const std::vector<std::string>& keys);
 

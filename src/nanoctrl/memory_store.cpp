@@ -128,6 +128,15 @@ bool MemoryStore::set_if_absent(const std::string& key, const std::string& value
   return true;
 }
 
+bool MemoryStore::del_if_equal(const std::string& key, const std::string& value) {
+  std::lock_guard lock(mu_);
+  Entry* e = find_live(key, Clock::now());
+  const auto* held = e ? std::get_if<std::string>(&e->value) : nullptr;
+  if (!held || *held != value) return false;
+  data_.erase(key);
+  return true;
+}
+
 bool MemoryStore::expire(const std::string& key, Millis ttl) {
   std::lock_guard lock(mu_);
   auto now = Clock::now();

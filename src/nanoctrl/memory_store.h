@@ -27,6 +27,7 @@ class MemoryStore final : public Store {
   std::vector<std::optional<std::string>> mget(const std::vector<std::string>& keys) override;
   void set(const std::string& key, const std::string& value, Millis ttl) override;
   bool set_if_absent(const std::string& key, const std::string& value, Millis ttl) override;
+  bool del_if_equal(const std::string& key, const std::string& value) override;
   bool expire(const std::string& key, Millis ttl) override;
   std::size_t del(const std::vector<std::string>& keys) override;
   int64_t incr(const std::string& key) override;

@@ -50,6 +50,11 @@ const char* kPopScript =
     "if #items > 0 then redis.call('LTRIM', KEYS[1], #items, -1) end\n"
     "return items\n";
 
+// Compare-and-delete in one step, so a delete never removes a value written after the check.
+const char* kDelIfEqualScript =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end\n"
+    "return 0\n";
+
 std::string reply_string(const redisReply* r) { return std::string(r->str, r->len); }
 
 }  // namespace
@@ -241,6 +246,11 @@ bool RedisStore::set_if_absent(const std::string& key, const std::string& value,
   Reply r = ttl.count() > 0 ? command({"SET", key, value, "PX", ms_str(ttl), "NX"})
                             : command({"SET", key, value, "NX"});
   return r->type == REDIS_REPLY_STATUS;  // "OK"; nil when the key existed
+}
+
+bool RedisStore::del_if_equal(const std::string& key, const std::string& value) {
+  Reply r = command({"EVAL", kDelIfEqualScript, "1", key, value});
+  return r->type == REDIS_REPLY_INTEGER && r->integer == 1;
 }
 
 bool RedisStore::expire(const std::string& key, Millis ttl) {

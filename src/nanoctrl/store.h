@@ -38,6 +38,9 @@ class Store {
   virtual void set(const std::string& key, const std::string& value, Millis ttl) = 0;
   // Sets only when the key does not exist; false if it did.
   virtual bool set_if_absent(const std::string& key, const std::string& value, Millis ttl) = 0;
+  // Deletes the key only if it holds exactly `value` (one atomic compare-and-delete); false
+  // if it is missing or holds something else.
+  virtual bool del_if_equal(const std::string& key, const std::string& value) = 0;
   // Restarts the key's expiry; false if the key does not exist.
   virtual bool expire(const std::string& key, Millis ttl) = 0;
   // Deletes the keys; returns how many existed.
