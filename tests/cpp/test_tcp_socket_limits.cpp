@@ -32,6 +32,17 @@
 #include "tcp/io_runtime.h"
 #include "tcp/tcp_socket.h"
 
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define DLSLIME_TEST_TSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__) || defined(DLSLIME_TEST_TSAN)
+// The fork test's child starts a runtime's threads, which TSan refuses after a fork of a
+// multi-threaded process unless told otherwise (the child runs no racy code).
+extern "C" const char* __tsan_default_options() { return "die_after_fork=0"; }
+#endif
+
 using namespace std::chrono_literals;
 using namespace dlslime;
 using namespace dlslime::tcp;
