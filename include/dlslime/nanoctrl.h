@@ -39,6 +39,10 @@ struct DLSLIME_API NanoCtrlConfig {
   std::chrono::milliseconds mailbox_ttl{600000};
   // Idle HTTP keep-alive connections are closed after this long.
   std::chrono::milliseconds keep_alive_timeout{5000};
+  // A request's line, headers and body must all have arrived this long after its first
+  // byte; a slower one gets 408 and its connection is closed. Until its request is complete
+  // a connection holds no worker thread, so slow clients cannot starve heartbeats.
+  std::chrono::milliseconds request_read_timeout{10000};
   // Redis connect and command timeout (a blocked receive adds its own wait to it).
   std::chrono::milliseconds redis_timeout{2000};
   // Shared secret: when set, every request but GET /healthz must carry

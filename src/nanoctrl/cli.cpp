@@ -60,6 +60,8 @@ server / start options:
   --mailbox-max N          most messages queued per mailbox (default 4096)
   --mailbox-ttl SEC        idle mailbox lifetime (default 600)
   --keep-alive SEC         idle HTTP connection timeout (default 5)
+  --request-timeout SEC    a request's headers and body must arrive within SEC of its
+                           first byte, else 408 (default 10)
   --redis-timeout SEC      Redis connect/command timeout (default 2)
   --log-level LEVEL        trace|debug|info|warn|error|off (default info)
   --token TOKEN            require `Authorization: Bearer TOKEN` on every route but
@@ -93,7 +95,8 @@ struct Args {
 
 const std::vector<std::string> kServerOptions = {
     "host",       "port",        "redis-url",   "key-prefix", "ttl",       "max-body",      "max-threads",
-    "max-waiters", "max-wait",   "mailbox-max", "mailbox-ttl", "keep-alive", "redis-timeout", "log-level"};
+    "max-waiters", "max-wait",   "mailbox-max", "mailbox-ttl", "keep-alive", "request-timeout", "redis-timeout",
+    "log-level"};
 
 bool known_option(const std::string& cmd, const std::string& name) {
   auto in = [&](std::initializer_list<const char*> list) {
@@ -230,6 +233,7 @@ NanoCtrlConfig config_from(const Args& a) {
   if (auto v = get("mailbox-max")) c.mailbox_max_messages = static_cast<uint32_t>(to_uint("mailbox-max", *v, 1u << 30));
   if (auto v = get("mailbox-ttl")) c.mailbox_ttl = ms(to_seconds("mailbox-ttl", *v));
   if (auto v = get("keep-alive")) c.keep_alive_timeout = ms(to_seconds("keep-alive", *v));
+  if (auto v = get("request-timeout")) c.request_read_timeout = ms(to_seconds("request-timeout", *v));
   if (auto v = get("redis-timeout")) c.redis_timeout = ms(to_seconds("redis-timeout", *v));
   c.token = token_from(a);
   c.validate();

@@ -25,6 +25,7 @@ void NanoCtrlConfig::validate() const {
   if (mailbox_max_messages < 1) fail("mailbox_max_messages must be at least 1");
   if (mailbox_ttl.count() < 1000) fail("mailbox_ttl must be at least 1000 ms");
   if (keep_alive_timeout.count() < 1000) fail("keep_alive_timeout must be at least 1000 ms");
+  if (request_read_timeout.count() < 100) fail("request_read_timeout must be at least 100 ms");
   if (redis_timeout.count() < 10) fail("redis_timeout must be at least 10 ms");
   if (!token.empty()) nanoctrl::validate_token(token, "NanoCtrl config: token");
 }
@@ -42,6 +43,7 @@ nlohmann::json NanoCtrlConfig::to_json() const {
           {"mailbox_max_messages", mailbox_max_messages},
           {"mailbox_ttl_ms", mailbox_ttl.count()},
           {"keep_alive_timeout_ms", keep_alive_timeout.count()},
+          {"request_read_timeout_ms", request_read_timeout.count()},
           {"redis_timeout_ms", redis_timeout.count()},
           {"token", token.empty() ? "none" : "set"}};
 }

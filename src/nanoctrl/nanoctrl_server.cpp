@@ -1,11 +1,7 @@
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 
-#include <arpa/inet.h>
-
 #include <atomic>
-#include <filesystem>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -23,17 +19,18 @@
 #include "dlslime/nanoctrl.h"
 #include "dlslime/version.h"
 #include "nanoctrl/auth.h"
+#include "nanoctrl/connection_gate.h"
 #include "nanoctrl/control_service.h"
 #include "nanoctrl/memory_store.h"
 #include "nanoctrl/metrics.h"
 #include "nanoctrl/redis_store.h"
 #include "nanoctrl/request.h"
-#include "nanoctrl/thread_pool.h"
 
 namespace dlslime {
 
 using nlohmann::json;
 using nanoctrl::ApiError;
+using nanoctrl::ConnectionGate;
 using nanoctrl::parse_body;
 using nanoctrl::StoreUnavailable;
 
@@ -43,32 +40,37 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 
 json error_body(const std::string& message) { return {{"status", "error"}, {"message", message}}; }
 
-// httplib keeps an idle keep-alive connection open until its timeout even after stop(), so
-// stopping would take keep_alive_timeout. Shut down this server's accepted sockets (local
-// port == ours, with a peer) to end those connections at once.
-void shutdown_accepted_sockets(uint16_t port) {
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
-    int fd = -1;
-    try {
-      fd = std::stoi(entry.path().filename().string());
-    } catch (const std::exception&) {
-      continue;
-    }
-    sockaddr_storage local{}, peer{};
-    socklen_t llen = sizeof local, plen = sizeof peer;
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0) continue;
-    uint16_t local_port = 0;
-    if (local.ss_family == AF_INET) {
-      local_port = ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port);
-    } else if (local.ss_family == AF_INET6) {
-      local_port = ntohs(reinterpret_cast<sockaddr_in6*>(&local)->sin6_port);
-    } else {
-      continue;
-    }
-    if (local_port != port || ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) != 0) continue;
-    ::shutdown(fd, SHUT_RDWR);
+// httplib hands each accepted socket to its task queue; this server passes it on to the
+// ConnectionGate (which reads requests off the workers) and serves one complete request at
+// a time on a gate worker.
+class GatedHttpServer final : public httplib::Server {
+ public:
+  void set_gate(ConnectionGate* gate) { gate_ = gate; }
+  // Serves the request at the head of `strm`; true if the connection may carry another.
+  bool serve_one(httplib::Stream& strm) {
+    bool closed = false;
+    bool ok = process_request(strm, /*close_connection=*/false, closed, nullptr);
+    return ok && !closed;
   }
+
+ private:
+  bool process_and_close_socket(socket_t sock) override {
+    gate_->add(sock);
+    return true;
+  }
+  ConnectionGate* gate_ = nullptr;
+};
+
+// httplib's accept loop enqueues one task per socket; run it at once (it only hands the
+// socket to the gate).
+class InlineTaskQueue final : public httplib::TaskQueue {
+ public:
+  void enqueue(std::function<void()> fn) override { fn(); }
+  void shutdown() override {}
+};
+
+bool has_body(const httplib::Request& req) {
+  return req.has_header("Transfer-Encoding") || req.get_header_value<uint64_t>("Content-Length") > 0;
 }
 
 }  // namespace
@@ -99,8 +101,19 @@ class NanoCtrlServerImpl {
 
   void install_routes();
   void add(const char* method, const std::string& pattern, const std::string& route, Handler fn);
-  void respond(const std::string& route, const httplib::Request& req, httplib::Response& res, const Handler& fn);
+  void respond(const std::string& route, const httplib::Request& req, const std::string& body,
+               httplib::Response& res, const Handler& fn);
   void fallback(const httplib::Request& req, httplib::Response& res);
+  // Runs once a request's headers are read, before any of its body: authentication and the
+  // body limits. Returns true when it has answered the request.
+  bool before_body(const httplib::Request& req, httplib::Response& res);
+  // Reads a POST body of at most body_limit() bytes (chunked included); false after
+  // answering 413 or 400.
+  bool read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+                 std::string& body);
+  std::size_t body_limit(const httplib::Request& req) const;
+  // The route template a path belongs to (for metrics), or "(unrouted)".
+  std::string route_of(const std::string& path) const;
   static const NanoCtrlConfig& validated(const NanoCtrlConfig& c) {
     c.validate();
     return c;
@@ -114,11 +127,16 @@ class NanoCtrlServerImpl {
   const nanoctrl::BearerAuth auth_;
   std::unique_ptr<nanoctrl::Store> store_;
   std::unique_ptr<nanoctrl::ControlService> service_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<GatedHttpServer> http_;
+  std::unique_ptr<ConnectionGate> gate_;
   nanoctrl::Metrics metrics_;
-  std::atomic<nanoctrl::GrowingThreadPool*> pool_{nullptr};
-  // Known paths with their methods, for 405 replies.
-  std::vector<std::pair<std::regex, std::string>> known_;
+  // Known paths with their methods and route templates, for 405 replies and metrics.
+  struct KnownRoute {
+    std::regex pattern;
+    std::string method;
+    std::string route;
+  };
+  std::vector<KnownRoute> known_;
   std::thread listener_;
   std::atomic<bool> running_{false};
   std::atomic<bool> started_{false};
@@ -146,19 +164,30 @@ void NanoCtrlServerImpl::start() {
   }
   service_ = std::make_unique<nanoctrl::ControlService>(*store_, config_);
 
-  http_ = std::make_unique<httplib::Server>();
-  const std::size_t max_threads = config_.max_threads;
-  http_->new_task_queue = [this, max_threads] {
-    auto* pool = new nanoctrl::GrowingThreadPool(max_threads);
-    pool_ = pool;
-    return pool;
-  };
+  http_ = std::make_unique<GatedHttpServer>();
+  nanoctrl::GateLimits limits;
+  limits.request_read_timeout = config_.request_read_timeout;
+  limits.keep_alive_timeout = config_.keep_alive_timeout;
+  limits.max_threads = config_.max_threads;
+  gate_ = std::make_unique<ConnectionGate>(limits, [this](httplib::Stream& strm) { return http_->serve_one(strm); });
+  http_->set_gate(gate_.get());
+  http_->new_task_queue = [] { return new InlineTaskQueue; };
+  // Content-Length bodies over the limit are refused in before_body(); this is the backstop.
   http_->set_payload_max_length(config_.max_body_bytes);
+  // Only advertised in the Keep-Alive header: the gate closes idle connections.
   http_->set_keep_alive_timeout(std::max<time_t>(1, config_.keep_alive_timeout.count() / 1000));
   http_->set_keep_alive_max_count(1000);
-  http_->set_read_timeout(5, 0);
-  http_->set_write_timeout(5, 0);
   http_->set_tcp_nodelay(true);
+  http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    return before_body(req, res) ? httplib::Server::HandlerResponse::Handled
+                                 : httplib::Server::HandlerResponse::Unhandled;
+  });
+  // A request whose body was left unread ends its connection: say so to the client.
+  http_->set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
+    if (!ConnectionGate::closing_after_response()) return;
+    res.headers.erase("Keep-Alive");
+    res.set_header("Connection", "close");
+  });
   // SO_REUSEADDR (quick restarts) but not httplib's default SO_REUSEPORT, which would let a
   // second server bind the same port silently; close-on-exec so children do not inherit it.
   http_->set_socket_options([this](int sock) {
@@ -216,6 +245,7 @@ void NanoCtrlServerImpl::start() {
   // overflow it (dropped handshakes, resets). Listening again only enlarges the queue.
   if (listen_fd_ >= 0) ::listen(listen_fd_, SOMAXCONN);
   started_at_ = std::chrono::steady_clock::now();
+  gate_->start();
   listener_ = std::thread([this] {
     http_->listen_after_bind();
     std::lock_guard lock(stop_mu_);
@@ -243,7 +273,6 @@ void NanoCtrlServerImpl::stop() {
   running_ = false;
   store_->interrupt();  // blocked mailbox receives return now
   http_->stop();
-  if (port_ != 0) shutdown_accepted_sockets(port_);
   if (listener_.joinable()) {
     if (listener_.get_id() == std::this_thread::get_id()) {
       listener_.detach();
@@ -251,7 +280,8 @@ void NanoCtrlServerImpl::stop() {
       listener_.join();
     }
   }
-  pool_ = nullptr;
+  // Closes idle keep-alive connections at once and ends the requests being served.
+  if (gate_) gate_->stop();
   std::lock_guard lock(stop_mu_);
   stopped_ = true;
   stopped_cv_.notify_all();
@@ -263,21 +293,96 @@ void NanoCtrlServerImpl::wait() {
 }
 
 void NanoCtrlServerImpl::add(const char* method, const std::string& pattern, const std::string& route, Handler fn) {
-  auto handler = [this, route, fn = std::move(fn)](const httplib::Request& req, httplib::Response& res) {
-    respond(route, req, res, fn);
-  };
   std::string m = method;
   if (m == "GET") {
-    http_->Get(pattern, handler);
+    http_->Get(pattern, [this, route, fn = std::move(fn)](const httplib::Request& req, httplib::Response& res) {
+      respond(route, req, "", res, fn);
+    });
   } else {
-    http_->Post(pattern, handler);
+    // A content reader, so that the body is read here under body_limit() whatever its
+    // encoding (httplib's own limit does not apply to chunked bodies).
+    http_->Post(pattern, [this, route, fn = std::move(fn)](const httplib::Request& req, httplib::Response& res,
+                                                          const httplib::ContentReader& reader) {
+      std::string body;
+      if (read_body(req, res, reader, body)) respond(route, req, body, res, fn);
+    });
   }
-  known_.emplace_back(std::regex(pattern), m);
+  known_.push_back({std::regex(pattern), m, route});
+}
+
+std::string NanoCtrlServerImpl::route_of(const std::string& path) const {
+  for (const auto& k : known_) {
+    if (std::regex_match(path, k.pattern)) return k.route;
+  }
+  return "(unrouted)";
+}
+
+std::size_t NanoCtrlServerImpl::body_limit(const httplib::Request& req) const {
+  // Form-encoded bodies keep httplib's 8 KiB cap (docs/control-plane.md, errors).
+  if (req.get_header_value("Content-Type").find("x-www-form-urlencoded") != std::string::npos) {
+    return std::min<std::size_t>(config_.max_body_bytes, 8192);
+  }
+  return config_.max_body_bytes;
+}
+
+bool NanoCtrlServerImpl::before_body(const httplib::Request& req, httplib::Response& res) {
+  const bool body = has_body(req);
+  const bool is_post = req.method == "POST";
+  // Health needs no token: load balancers and `nanoctrl status` probe it.
+  const bool public_route = req.method == "GET" && req.path == "/healthz";
+  if (!public_route && !authorized(route_of(req.path), req, res)) {
+    // Never read a body for a client that may not send one.
+    if (body) ConnectionGate::close_after_response();
+    return true;
+  }
+  if (!is_post) {
+    // Only POST routes take a body; another method's body is never read (httplib would read
+    // a chunked or length-less one without a limit), so it ends the connection.
+    if (body) ConnectionGate::close_after_response();
+    if (req.method == "GET" || req.method == "HEAD") return false;
+    fallback(req, res);
+    return true;
+  }
+  if (req.get_header_value("Content-Type").find("multipart/form-data") != std::string::npos) {
+    ConnectionGate::close_after_response();
+    res.status = 400;
+    res.set_content(dump(error_body("multipart bodies are not accepted: send the request as JSON with "
+                                    "Content-Type: application/json")),
+                    "application/json");
+    metrics_.count_request("(unrouted)", 400);
+    return true;
+  }
+  if (req.has_header("Content-Length") && req.get_header_value<uint64_t>("Content-Length") > body_limit(req)) {
+    // Refused from the header, before a byte of the body is read (the error handler words it).
+    ConnectionGate::close_after_response();
+    res.status = 413;
+    return true;
+  }
+  return false;
+}
+
+bool NanoCtrlServerImpl::read_body(const httplib::Request& req, httplib::Response& res,
+                                   const httplib::ContentReader& reader, std::string& body) {
+  const std::size_t limit = body_limit(req);
+  bool too_large = false;
+  bool ok = reader([&](const char* data, std::size_t n) {
+    if (body.size() + n > limit) {
+      too_large = true;
+      return false;
+    }
+    body.append(data, n);
+    return true;
+  });
+  if (ok) return true;
+  // The rest of the body is unread (or malformed): this connection carries no more requests.
+  ConnectionGate::close_after_response();
+  res.status = too_large ? 413 : 400;
+  res.body.clear();  // the error handler words the reply
+  return false;
 }
 
 // With a token configured, a request without the right `Authorization: Bearer` header gets
-// 401 here, before its route runs. Checked after httplib has read the body (bounded by
-// max_body), so the keep-alive connection stays in step.
+// 401 here, from before_body(): before its route runs and before its body is read.
 bool NanoCtrlServerImpl::authorized(const std::string& route, const httplib::Request& req, httplib::Response& res) {
   if (!auth_.enabled()) return true;
   auto result = auth_.check(req.get_header_value("Authorization"));
@@ -301,13 +406,12 @@ bool NanoCtrlServerImpl::authorized(const std::string& route, const httplib::Req
   return false;
 }
 
-void NanoCtrlServerImpl::respond(const std::string& route, const httplib::Request& req, httplib::Response& res,
-                                 const Handler& fn) {
-  if (!authorized(route, req, res)) return;
+void NanoCtrlServerImpl::respond(const std::string& route, const httplib::Request& req, const std::string& raw,
+                                 httplib::Response& res, const Handler& fn) {
   int status = 200;
   json body;
   try {
-    body = fn(req.method == "GET" ? json::object() : parse_body(req.body), req);
+    body = fn(req.method == "GET" ? json::object() : parse_body(raw), req);
   } catch (const ApiError& e) {
     status = e.status();
     body = error_body(e.what());
@@ -381,11 +485,16 @@ void NanoCtrlServerImpl::metrics(httplib::Response& res) {
     gauge("nanoctrl_mailboxes", "Non-empty mailboxes, all scopes.", static_cast<double>(s.mailboxes));
     gauge("nanoctrl_mailbox_depth", "Messages waiting in all mailboxes.", static_cast<double>(s.mailbox_messages));
   }
-  if (auto* pool = pool_.load()) {
-    gauge("nanoctrl_http_threads", "HTTP worker threads started.", static_cast<double>(pool->threads()));
-    gauge("nanoctrl_http_threads_busy", "HTTP worker threads serving a connection.",
-          static_cast<double>(pool->busy()));
-  }
+  gauge("nanoctrl_http_threads", "HTTP worker threads started.", static_cast<double>(gate_->threads()));
+  gauge("nanoctrl_http_threads_busy", "HTTP worker threads serving a request.", static_cast<double>(gate_->busy()));
+  gauge("nanoctrl_http_connections_waiting", "Connections held off the workers until a whole request arrives.",
+        static_cast<double>(gate_->waiting()));
+  out += "# HELP nanoctrl_http_requests_dropped_total Connections closed before a whole request arrived.\n"
+         "# TYPE nanoctrl_http_requests_dropped_total counter\n";
+  out += fmt::format("nanoctrl_http_requests_dropped_total{{reason=\"read_timeout\"}} {}\n",
+                     gate_->dropped_read_timeout());
+  out += fmt::format("nanoctrl_http_requests_dropped_total{{reason=\"head_too_large\"}} {}\n",
+                     gate_->dropped_head_too_large());
   gauge("nanoctrl_uptime_seconds", "Seconds since this process started serving.",
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started_at_).count());
   metrics_.count_request("/metrics", 200);
@@ -395,11 +504,11 @@ void NanoCtrlServerImpl::metrics(httplib::Response& res) {
 }
 
 void NanoCtrlServerImpl::fallback(const httplib::Request& req, httplib::Response& res) {
-  // Unauthenticated clients learn nothing about which paths exist.
-  if (!authorized("(unrouted)", req, res)) return;
+  // Unauthenticated clients learn nothing about which paths exist: before_body() has
+  // answered them 401 already.
   std::string allowed;
-  for (const auto& [re, method] : known_) {
-    if (std::regex_match(req.path, re)) allowed += (allowed.empty() ? "" : ", ") + method;
+  for (const auto& k : known_) {
+    if (std::regex_match(req.path, k.pattern)) allowed += (allowed.empty() ? "" : ", ") + k.method;
   }
   if (!allowed.empty()) {
     res.status = 405;
@@ -418,18 +527,15 @@ void NanoCtrlServerImpl::fallback(const httplib::Request& req, httplib::Response
 void NanoCtrlServerImpl::install_routes() {
   auto& s = *service_;
   using R = const httplib::Request&;
-  http_->Get("/", [this](R req, httplib::Response& res) {
-    if (!authorized("/", req, res)) return;
+  http_->Get("/", [this](R, httplib::Response& res) {
     res.set_content("NanoCtrl Server Running", "text/plain");
     metrics_.count_request("/", 200);
   });
-  known_.emplace_back(std::regex("/"), "GET");
+  known_.push_back({std::regex("/"), "GET", "/"});
   http_->Get("/healthz", [this](R, httplib::Response& res) { healthz(res); });
-  known_.emplace_back(std::regex("/healthz"), "GET");
-  http_->Get("/metrics", [this](R req, httplib::Response& res) {
-    if (authorized("/metrics", req, res)) metrics(res);
-  });
-  known_.emplace_back(std::regex("/metrics"), "GET");
+  known_.push_back({std::regex("/healthz"), "GET", "/healthz"});
+  http_->Get("/metrics", [this](R, httplib::Response& res) { metrics(res); });
+  known_.push_back({std::regex("/metrics"), "GET", "/metrics"});
 
   auto post = [&](const std::string& path, json (nanoctrl::ControlService::*fn)(const json&)) {
     add("POST", path, path, [&s, fn](const json& body, R) { return (s.*fn)(body); });
@@ -460,13 +566,13 @@ void NanoCtrlServerImpl::install_routes() {
   });
 
   // Anything else: 405 on a known path, 404 otherwise.
+  // (Other methods are answered by before_body() without reading their bodies.)
   auto rest = [this](R req, httplib::Response& res) { fallback(req, res); };
   http_->Get(".*", rest);
-  http_->Post(".*", rest);
-  http_->Put(".*", rest);
-  http_->Patch(".*", rest);
-  http_->Delete(".*", rest);
-  http_->Options(".*", rest);
+  http_->Post(".*", [this](R req, httplib::Response& res, const httplib::ContentReader& reader) {
+    std::string body;
+    if (read_body(req, res, reader, body)) fallback(req, res);
+  });
 }
 
 // ------------------------------------------------------------------------------- facade

@@ -12,9 +12,8 @@
 
 namespace dlslime::nanoctrl {
 
-// httplib runs each accepted connection on one task of its TaskQueue, for the connection's
-// whole life (keep-alive included), and a mailbox receive blocks its task. A fixed pool
-// therefore caps concurrent connections, and the stock pool is tiny. This pool starts
+// The workers that serve NanoCtrl's HTTP requests: the ConnectionGate hands each complete
+// request to this pool, and a mailbox receive blocks its worker for its wait. The pool starts
 // empty and adds a thread whenever a task arrives and no thread is idle, up to
 // `max_threads`; past that, tasks queue until a thread frees up. Threads are kept once
 // started (an idle thread costs only its stack). Which requests may block is bounded
