@@ -19,6 +19,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "dlslime/errors.h"
 #include "dlslime/nanoctrl.h"
 #include "dlslime/nanoctrl_client.h"
 
@@ -261,4 +262,12 @@ TEST(HttpSlowClients, PipelinedAndKeepAliveRequestsStillWork) {
   EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
   ASSERT_NE(second, std::string::npos) << reply;
   EXPECT_NE(reply.find("[]", second), std::string::npos) << reply;
+}
+
+TEST(HttpSlowClients, RequestReadTimeoutIsValidated) {
+  NanoCtrlConfig cfg = base_config();
+  cfg.request_read_timeout = 50ms;
+  EXPECT_THROW(NanoCtrlServer{cfg}, dlslime::InvalidArgumentError);
+  cfg.request_read_timeout = 100ms;
+  EXPECT_NO_THROW(NanoCtrlServer{cfg});
 }
