@@ -8,6 +8,7 @@
 
 #include "bindings.h"
 #include "convert.h"
+#include "gil.h"
 #include "dlslime/errors.h"
 #include "dlslime/peer_agent.h"
 
@@ -16,12 +17,6 @@ namespace py = pybind11;
 namespace dlslime::py_bind {
 
 namespace {
-
-uint64_t offset_of(py::handle v, const char* what) {
-  if (!py::isinstance<py::int_>(v)) throw py::type_error(fmt::format("{} must be an int", what));
-  if (v.cast<py::int_>() < py::int_(0)) throw py::value_error(fmt::format("{} must be >= 0", what));
-  return v.cast<uint64_t>();
-}
 
 bool is_str(py::handle v) { return py::isinstance<py::str>(v); }
 
@@ -45,11 +40,12 @@ NamedAssignment to_named_one(py::handle t) {
   auto s = py::reinterpret_borrow<py::sequence>(t);
   if (s.size() == 4 && is_str(s[0])) {
     const auto name = s[0].cast<std::string>();
-    return {name, name, offset_of(s[1], "local_offset"), offset_of(s[2], "remote_offset"), offset_of(s[3], "length")};
+    return {name, name, int_arg<uint64_t>(s[1], "local_offset"), int_arg<uint64_t>(s[2], "remote_offset"),
+            int_arg<uint64_t>(s[3], "length")};
   }
   if (s.size() == 5 && is_str(s[0]) && is_str(s[1])) {
-    return {s[0].cast<std::string>(), s[1].cast<std::string>(), offset_of(s[2], "local_offset"),
-            offset_of(s[3], "remote_offset"), offset_of(s[4], "length")};
+    return {s[0].cast<std::string>(), s[1].cast<std::string>(), int_arg<uint64_t>(s[2], "local_offset"),
+            int_arg<uint64_t>(s[3], "remote_offset"), int_arg<uint64_t>(s[4], "length")};
   }
   throw py::type_error(fmt::format(
       "a named item is (name, local_offset, remote_offset, length) or (local_name, remote_name, local_offset, "
@@ -72,18 +68,31 @@ Future one_sided(py::handle assignments, Named named, Numeric numeric) {
   if (is_named(assignments)) {
     auto batch = to_named(assignments);
     if (batch.empty()) throw py::value_error("the batch is empty");
-    py::gil_scoped_release release;
+    ReleaseGil release;
     return named(batch);
   }
   auto batch = to_assignments(assignments);
-  py::gil_scoped_release release;
+  ReleaseGil release;
   return numeric(std::move(batch));
 }
 
-std::string optional_str(py::handle v, const char* what) {
-  if (v.is_none()) return "";
-  if (!is_str(v)) throw py::type_error(fmt::format("{} must be a str or None", what));
-  return v.cast<std::string>();
+// The C++ wait reports a timeout by throwing; here it only ends one slice.
+bool wait_slice(const PeerConnection& c, std::chrono::nanoseconds slice, std::string* timeout_reason) {
+  try {
+    c.wait(std::chrono::ceil<std::chrono::milliseconds>(slice));
+    return true;
+  } catch (const TimeoutError& e) {
+    *timeout_reason = e.what();
+    return false;
+  }
+}
+
+// PeerConnection::wait's TimeoutError names the slice's milliseconds; restate it with the
+// whole timeout, keeping the reason that follows ("no agent 'x' has registered ...").
+[[noreturn]] void throw_connect_timeout(const PeerConnection& c, double seconds, const std::string& reason) {
+  const auto ms = reason.find(" ms");
+  const std::string why = ms == std::string::npos ? ": " + reason : reason.substr(ms + 3);
+  throw TimeoutError(fmt::format("connection to '{}' not established within {} s{}", c.peer_alias(), seconds, why));
 }
 
 }  // namespace
@@ -92,14 +101,17 @@ void bind_agent(py::module_& m) {
   py::class_<PeerConnection>(m, "PeerConnection", "This agent's connection to one peer.")
       .def(
           "wait",
-          [](const PeerConnection& c, double timeout) {
-            {
-              py::gil_scoped_release release;
-              c.wait(std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000)));
+          [](const PeerConnection& c, py::handle timeout) {
+            const auto total = seconds_arg(timeout, "timeout");
+            std::string reason;
+            if (!wait_interruptibly(total, [&](std::chrono::nanoseconds d) { return wait_slice(c, d, &reason); })) {
+              throw_connect_timeout(c, std::chrono::duration<double>(total).count(), reason);
             }
             return c;
           },
-          py::arg("timeout") = 60.0, "Wait for the handshake; raises TimeoutError or ConnectionError.")
+          py::arg("timeout") = 60.0,
+          "Wait for the handshake (inf: no limit); raises TimeoutError or ConnectionError. Ctrl-C raises "
+          "KeyboardInterrupt.")
       .def("is_connected", &PeerConnection::is_connected)
       .def_property_readonly("state", &PeerConnection::state)
       .def_property_readonly("error", &PeerConnection::error)
@@ -111,7 +123,9 @@ void bind_agent(py::module_& m) {
                                return std::dynamic_pointer_cast<TcpEndpoint>(c.endpoint());
                              })
       .def_property_readonly("peer_endpoint_info",
-                             [](const PeerConnection& c) { return from_json(c.peer_endpoint_info()); })
+                             [](const PeerConnection& c) {
+                               return from_json(c.peer_endpoint_info(), "peer_endpoint_info");
+                             })
       .def("__repr__", [](const PeerConnection& c) {
         return fmt::format("<dlslime.PeerConnection {} {}>", c.conn_id(), c.state());
       });
@@ -121,18 +135,17 @@ void bind_agent(py::module_& m) {
       .def(py::init([](py::handle ctrl_url, py::handle alias, py::handle scope, py::handle nanoctrl_url,
                        py::handle heartbeat_interval, const py::kwargs& kwargs) {
              PeerAgentOptions o;
-             const std::string url = optional_str(ctrl_url, "ctrl_url");
-             const std::string url2 = optional_str(nanoctrl_url, "nanoctrl_url");
+             const std::string url = optional_str_arg(ctrl_url, "ctrl_url");
+             const std::string url2 = optional_str_arg(nanoctrl_url, "nanoctrl_url");
              if (!url.empty() && !url2.empty() && url != url2) {
                throw py::value_error("ctrl_url and nanoctrl_url name different NanoCtrl servers");
              }
              if (!url.empty()) o.ctrl_url = url;
              if (!url2.empty()) o.ctrl_url = url2;
-             o.alias = optional_str(alias, "alias");
-             o.scope = optional_str(scope, "scope");
+             o.alias = optional_str_arg(alias, "alias");
+             o.scope = optional_str_arg(scope, "scope");
              if (!heartbeat_interval.is_none()) {
-               o.heartbeat_interval = std::chrono::milliseconds(
-                   static_cast<int64_t>(heartbeat_interval.cast<double>() * 1000));
+               o.heartbeat_interval = millis_arg(heartbeat_interval, "heartbeat_interval");
              }
              // token= is the one secret for both planes; ctrl_token= (or nanoctrl_token=) and
              // tcp_token= set one of them alone. None keeps the environment's default.
@@ -154,8 +167,7 @@ void bind_agent(py::module_& m) {
              if (auto t = token_kw("nanoctrl_token")) o.ctrl_token = *t;
              if (auto t = token_kw("ctrl_token")) o.ctrl_token = *t;
              if (auto t = token_kw("tcp_token")) o.tcp.token = *t;
-             py::gil_scoped_release release;
-             return std::make_shared<PeerAgent>(std::move(o));
+             return make_without_gil<PeerAgent>(std::move(o));
            }),
            py::arg("ctrl_url") = py::none(), py::arg("alias") = py::none(), py::arg("scope") = py::none(),
            py::arg("nanoctrl_url") = py::none(), py::arg("heartbeat_interval") = py::none())
@@ -164,34 +176,38 @@ void bind_agent(py::module_& m) {
       .def_property_readonly("ctrl_url", &PeerAgent::ctrl_url)
       .def(
           "register_memory_region",
-          [](PeerAgent& a, const std::string& name, py::handle addr, py::handle offset, py::handle length) {
-            const auto ad = offset_of(addr, "addr");
-            const auto off = offset_of(offset, "offset");
-            const auto len = offset_of(length, "length");
-            py::gil_scoped_release release;
-            return a.register_memory_region(name, static_cast<uintptr_t>(ad), off, len);
+          [](PeerAgent& a, py::handle name, py::handle addr, py::handle offset, py::handle length) {
+            const auto n = str_arg(name, "name");
+            const auto ad = int_arg<uintptr_t>(addr, "addr");
+            const auto off = int_arg<uint64_t>(offset, "offset");
+            const auto len = int_arg<uint64_t>(length, "length");
+            ReleaseGil release;
+            return a.register_memory_region(n, ad, off, len);
           },
           py::arg("name"), py::arg("addr"), py::arg("offset"), py::arg("length"))
-      .def("unregister_memory_region", &PeerAgent::unregister_memory_region, py::arg("name"),
-           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "unregister_memory_region",
+          [](PeerAgent& a, py::handle name) {
+            const auto n = str_arg(name, "name");
+            ReleaseGil release;
+            a.unregister_memory_region(n);
+          },
+          py::arg("name"))
       .def(
           "connect_to",
-          [](PeerAgent& a, py::handle peer, const std::string& transport, const std::string& local_host,
-             int local_port, int ib_port, int qp_num, py::handle local_device, py::handle peer_device) {
-            if (!is_str(peer) || peer.cast<std::string>().empty()) {
-              throw py::type_error("peer_alias must be a non-empty str");
-            }
-            if (local_port < 0 || local_port > 65535) throw py::value_error("local_port must be in 0..65535");
+          [](PeerAgent& a, py::handle peer, py::handle transport, py::handle local_host, py::handle local_port,
+             py::handle ib_port, py::handle qp_num, py::handle local_device, py::handle peer_device) {
+            const auto name = str_arg(peer, "peer_alias");
+            if (name.empty()) throw py::value_error("peer_alias must not be empty");
             ConnectOptions o;
-            o.transport = transport;
-            o.local_host = local_host;
-            o.local_port = static_cast<uint16_t>(local_port);
-            o.ib_port = ib_port;
-            o.qp_num = qp_num;
-            o.local_device = optional_str(local_device, "local_device");
-            o.peer_device = optional_str(peer_device, "peer_device");
-            const auto name = peer.cast<std::string>();
-            py::gil_scoped_release release;
+            o.transport = str_arg(transport, "transport");
+            o.local_host = str_arg(local_host, "local_host");
+            o.local_port = int_arg<uint16_t>(local_port, "local_port");
+            o.ib_port = int_arg<int>(ib_port, "ib_port");
+            o.qp_num = int_arg<int>(qp_num, "qp_num");
+            o.local_device = optional_str_arg(local_device, "local_device");
+            o.peer_device = optional_str_arg(peer_device, "peer_device");
+            ReleaseGil release;
             return a.connect_to(name, o);
           },
           py::arg("peer_alias"), py::arg("transport") = "rdma", py::kw_only(), py::arg("local_host") = "0.0.0.0",
@@ -201,23 +217,26 @@ void bind_agent(py::module_& m) {
       .def("peers", &PeerAgent::peers)
       .def(
           "send",
-          [](PeerAgent& a, const std::string& peer, py::handle chunk) {
+          [](PeerAgent& a, py::handle peer_arg, py::handle chunk) {
+            const auto peer = str_arg(peer_arg, "peer");
             const Chunk c = to_chunk(chunk);
-            py::gil_scoped_release release;
+            ReleaseGil release;
             return a.send(peer, c);
           },
           py::arg("peer"), py::arg("chunk"))
       .def(
           "recv",
-          [](PeerAgent& a, const std::string& peer, py::handle chunk) {
+          [](PeerAgent& a, py::handle peer_arg, py::handle chunk) {
+            const auto peer = str_arg(peer_arg, "peer");
             const Chunk c = to_chunk(chunk);
-            py::gil_scoped_release release;
+            ReleaseGil release;
             return a.recv(peer, c);
           },
           py::arg("peer"), py::arg("chunk"))
       .def(
           "read",
-          [](PeerAgent& a, const std::string& peer, py::handle assignments) {
+          [](PeerAgent& a, py::handle peer_arg, py::handle assignments) {
+            const auto peer = str_arg(peer_arg, "peer");
             return one_sided(
                 assignments, [&](const std::vector<NamedAssignment>& n) { return a.read(peer, n); },
                 [&](std::vector<Assignment> b) { return a.read(peer, std::move(b)); });
@@ -225,7 +244,8 @@ void bind_agent(py::module_& m) {
           py::arg("peer"), py::arg("assignments"))
       .def(
           "write",
-          [](PeerAgent& a, const std::string& peer, py::handle assignments) {
+          [](PeerAgent& a, py::handle peer_arg, py::handle assignments) {
+            const auto peer = str_arg(peer_arg, "peer");
             return one_sided(
                 assignments, [&](const std::vector<NamedAssignment>& n) { return a.write(peer, n); },
                 [&](std::vector<Assignment> b) { return a.write(peer, std::move(b)); });
@@ -233,16 +253,20 @@ void bind_agent(py::module_& m) {
           py::arg("peer"), py::arg("assignments"))
       .def(
           "write_with_imm",
-          [](PeerAgent& a, const std::string& peer, py::handle assignments, uint32_t imm_data) {
-            return a.write_with_imm(peer, to_assignments(assignments), imm_data);
+          [](PeerAgent& a, py::handle peer_arg, py::handle assignments, py::handle imm_data) {
+            const auto peer = str_arg(peer_arg, "peer");
+            auto batch = to_assignments(assignments);
+            const auto imm = int_arg<uint32_t>(imm_data, "imm_data");
+            ReleaseGil release;
+            return a.write_with_imm(peer, std::move(batch), imm);
           },
           py::arg("peer"), py::arg("assignments"), py::arg("imm_data") = 0)
       .def("imm_recv", &PeerAgent::imm_recv, py::arg("peer"))
-      .def("shutdown", &PeerAgent::shutdown, py::call_guard<py::gil_scoped_release>())
+      .def("shutdown", &PeerAgent::shutdown, py::call_guard<ReleaseGil>())
       .def("__enter__", [](std::shared_ptr<PeerAgent> a) { return a; })
       .def("__exit__",
            [](PeerAgent& a, py::handle, py::handle, py::handle) {
-             py::gil_scoped_release release;
+             ReleaseGil release;
              a.shutdown();
            })
       .def("__repr__", [](const PeerAgent& a) {

@@ -1,24 +1,92 @@
 #pragma once
 
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <pybind11/pybind11.h>
 
 #include "dlslime/endpoint.h"
 #include "dlslime/tcp_endpoint.h"
 
-// Conversions shared by the binding files.
+// Every conversion of a Python argument the bindings make, in one place (convert.cpp), so
+// that each bad argument raises the documented exception and names itself: a wrong type
+// raises TypeError, a value out of range ValueError (docs/api.md, "Arguments"). Binding
+// functions take py::handle and call these rather than letting pybind11 cast, whose
+// failures inside a function are RuntimeError("Unable to cast ...").
 namespace dlslime::py_bind {
 
-// dict/list/str/int/float/bool/None <-> nlohmann::json, for endpoint_info and mr_info
-// (bind_core.cpp).
-nlohmann::json to_json(pybind11::handle obj);
-pybind11::object from_json(const nlohmann::json& j);
+// --- JSON: dict/list/tuple/str/bytes/int/float/bool/None <-> nlohmann::json -------------
+// Deepest nesting converted in either direction, the limit NanoCtrl's server applies to
+// request bodies (src/nanoctrl/request.cpp). Both conversions recurse, so an unbounded
+// depth (a self-referencing dict, a 200,000-deep reply) would overflow the C stack; deeper
+// values raise ValueError naming the limit. Real endpoint_info/mr_info nest 3 levels.
+constexpr int kMaxJsonDepth = 64;
 
+// `what` names the argument in errors ("peer_info", "mr_info"); the message adds the path
+// inside it (peer_info["mr_info"]["kv"]["length"]).
+nlohmann::json to_json(pybind11::handle obj, const char* what);
+// `what` names the value in errors ("NanoCtrl's reply", "peer_endpoint_info").
+pybind11::object from_json(const nlohmann::json& j, const char* what = "a JSON value");
+
+// --- Scalars --------------------------------------------------------------------------
+namespace detail {
+// operator.index(v): an int, a bool, or an object with __index__ (numpy integers); a
+// float or str raises TypeError naming `what`.
+pybind11::int_ index_of(pybind11::handle v, const char* what);
+bool is_negative(const pybind11::int_& i);
+[[noreturn]] void throw_out_of_range(pybind11::handle v, const char* what, const std::string& lo,
+                                     const std::string& hi);
+}  // namespace detail
+
+// An integer argument in [lo, hi] (default: the range of T).
+template <class T>
+T int_arg(pybind11::handle v, const char* what, T lo = std::numeric_limits<T>::min(),
+          T hi = std::numeric_limits<T>::max()) {
+  static_assert(std::is_integral_v<T> && sizeof(T) <= 8);
+  const pybind11::int_ i = detail::index_of(v, what);
+  if constexpr (std::is_signed_v<T>) {
+    int overflow = 0;
+    const long long x = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+    if (overflow == 0 && x >= lo && x <= hi) return static_cast<T>(x);
+  } else if (!detail::is_negative(i)) {
+    const unsigned long long x = PyLong_AsUnsignedLongLong(i.ptr());
+    if (x == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+      PyErr_Clear();  // above 2**64-1: reported as out of range below
+    } else if (x >= lo && x <= hi) {
+      return static_cast<T>(x);
+    }
+  }
+  detail::throw_out_of_range(v, what, fmt::to_string(lo), fmt::to_string(hi));
+}
+
+bool bool_arg(pybind11::handle v, const char* what);  // True/False only
+std::string str_arg(pybind11::handle v, const char* what);
+// None -> "" (the caller's default).
+std::string optional_str_arg(pybind11::handle v, const char* what);
+// A list or tuple of str.
+std::vector<std::string> str_list_arg(pybind11::handle v, const char* what);
+
+// --- Durations in seconds --------------------------------------------------------------
+// The one conversion of every timeout and interval that comes from Python: an int or a
+// float (anything with __float__ but str/bytes) of seconds. NaN and negative values raise
+// ValueError, other types TypeError. inf and anything above kMaxSeconds saturate to
+// kMaxSeconds, about 31.7 years: "wait forever" in practice, and small enough that the
+// C++ side can add it to steady_clock::now() in nanoseconds without overflowing (a
+// direct cast of inf or of 1e10 s to nanoseconds overflows to a deadline in the past).
+constexpr double kMaxSeconds = 1e9;
+std::chrono::nanoseconds seconds_arg(pybind11::handle v, const char* what);
+// The same, rounded to the nearest millisecond, for options the library keeps in ms.
+std::chrono::milliseconds millis_arg(pybind11::handle v, const char* what);
+
+// --- Transfers --------------------------------------------------------------------------
 // (local_handle, remote_handle, target_offset, source_offset, length), one or a list;
-// (addr, offset, length). Wrong shapes raise TypeError, negative numbers ValueError
-// (bind_tcp.cpp).
+// (addr, offset, length). Wrong shapes raise TypeError, numbers out of range ValueError.
 std::vector<Assignment> to_assignments(pybind11::handle obj);
 Chunk to_chunk(pybind11::handle obj);
 // TcpOptions from the environment, then keyword arguments; an unknown keyword raises

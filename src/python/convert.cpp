@@ -1,0 +1,274 @@
+// Conversions of Python arguments (see convert.h): one place decides which exception a bad
+// argument raises and how its message names it.
+#include "convert.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace py = pybind11;
+using nlohmann::json;
+
+namespace dlslime::py_bind {
+
+namespace detail {
+
+py::int_ index_of(py::handle v, const char* what) {
+  PyObject* i = PyNumber_Index(v.ptr());
+  if (i == nullptr) {
+    PyErr_Clear();
+    throw py::type_error(fmt::format("{} must be an int, not {}", what, Py_TYPE(v.ptr())->tp_name));
+  }
+  return py::reinterpret_steal<py::int_>(i);
+}
+
+bool is_negative(const py::int_& i) { return i < py::int_(0); }
+
+void throw_out_of_range(py::handle v, const char* what, const std::string& lo, const std::string& hi) {
+  throw py::value_error(fmt::format("{}={} is out of range ({}..{})", what, py::str(v).cast<std::string>(), lo, hi));
+}
+
+}  // namespace detail
+
+namespace {
+
+const char* type_name(py::handle v) { return Py_TYPE(v.ptr())->tp_name; }
+
+// Python -> JSON. `path_` names the value being converted (peer_info["mr_info"][0]); it
+// grows and shrinks with the recursion, so errors can say where the bad value sits.
+class ToJson {
+ public:
+  explicit ToJson(const char* what) : root_(what), path_(what) {}
+
+  json convert(py::handle obj, int depth) {
+    if (obj.is_none()) return nullptr;
+    if (PyBool_Check(obj.ptr())) return obj.ptr() == Py_True;
+    if (PyLong_Check(obj.ptr())) return integer(obj);
+    if (PyFloat_Check(obj.ptr())) return PyFloat_AS_DOUBLE(obj.ptr());
+    if (PyUnicode_Check(obj.ptr())) return obj.cast<std::string>();
+    if (PyBytes_Check(obj.ptr())) return obj.cast<std::string>();
+    const bool is_dict = PyDict_Check(obj.ptr());
+    if (!is_dict && !PyList_Check(obj.ptr()) && !PyTuple_Check(obj.ptr())) {
+      throw py::type_error(fmt::format("{}: cannot convert {} to JSON", path_, type_name(obj)));
+    }
+    if (depth >= kMaxJsonDepth) {
+      throw py::value_error(fmt::format("{} is nested deeper than {} levels (a container that contains itself?)",
+                                        root_, kMaxJsonDepth));
+    }
+    const size_t mark = path_.size();
+    if (is_dict) {
+      json out = json::object();
+      for (auto item : py::reinterpret_borrow<py::dict>(obj)) {
+        if (!PyUnicode_Check(item.first.ptr())) {
+          throw py::type_error(fmt::format("{}: dict keys must be str, not {}", path_, type_name(item.first)));
+        }
+        auto key = item.first.cast<std::string>();
+        path_ += fmt::format("[\"{}\"]", key);
+        out[std::move(key)] = convert(item.second, depth + 1);
+        path_.resize(mark);
+      }
+      return out;
+    }
+    json out = json::array();
+    size_t i = 0;
+    for (auto item : obj) {
+      path_ += fmt::format("[{}]", i++);
+      out.push_back(convert(item, depth + 1));
+      path_.resize(mark);
+    }
+    return out;
+  }
+
+ private:
+  // Addresses and ids may exceed int64: non-negative ints become unsigned.
+  json integer(py::handle obj) {
+    int overflow = 0;
+    const long long x = PyLong_AsLongLongAndOverflow(obj.ptr(), &overflow);
+    if (overflow == 0) return x >= 0 ? json(static_cast<uint64_t>(x)) : json(static_cast<int64_t>(x));
+    if (overflow > 0) {
+      const unsigned long long u = PyLong_AsUnsignedLongLong(obj.ptr());
+      if (!(u == static_cast<unsigned long long>(-1) && PyErr_Occurred())) return static_cast<uint64_t>(u);
+      PyErr_Clear();
+    }
+    throw py::value_error(fmt::format("{}={} is out of range for JSON (-2**63..2**64-1)", path_,
+                                      py::str(obj).cast<std::string>()));
+  }
+
+  const char* root_;
+  std::string path_;
+};
+
+py::object from_json_at(const json& j, const char* what, int depth) {
+  switch (j.type()) {
+    case json::value_t::null: return py::none();
+    case json::value_t::boolean: return py::bool_(j.get<bool>());
+    case json::value_t::number_integer: return py::int_(j.get<int64_t>());
+    case json::value_t::number_unsigned: return py::int_(j.get<uint64_t>());
+    case json::value_t::number_float: return py::float_(j.get<double>());
+    case json::value_t::string: return py::str(j.get_ref<const std::string&>());
+    case json::value_t::array:
+    case json::value_t::object: break;
+    default: return py::none();
+  }
+  if (depth >= kMaxJsonDepth) {
+    throw py::value_error(fmt::format("{} is nested deeper than {} levels", what, kMaxJsonDepth));
+  }
+  if (j.is_array()) {
+    py::list out;
+    for (const auto& v : j) out.append(from_json_at(v, what, depth + 1));
+    return out;
+  }
+  py::dict out;
+  for (const auto& [k, v] : j.items()) out[py::str(k)] = from_json_at(v, what, depth + 1);
+  return out;
+}
+
+}  // namespace
+
+json to_json(py::handle obj, const char* what) { return ToJson(what).convert(obj, 0); }
+
+py::object from_json(const json& j, const char* what) { return from_json_at(j, what, 0); }
+
+bool bool_arg(py::handle v, const char* what) {
+  if (!PyBool_Check(v.ptr())) throw py::type_error(fmt::format("{} must be True or False, not {}", what, type_name(v)));
+  return v.ptr() == Py_True;
+}
+
+std::string str_arg(py::handle v, const char* what) {
+  if (!PyUnicode_Check(v.ptr())) throw py::type_error(fmt::format("{} must be a str, not {}", what, type_name(v)));
+  return v.cast<std::string>();
+}
+
+std::string optional_str_arg(py::handle v, const char* what) {
+  if (v.is_none()) return "";
+  if (!PyUnicode_Check(v.ptr())) {
+    throw py::type_error(fmt::format("{} must be a str or None, not {}", what, type_name(v)));
+  }
+  return v.cast<std::string>();
+}
+
+std::vector<std::string> str_list_arg(py::handle v, const char* what) {
+  if (!PyList_Check(v.ptr()) && !PyTuple_Check(v.ptr())) {
+    throw py::type_error(fmt::format("{} must be a list of str, not {}", what, type_name(v)));
+  }
+  std::vector<std::string> out;
+  for (auto item : v) {
+    if (!PyUnicode_Check(item.ptr())) {
+      throw py::type_error(fmt::format("{} must be a list of str; it holds a {}", what, type_name(item)));
+    }
+    out.push_back(item.cast<std::string>());
+  }
+  return out;
+}
+
+namespace {
+
+double seconds_value(py::handle v, const char* what) {
+  if (PyUnicode_Check(v.ptr()) || PyBytes_Check(v.ptr()) || PyByteArray_Check(v.ptr()) || v.is_none()) {
+    throw py::type_error(fmt::format("{} must be a number of seconds, not {}", what, type_name(v)));
+  }
+  const double s = PyFloat_AsDouble(v.ptr());
+  if (s == -1.0 && PyErr_Occurred()) {
+    // An int too large for a double (10**400) is a huge timeout, saturated below.
+    const bool huge_int = PyErr_ExceptionMatches(PyExc_OverflowError) && PyLong_Check(v.ptr());
+    PyErr_Clear();
+    if (huge_int) {
+      if (detail::is_negative(py::reinterpret_borrow<py::int_>(v))) {
+        throw py::value_error(fmt::format("{}={} must be >= 0 seconds", what, py::str(v).cast<std::string>()));
+      }
+      return kMaxSeconds;
+    }
+    throw py::type_error(fmt::format("{} must be a number of seconds, not {}", what, type_name(v)));
+  }
+  if (std::isnan(s)) throw py::value_error(fmt::format("{} is NaN; give a number of seconds", what));
+  if (s < 0) throw py::value_error(fmt::format("{}={} must be >= 0 seconds", what, s));
+  return std::min(s, kMaxSeconds);
+}
+
+}  // namespace
+
+std::chrono::nanoseconds seconds_arg(py::handle v, const char* what) {
+  return std::chrono::nanoseconds(std::llround(seconds_value(v, what) * 1e9));
+}
+
+std::chrono::milliseconds millis_arg(py::handle v, const char* what) {
+  return std::chrono::milliseconds(std::llround(seconds_value(v, what) * 1e3));
+}
+
+std::vector<Assignment> to_assignments(py::handle obj) {
+  auto one = [](py::handle t) {
+    if (!py::isinstance<py::tuple>(t) && !py::isinstance<py::list>(t)) {
+      throw py::type_error(
+          "an assignment is a tuple (local_handle, remote_handle, target_offset, source_offset, length)");
+    }
+    auto seq = py::reinterpret_borrow<py::sequence>(t);
+    if (seq.size() != 5) {
+      throw py::type_error(fmt::format(
+          "an assignment has 5 fields (local_handle, remote_handle, target_offset, source_offset, length), got {}",
+          seq.size()));
+    }
+    return Assignment{int_arg<int32_t>(seq[0], "local_handle"), int_arg<int32_t>(seq[1], "remote_handle"),
+                      int_arg<uint64_t>(seq[2], "target_offset"), int_arg<uint64_t>(seq[3], "source_offset"),
+                      int_arg<uint64_t>(seq[4], "length")};
+  };
+  std::vector<Assignment> out;
+  if (py::isinstance<py::tuple>(obj) && py::len(obj) == 5 && PyLong_Check(obj.cast<py::tuple>()[0].ptr())) {
+    out.push_back(one(obj));
+    return out;
+  }
+  if (!py::isinstance<py::list>(obj) && !py::isinstance<py::tuple>(obj)) {
+    throw py::type_error(fmt::format("assignments must be a list of 5-tuples, not {}", type_name(obj)));
+  }
+  out.reserve(py::len(obj));
+  for (auto item : obj) out.push_back(one(item));
+  return out;
+}
+
+Chunk to_chunk(py::handle obj) {
+  if (!py::isinstance<py::tuple>(obj) && !py::isinstance<py::list>(obj)) {
+    throw py::type_error(fmt::format("a chunk is a tuple (addr, offset, length), not {}", type_name(obj)));
+  }
+  auto seq = py::reinterpret_borrow<py::sequence>(obj);
+  if (seq.size() != 3) {
+    throw py::type_error(fmt::format("a chunk has 3 fields (addr, offset, length), got {}", seq.size()));
+  }
+  return Chunk{int_arg<uintptr_t>(seq[0], "addr"), int_arg<uint64_t>(seq[1], "offset"),
+               int_arg<uint64_t>(seq[2], "length")};
+}
+
+TcpOptions tcp_options_from_kwargs(const py::kwargs& kwargs, const std::vector<std::string>& consumed) {
+  TcpOptions o = TcpOptions::from_env();
+  for (auto item : kwargs) {
+    const auto key = item.first.cast<std::string>();
+    if (std::find(consumed.begin(), consumed.end(), key) != consumed.end()) continue;
+    py::handle v = item.second;
+    const char* k = key.c_str();
+    // Each value is checked against its field's type here; TcpOptions::validate() then
+    // checks the option's own range (lanes 1..64, ...) and raises ValueError.
+    if (key == "lanes") o.lanes = int_arg<uint32_t>(v, k);
+    else if (key == "chunk_size") o.chunk_size = int_arg<uint64_t>(v, k);
+    else if (key == "connect_timeout") o.connect_timeout = millis_arg(v, k);
+    else if (key == "timeout" || key == "op_timeout") o.op_timeout = millis_arg(v, k);
+    else if (key == "recv_timeout") o.recv_timeout = millis_arg(v, k);
+    else if (key == "sndbuf") o.sndbuf = int_arg<int>(v, k);
+    else if (key == "rcvbuf") o.rcvbuf = int_arg<int>(v, k);
+    else if (key == "advertise_host") o.advertise_host = optional_str_arg(v, k);
+    else if (key == "keepalive_idle") o.keepalive_idle_s = int_arg<int>(v, k);
+    else if (key == "keepalive_interval") o.keepalive_interval_s = int_arg<int>(v, k);
+    else if (key == "keepalive_count") o.keepalive_count = int_arg<int>(v, k);
+    else if (key == "max_inflight_ops") o.max_inflight_ops = int_arg<uint32_t>(v, k);
+    else if (key == "max_batch_items") o.max_batch_items = int_arg<uint32_t>(v, k);
+    else if (key == "unexpected_buffer_bytes") o.unexpected_buffer_bytes = int_arg<uint64_t>(v, k);
+    else if (key == "token") {
+      // None keeps DLSLIME_TCP_TOKEN; "" turns authentication off; str or bytes set it.
+      if (!v.is_none() && !py::isinstance<py::str>(v) && !py::isinstance<py::bytes>(v)) {
+        throw py::type_error(fmt::format("token must be str, bytes or None, not {}", type_name(v)));
+      }
+      if (!v.is_none()) o.token = v.cast<std::string>();
+    } else {
+      throw py::type_error(fmt::format("got an unexpected keyword argument '{}'", key));
+    }
+  }
+  return o;
+}
+
+}  // namespace dlslime::py_bind

@@ -1,0 +1,76 @@
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include <pybind11/pybind11.h>
+
+// Releasing the GIL, waiting from Python, and destroying library objects without the GIL
+// (gil.cpp). Every binding that blocks or can take long uses these instead of
+// py::gil_scoped_release.
+namespace dlslime::py_bind {
+
+// Releases the GIL for its lifetime; usable as a py::call_guard. Unlike
+// py::gil_scoped_release it never takes the GIL back on a thread other than the main one
+// once the interpreter is finalizing: CPython would end that thread with pthread_exit,
+// whose forced unwind through this (noexcept) destructor calls std::terminate and aborts
+// the process. Such a thread (a daemon thread whose wait ended at exit) parks until the
+// process exits instead. The main thread is the one that finalizes; it always takes the
+// GIL back.
+class ReleaseGil {
+ public:
+  ReleaseGil();
+  ~ReleaseGil();
+  ReleaseGil(const ReleaseGil&) = delete;
+  ReleaseGil& operator=(const ReleaseGil&) = delete;
+
+  // Whether this thread runs Python's signal handlers (only the main thread does).
+  bool on_main_thread() const noexcept { return main_thread_; }
+
+ private:
+  PyThreadState* state_;
+  bool main_thread_;
+};
+
+// How often a wait on the main thread takes the GIL to run signal handlers, so that
+// Ctrl-C raises KeyboardInterrupt within this long.
+constexpr std::chrono::milliseconds kSignalCheckInterval{50};
+
+// Blocks until `wait_slice(d)`, which waits at most `d` and returns whether the awaited
+// thing happened, returns true; returns false once `timeout` (nullopt: none) has passed.
+// The GIL is released while waiting. On the main thread it waits in slices of at most
+// `slice` and runs Python's signal handlers between them: an exception they raise
+// (KeyboardInterrupt) propagates. Other threads cannot receive signals and wait in one go.
+// Exceptions from `wait_slice` propagate.
+bool wait_interruptibly(std::optional<std::chrono::nanoseconds> timeout,
+                        const std::function<bool(std::chrono::nanoseconds)>& wait_slice,
+                        std::chrono::nanoseconds slice = kSignalCheckInterval);
+
+// A shared_ptr deleter that destroys the object with the GIL released when the last
+// reference drops on a thread holding it (`del endpoint` from Python): shutting an
+// endpoint or agent down joins threads and closes connections, which must not stall every
+// other Python thread.
+struct DestroyWithoutGil {
+  template <class T>
+  void operator()(T* p) const {
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      ReleaseGil nogil;
+      delete p;
+    } else {
+      delete p;
+    }
+  }
+};
+
+// Constructs T with the GIL released and returns it with a DestroyWithoutGil deleter: the
+// holder of every bound class whose constructor or destructor does I/O.
+template <class T, class... Args>
+std::shared_ptr<T> make_without_gil(Args&&... args) {
+  ReleaseGil nogil;
+  return std::shared_ptr<T>(new T(std::forward<Args>(args)...), DestroyWithoutGil{});
+}
+
+}  // namespace dlslime::py_bind
