@@ -5,6 +5,7 @@
 #include <vector>
 
 #include <httplib.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "dlslime/errors.h"
@@ -80,7 +81,22 @@ class NanoCtrlClientImpl {
       throw ConnectionError(what + "; is NanoCtrl running at " + url_ + "?");
     }
     release(std::move(client));
-    json reply = json::parse(res->body, nullptr, /*allow_exceptions=*/false);
+    // Nesting is bounded as the server bounds request bodies: a hostile or broken server
+    // must not drive the recursive code that later walks the reply (dump, conversion).
+    constexpr int kMaxReplyDepth = 64;
+    bool too_deep = false;
+    json reply = json::parse(
+        res->body,
+        [&](int depth, json::parse_event_t, json&) {
+          if (depth > kMaxReplyDepth) too_deep = true;
+          return !too_deep;
+        },
+        /*allow_exceptions=*/false);
+    if (too_deep) {
+      // ValueError in Python, like every too-deep value (issue 10, item 5).
+      throw InvalidArgumentError(
+          fmt::format("NanoCtrl's reply is nested deeper than {} levels ({} {})", kMaxReplyDepth, method, path));
+    }
     const int status = res->status;
     if (status >= 200 && status < 300) {
       if (reply.is_discarded()) {

@@ -307,11 +307,11 @@ std::string local_address(const TcpOptions& tcp) {
        !ec && it != std::filesystem::directory_iterator(); ++it) {
     devices = true;
   }
-  throw Error(StatusCode::kNotImplemented,
-              fmt::format("transport=\"rdma\" is not available: {}; use transport=\"tcp\", which works on any host",
-                          devices ? "this build of DLSlime has no RDMA transport (BUILD_RDMA)"
-                                  : "no RDMA devices were found (/sys/class/infiniband is empty) and this build "
-                                    "has no RDMA transport"));
+  throw NotImplementedError(
+      fmt::format("transport=\"rdma\" is not available: {}; use transport=\"tcp\", which works on any host",
+                  devices ? "this build of DLSlime has no RDMA transport (BUILD_RDMA)"
+                          : "no RDMA devices were found (/sys/class/infiniband is empty) and this build "
+                            "has no RDMA transport"));
 }
 
 }  // namespace
@@ -799,14 +799,15 @@ std::vector<std::string> PeerAgentImpl::peers() const {
 std::shared_ptr<PeerConnectionState> PeerAgentImpl::connected(const std::string& peer) const {
   auto c = find(peer);
   if (!c) {
-    throw Error(StatusCode::kNotConnected,
-                fmt::format("no connection to '{}'; call connect_to(\"{}\", transport=\"tcp\") first", peer, peer));
+    throw ConnectionError(
+        fmt::format("no connection to '{}'; call connect_to(\"{}\", transport=\"tcp\") first", peer, peer),
+        StatusCode::kNotConnected);
   }
   std::lock_guard lock(c->mu);
   if (c->state != "connected") {
-    throw Error(StatusCode::kNotConnected,
-                fmt::format("the connection to '{}' is {}{}; wait() on it after connect_to()", peer, c->state,
-                            c->error.empty() ? "" : " (" + c->error + ")"));
+    throw ConnectionError(fmt::format("the connection to '{}' is {}{}; wait() on it after connect_to()", peer,
+                                      c->state, c->error.empty() ? "" : " (" + c->error + ")"),
+                          StatusCode::kNotConnected);
   }
   return c;
 }

@@ -55,8 +55,12 @@ void bind_tcp(py::module_& m) {
       .def(
           "register_memory_region",
           [](TcpEndpoint& ep, py::handle name, py::handle addr, py::handle offset, py::handle length) {
-            return ep.register_memory_region(region_name_arg(name), int_arg<uintptr_t>(addr, "addr"),
-                                             int_arg<uint64_t>(offset, "offset"), int_arg<uint64_t>(length, "length"));
+            const auto n = region_name_arg(name);
+            const auto ad = int_arg<uintptr_t>(addr, "addr");
+            const auto off = int_arg<uint64_t>(offset, "offset");
+            const auto len = int_arg<uint64_t>(length, "length");
+            ReleaseGil release;  // replacing a name waits for the old region's transfers
+            return ep.register_memory_region(n, ad, off, len);
           },
           py::arg("name"), py::arg("addr"), py::arg("offset"), py::arg("length"))
       .def(
@@ -68,10 +72,15 @@ void bind_tcp(py::module_& m) {
       .def(
           "unregister_memory_region",
           [](TcpEndpoint& ep, py::handle name_or_handle) {
+            // Unregistering waits for the region's transfers in flight: without the GIL.
             if (PyLong_Check(name_or_handle.ptr())) {
-              ep.unregister_memory_region(handle_arg(name_or_handle, "name_or_handle"));
+              const int32_t handle = handle_arg(name_or_handle, "name_or_handle");
+              ReleaseGil release;
+              ep.unregister_memory_region(handle);
             } else if (PyUnicode_Check(name_or_handle.ptr())) {
-              ep.unregister_memory_region(name_or_handle.cast<std::string>());
+              const auto name = name_or_handle.cast<std::string>();
+              ReleaseGil release;
+              ep.unregister_memory_region(name);
             } else {
               throw py::type_error(fmt::format("name_or_handle must be a str name or an int handle, not {}",
                                                Py_TYPE(name_or_handle.ptr())->tp_name));

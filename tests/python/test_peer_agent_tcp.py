@@ -172,8 +172,8 @@ def test_bad_arguments(ctrl_url, unique):
         agent_a.connect_to(b)  # rdma is the default and this host has none
     with pytest.raises(ValueError, match="unknown transport"):
         agent_a.connect_to(b, transport="carrier-pigeon")
-    with pytest.raises(RuntimeError, match="connect_to"):
-        agent_a.send(b, (Buffer(8).addr, 0, 8))  # no connection yet
+    with pytest.raises(ConnectionError, match="connect_to"):
+        agent_a.send(b, (Buffer(8).addr, 0, 8))  # no connection yet (NOT_CONNECTED)
     conn = agent_a.connect_to(b, transport="tcp")
     agent_b.connect_to(f"tcp_a_{unique}", transport="tcp")
     conn.wait(10)
