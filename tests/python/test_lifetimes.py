@@ -358,3 +358,48 @@ def test_shutdown_interrupts_a_connect_in_progress():
     finally:
         accepted.close()
         silent.close()
+
+
+# --- item 19: the answer budget is per peer, not per lane ---------------------------------
+
+
+def test_unread_answers_are_bounded_per_peer_across_lanes():
+    """A peer opens 16 lanes and sends read requests on each without reading a byte: the
+    answers queued for it stay within one peer's budget (8 MiB), not 8 MiB per lane."""
+    from test_hostile import Raw
+
+    ep = TcpEndpoint(ip="127.0.0.1", port=0)
+    size = 64 << 10
+    buf = Buffer(size, b"\x42")
+    handle = ep.register_memory_region("r", buf.addr, 0, size)
+    port = ep.endpoint_info()["port"]
+    lanes = []
+    try:
+        sender = 0xB0B0
+        for lane in range(16):
+            c = Raw(port)
+            status, reason, _ = c.hello(sender, lane=lane, lanes=16)
+            assert status == OK, reason
+            c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            lanes.append(c)
+        # 2 KiB answers are copied into the queue: 16 lanes x 8 MiB would be 128 MiB.
+        req = read_request([(handle, 0, 2048)]) * 512
+        rss0 = rss_bytes()
+        for c in lanes:
+            c.sock.settimeout(2.0)
+            try:
+                for _ in range(10):  # 5120 requests, 10 MiB of answers per lane
+                    c.sock.sendall(req)
+            except (socket.timeout, TimeoutError):
+                pass  # the endpoint stopped reading this peer: the bound at work
+        for c in lanes:
+            client_port = c.sock.getsockname()[1]
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and unread_bytes(port, client_port) not in (0, None):
+                time.sleep(0.02)  # polling a condition with a deadline (a stalled lane never empties)
+        grown = rss_bytes() - rss0
+        assert grown <= (40 << 20) + RSS_SLACK, f"RSS grew by {grown >> 20} MiB for 16 lanes of unread answers"
+    finally:
+        for c in lanes:
+            c.close()
+        ep.shutdown()
