@@ -78,9 +78,12 @@ run_one() {
 
   step "$name: C++ tests (ctest)"
   t0=$(now)
-  # InstalledPackage builds an uninstrumented app against the instrumented library: skip.
+  # InstalledPackage builds an uninstrumented app against the instrumented library: left
+  # out. So is the EMFILE test: it uses up every descriptor of the process, and the
+  # sanitizer runtime itself needs one to check memory (UBSan's vptr check then reports
+  # "memory cannot be printed" on any object); it runs in the plain ctest of test.sh.
   env "${san_env[@]}" ctest --test-dir "$build" --output-on-failure -j "$JOBS" --timeout 600 \
-    -E 'InstalledPackage' || rc=1
+    -E 'InstalledPackage|TcpListenerLimits.AcceptBacksOffOnEmfileAndRecovers' || rc=1
   TIMES[$name-ctest]=$(( $(now) - t0 ))
 
   step "$name: Python tests ($PYTESTS)"
