@@ -235,14 +235,25 @@ def test_read_answered_twice_while_pending_fails_with_a_protocol_error(hostile):
     wait_until(lambda: not ep.is_connected(), 10, what="the connection to close")
 
 
-def test_send_ack_for_a_write_is_a_protocol_error(hostile):
-    ep, t = hostile
+def hostile_write_source(ep, t):
+    """A 4 KiB source region and the hostile target's region: (buffer, local, remote)."""
     src = Buffer(4096, b"w")
-    h = ep.register_memory_region("src", src.addr, 0, 4096)
-    r = ep.register_remote_memory_region("r", t.peer_info["mr_info"]["r"])
+    return (src, ep.register_memory_region("src", src.addr, 0, 4096),
+            ep.register_remote_memory_region("r", t.peer_info["mr_info"]["r"]))
+
+
+def write_to_hostile(ep, t, h, r):
+    """Starts a 4 KiB write; returns its future and the request header the target got."""
     fut = ep.write([(h, r, 0, 0, 4096)])
     req, _ = t.recv_frame()
     assert req["type"] == WRITE_DATA
+    return fut, req
+
+
+def test_send_ack_for_a_write_is_a_protocol_error(hostile):
+    ep, t = hostile
+    src, h, r = hostile_write_source(ep, t)
+    fut, req = write_to_hostile(ep, t, h, r)
     t.conn.sendall(frame(SEND_ACK, flags=0, op_id=req["op_id"]))
     status = fut.wait_for(10)
     assert status not in (None, OK)
@@ -251,15 +262,11 @@ def test_send_ack_for_a_write_is_a_protocol_error(hostile):
 
 def test_second_write_ack_on_the_same_lane_is_refused(hostile):
     ep, t = hostile
-    src = Buffer(4096, b"w")
-    h = ep.register_memory_region("src", src.addr, 0, 4096)
-    r = ep.register_remote_memory_region("r", t.peer_info["mr_info"]["r"])
-    first = ep.write([(h, r, 0, 0, 4096)])
-    req, _ = t.recv_frame()
+    src, h, r = hostile_write_source(ep, t)
+    first, req = write_to_hostile(ep, t, h, r)
     t.conn.sendall(frame(WRITE_ACK, op_id=req["op_id"]))
     assert first.wait_for(10) == OK
-    second = ep.write([(h, r, 0, 0, 4096)])
-    req2, _ = t.recv_frame()
+    second, req2 = write_to_hostile(ep, t, h, r)
     # An ack for the first (finished) op is stale and ignored; the second op completes on
     # its own ack; a repeated ack for it afterwards is stale too.
     t.conn.sendall(frame(WRITE_ACK, op_id=req["op_id"]) + frame(WRITE_ACK, op_id=req2["op_id"]))
