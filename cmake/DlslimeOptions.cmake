@@ -21,16 +21,12 @@ endif()
 dlslime_option(BUILD_NANOCTRL "Build the NanoCtrl control plane and PeerAgent" ON)
 # libFuzzer targets (needs clang: CXX=clang++).
 dlslime_option(BUILD_FUZZERS "Build the libFuzzer targets (tests/fuzz)" OFF)
-# Reserved for the hardware transports; they only build where their SDK is found.
+# The hardware transports (src/CMakeLists.txt lists every transport; one not built is
+# reported by available_transports() with the option that builds it).
 dlslime_option(BUILD_RDMA "Build the RDMA transport (libibverbs)" OFF)
 dlslime_option(BUILD_NVLINK "Build the NVLink transport (CUDA IPC)" OFF)
 dlslime_option(BUILD_ASCEND "Build the Ascend direct transport" OFF)
 
-foreach(reserved BUILD_RDMA BUILD_NVLINK BUILD_ASCEND)
-  if(${reserved})
-    message(WARNING "${reserved}=ON: this transport is not implemented yet; the option is reserved")
-  endif()
-endforeach()
 
 if(NOT BUILD_TCP)
   message(WARNING "BUILD_TCP=OFF: libdlslime will have no transport at all")

@@ -7,4 +7,5 @@
 #include "dlslime/logging.h"
 #include "dlslime/status.h"
 #include "dlslime/tcp_endpoint.h"
+#include "dlslime/transport.h"
 #include "dlslime/version.h"

@@ -52,13 +52,18 @@ struct DLSLIME_API TcpOptions {
   static constexpr size_t kMinTokenSize = 16;
 
   static TcpOptions from_env();
+  // `base` with the keys of `options` applied: the keys of to_json() (`authenticated`
+  // excepted) and `token`. Throws InvalidArgumentError for an unknown key, a value of the
+  // wrong type or out of range (validate()).
+  static TcpOptions from_json(const nlohmann::json& options, TcpOptions base = from_env());
   // Throws InvalidArgumentError naming the bad option.
   void validate() const;
   nlohmann::json to_json() const;
 };
 
 class TcpEndpointImpl;
-class LocalRegionTable;
+class MemoryRegistry;
+struct TcpTransport;
 class PeerAgentImpl;
 
 // Peer-to-peer transport over TCP (asio). See docs/tcp.md for the wire protocol.
@@ -92,10 +97,11 @@ class DLSLIME_API TcpEndpoint final : public Endpoint {
   Future do_submit(OpRequest request) override;
 
  private:
-  friend class PeerAgentImpl;
-  // The endpoints of one PeerAgent share the agent's region table, so a region handle
-  // means the same region on every connection of the agent.
-  TcpEndpoint(const std::string& ip, uint16_t port, TcpOptions options, std::shared_ptr<LocalRegionTable> regions);
+  friend struct TcpTransport;
+  friend class PeerAgentImpl;  // until the agent makes its endpoints through the registry
+  // Endpoints made by the transport registry for one PeerAgent share the agent's memory
+  // registry, so a region handle means the same region on every connection of the agent.
+  TcpEndpoint(const std::string& ip, uint16_t port, TcpOptions options, std::shared_ptr<MemoryRegistry> regions);
 
   std::shared_ptr<TcpEndpointImpl> impl_;
 };

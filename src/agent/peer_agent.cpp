@@ -17,7 +17,7 @@
 
 #include "core/log.h"
 #include "core/op_state.h"
-#include "core/region_table.h"
+#include "core/memory_registry.h"
 #include "dlslime/errors.h"
 #include "dlslime/nanoctrl_client.h"
 
@@ -253,7 +253,7 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   bool sleep_for(std::chrono::milliseconds d);
 
   std::string alias_;
-  std::shared_ptr<LocalRegionTable> regions_ = std::make_shared<LocalRegionTable>();
+  std::shared_ptr<MemoryRegistry> regions_ = std::make_shared<MemoryRegistry>();
   // Our registration: whether NanoCtrl holds one made by this agent now, and the
   // incarnation it returned for it ("" from a NanoCtrl that issues none). shutdown()
   // cleans up only a registration of ours: a refused one must not delete the live agent's.

@@ -12,7 +12,7 @@
 #include <asio/buffer.hpp>
 #include <asio/ip/tcp.hpp>
 
-#include "core/region_table.h"
+#include "core/memory_registry.h"
 #include "dlslime/status.h"
 #include "tcp/frame.h"
 

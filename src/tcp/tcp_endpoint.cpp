@@ -109,6 +109,59 @@ void TcpOptions::validate() const {
   }
 }
 
+TcpOptions TcpOptions::from_json(const nlohmann::json& options, TcpOptions base) {
+  if (options.is_null()) return base;
+  if (!options.is_object()) {
+    throw InvalidArgumentError(fmt::format("TcpEndpoint options must be a JSON object, not {}", options.type_name()));
+  }
+  TcpOptions& o = base;
+  for (const auto& [key, value] : options.items()) {
+    const auto text = [&]() -> std::string {
+      if (!value.is_string()) {
+        throw InvalidArgumentError(fmt::format("TcpEndpoint option {} must be a string, not {}", key, value.dump()));
+      }
+      return value.get<std::string>();
+    };
+    // Range-checked by validate() below; here only the type and the field's own width.
+    const auto integer = [&](auto& field) {
+      using T = std::decay_t<decltype(field)>;
+      const bool fits = value.is_number_unsigned()
+                            ? value.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+                            : value.is_number_integer() && value.get<int64_t>() >= int64_t{std::numeric_limits<T>::min()} &&
+                                  value.get<int64_t>() <= static_cast<int64_t>(std::min<uint64_t>(
+                                                              std::numeric_limits<T>::max(), INT64_MAX));
+      if (!fits) {
+        throw InvalidArgumentError(
+            fmt::format("TcpEndpoint option {} must be an integer in range, not {}", key, value.dump()));
+      }
+      field = value.get<T>();
+    };
+    const auto millis = [&](std::chrono::milliseconds& field) {
+      int64_t ms = 0;
+      integer(ms);
+      field = std::chrono::milliseconds(ms);
+    };
+    if (key == "advertise_host") o.advertise_host = text();
+    else if (key == "token") o.token = text();
+    else if (key == "lanes") integer(o.lanes);
+    else if (key == "chunk_size") integer(o.chunk_size);
+    else if (key == "connect_timeout_ms") millis(o.connect_timeout);
+    else if (key == "op_timeout_ms") millis(o.op_timeout);
+    else if (key == "recv_timeout_ms") millis(o.recv_timeout);
+    else if (key == "sndbuf") integer(o.sndbuf);
+    else if (key == "rcvbuf") integer(o.rcvbuf);
+    else if (key == "keepalive_idle_s") integer(o.keepalive_idle_s);
+    else if (key == "keepalive_interval_s") integer(o.keepalive_interval_s);
+    else if (key == "keepalive_count") integer(o.keepalive_count);
+    else if (key == "max_inflight_ops") integer(o.max_inflight_ops);
+    else if (key == "max_batch_items") integer(o.max_batch_items);
+    else if (key == "unexpected_buffer_bytes") integer(o.unexpected_buffer_bytes);
+    else throw InvalidArgumentError(fmt::format("unknown TcpEndpoint option '{}'", key));
+  }
+  o.validate();
+  return o;
+}
+
 nlohmann::json TcpOptions::to_json() const {
   return {{"advertise_host", advertise_host},
           {"lanes", lanes},
@@ -132,7 +185,7 @@ TcpEndpoint::TcpEndpoint(const std::string& ip, uint16_t port, TcpOptions option
     : TcpEndpoint(ip, port, std::move(options), nullptr) {}
 
 TcpEndpoint::TcpEndpoint(const std::string& ip, uint16_t port, TcpOptions options,
-                         std::shared_ptr<LocalRegionTable> regions)
+                         std::shared_ptr<MemoryRegistry> regions)
     : impl_(std::make_shared<TcpEndpointImpl>(ip, port, std::move(options), std::move(regions))) {
   impl_->start();
 }
@@ -149,7 +202,7 @@ int32_t TcpEndpoint::register_memory_region(const std::string& name, uintptr_t a
 }
 
 int32_t TcpEndpoint::register_remote_memory_region(const std::string& name, const nlohmann::json& mr_info_entry) {
-  return impl_->remote_regions.add(name, mr_info_entry);
+  return add_owner_resolved(impl_->remote_regions, name, mr_info_entry);
 }
 
 void TcpEndpoint::unregister_memory_region(const std::string& name) { impl_->local_regions->remove(name); }

@@ -61,8 +61,8 @@ asio::ip::address parse_bind_address(const std::string& ip, asio::io_context& io
 }  // namespace
 
 TcpEndpointImpl::TcpEndpointImpl(const std::string& ip, uint16_t port, TcpOptions options,
-                                 std::shared_ptr<LocalRegionTable> regions)
-    : local_regions(regions ? std::move(regions) : std::make_shared<LocalRegionTable>()),
+                                 std::shared_ptr<MemoryRegistry> regions)
+    : local_regions(regions ? std::move(regions) : std::make_shared<MemoryRegistry>()),
       options_(std::move(options)),
       runtime_(tcp::IoRuntime::shared()),
       io_(runtime_->next_context()),
@@ -74,8 +74,8 @@ TcpEndpointImpl::TcpEndpointImpl(const std::string& ip, uint16_t port, TcpOption
   advertised_host_ = advertise_host_for(addr, options_, io_);
 }
 
-TcpEndpointImpl::TcpEndpointImpl(asio::io_context& io, TcpOptions options, std::shared_ptr<LocalRegionTable> regions)
-    : local_regions(regions ? std::move(regions) : std::make_shared<LocalRegionTable>()),
+TcpEndpointImpl::TcpEndpointImpl(asio::io_context& io, TcpOptions options, std::shared_ptr<MemoryRegistry> regions)
+    : local_regions(regions ? std::move(regions) : std::make_shared<MemoryRegistry>()),
       options_(std::move(options)),
       io_(io),
       endpoint_id_(random_id()),
@@ -249,9 +249,9 @@ void TcpEndpointImpl::connect(const nlohmann::json& peer_info) {
   if (peer_info.contains("mr_info")) {
     const auto& mr = peer_info["mr_info"];
     if (!mr.is_object()) throw InvalidArgumentError("peer_info 'mr_info' must be a dict");
-    RemoteRegionTable probe;
+    OwnerRemoteRegions probe;
     for (const auto& [name, entry] : mr.items()) {
-      probe.add(name, entry);
+      add_owner_resolved(probe, name, entry);
       regions.emplace_back(name, entry);
     }
     std::sort(regions.begin(), regions.end(),
@@ -339,7 +339,7 @@ void TcpEndpointImpl::connect(const nlohmann::json& peer_info) {
   if (st.code() == StatusCode::kTimeout) throw TimeoutError(st.message());
   if (st.code() == StatusCode::kAuthenticationFailed) throw AuthenticationError(st.message());
   if (!st) throw ConnectionError(st.message(), st.code());
-  for (const auto& [name, entry] : regions) remote_regions.add(name, entry);
+  for (const auto& [name, entry] : regions) add_owner_resolved(remote_regions, name, entry);
 }
 
 // ---------------------------------------------------------------------------------------

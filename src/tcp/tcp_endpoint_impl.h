@@ -20,7 +20,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/op_state.h"
-#include "core/region_table.h"
+#include "core/memory_registry.h"
+#include "core/remote_regions.h"
 #include "dlslime/tcp_endpoint.h"
 #include "tcp/io_runtime.h"
 #include "tcp/tcp_connection.h"
@@ -40,11 +41,11 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
   using Clock = std::chrono::steady_clock;
 
   TcpEndpointImpl(const std::string& ip, uint16_t port, TcpOptions options,
-                  std::shared_ptr<LocalRegionTable> regions);
+                  std::shared_ptr<MemoryRegistry> regions);
   // Tests and fuzzers: an endpoint on the caller's io_context, which the caller drives
   // (poll/run) on its own thread; blocking calls that hop to the I/O thread run inline.
   // It listens on 127.0.0.1 (port chosen by the OS) once start() is called.
-  TcpEndpointImpl(asio::io_context& io, TcpOptions options, std::shared_ptr<LocalRegionTable> regions);
+  TcpEndpointImpl(asio::io_context& io, TcpOptions options, std::shared_ptr<MemoryRegistry> regions);
   ~TcpEndpointImpl() override;
 
   // Tests and fuzzers, on the I/O thread: adopts `socket` (whose handshake is assumed
@@ -62,8 +63,8 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
   uint16_t port() const { return listener_->port(); }
   const TcpOptions& options() const { return options_; }
 
-  const std::shared_ptr<LocalRegionTable> local_regions;  // may be shared (PeerAgent)
-  RemoteRegionTable remote_regions;
+  const std::shared_ptr<MemoryRegistry> local_regions;  // may be shared (PeerAgent)
+  OwnerRemoteRegions remote_regions;
 
   // tcp::FrameHandler
   tcp::RxAction on_header(tcp::TcpConnection& conn, const tcp::FrameHeader& h, tcp::PayloadSink& sink) override;

@@ -124,7 +124,8 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
   std::vector<Piece> pieces;
   pieces.reserve(items.size());
   uint64_t total = 0;
-  ResolveCache local_cache, remote_cache;
+  ResolveCache local_cache;
+  OwnerRemoteRegions::Cache remote_cache;
   for (size_t i = 0; i < items.size(); ++i) {
     const Assignment& a = items[i];
     uintptr_t local = 0;

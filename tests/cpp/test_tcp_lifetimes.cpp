@@ -18,7 +18,7 @@
 #include <asio/ip/tcp.hpp>
 
 #include "core/op_state.h"
-#include "core/region_table.h"
+#include "core/memory_registry.h"
 #include "dlslime/errors.h"
 #include "dlslime/tcp_endpoint.h"
 #include "tcp/frame.h"
@@ -30,7 +30,7 @@ using namespace std::chrono_literals;
 namespace {
 
 // Takes a use of region `handle` as a transport would (a cached resolve).
-RegionUse use_of(LocalRegionTable& t, int32_t handle) {
+RegionUse use_of(MemoryRegistry& t, int32_t handle) {
   ResolveCache cache;
   uintptr_t addr = 0;
   EXPECT_TRUE(t.resolve(handle, 0, 1, &addr, cache).is_ok());
@@ -51,7 +51,7 @@ struct FakeRevoker : RegionRevoker {
 }  // namespace
 
 TEST(RegionLifetime, UnregisterWaitsUntilTheLastUseIsDropped) {
-  LocalRegionTable t;
+  MemoryRegistry t;
   static uint8_t mem[64];
   const int32_t h = t.add("r", reinterpret_cast<uintptr_t>(mem), 0, sizeof mem);
   auto use = std::make_unique<RegionUse>(use_of(t, h));
@@ -72,7 +72,7 @@ TEST(RegionLifetime, UnregisterWaitsUntilTheLastUseIsDropped) {
 }
 
 TEST(RegionLifetime, UsesPastTheDrainTimeoutAreRevoked) {
-  LocalRegionTable t;
+  MemoryRegistry t;
   t.set_drain_timeout(50ms);
   static uint8_t mem[64];
   const int32_t h = t.add("r", reinterpret_cast<uintptr_t>(mem), 0, sizeof mem);
@@ -85,7 +85,7 @@ TEST(RegionLifetime, UsesPastTheDrainTimeoutAreRevoked) {
 }
 
 TEST(RegionLifetime, OnTheTransportsOwnThreadRevokesWithoutWaiting) {
-  LocalRegionTable t;  // default drain timeout: 5 s, which this must not wait out
+  MemoryRegistry t;  // default drain timeout: 5 s, which this must not wait out
   static uint8_t mem[64];
   const int32_t h = t.add("r", reinterpret_cast<uintptr_t>(mem), 0, sizeof mem);
   auto use = std::make_unique<RegionUse>(use_of(t, h));
@@ -100,7 +100,7 @@ TEST(RegionLifetime, OnTheTransportsOwnThreadRevokesWithoutWaiting) {
 }
 
 TEST(RegionLifetime, ReplacingANameDrainsTheOldRegion) {
-  LocalRegionTable t;
+  MemoryRegistry t;
   static uint8_t a[64], b[64];
   const int32_t h = t.add("r", reinterpret_cast<uintptr_t>(a), 0, sizeof a);
   auto use = std::make_unique<RegionUse>(use_of(t, h));

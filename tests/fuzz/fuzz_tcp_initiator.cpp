@@ -62,7 +62,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/op_state.h"
-#include "core/region_table.h"
+#include "core/memory_registry.h"
 #include "dlslime/future.h"
 #include "dlslime/logging.h"
 #include "fuzz_common.h"
@@ -394,7 +394,7 @@ struct Input {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Fixture& fx = fixture();
-  auto regions = std::make_shared<LocalRegionTable>();
+  auto regions = std::make_shared<MemoryRegistry>();
   Harness hx{fx.io, std::make_shared<TcpEndpointImpl>(fx.io, fx.options, regions)};
   TcpEndpointImpl& ep = *hx.ep;
   hx.spare_handle = regions->add("spare", reinterpret_cast<uintptr_t>(fx.spare), 0, 4096);
@@ -427,7 +427,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       op.local_handle = regions->add(name, reinterpret_cast<uintptr_t>(op.block), 0, op.size);
       hx.op_handles.push_back(op.local_handle);
       op.peer_handle = 100 + k;
-      op.remote_handle = ep.remote_regions.add("peer" + name, {{"handle", op.peer_handle}, {"length", 1 << 20}});
+      op.remote_handle = ep.remote_regions.add("peer" + name, 1 << 20, op.peer_handle);
       uint64_t off = 0;
       for (uint64_t n : op.items) {
         Assignment a;

@@ -25,7 +25,7 @@
 #include <asio/ip/tcp.hpp>
 
 #include "core/log.h"
-#include "core/region_table.h"
+#include "core/memory_registry.h"
 #include "dlslime/logging.h"
 #include "fuzz_common.h"
 #include "tcp/io_runtime.h"
@@ -40,7 +40,7 @@ namespace {
 struct Fixture {
   Fixture() {
     set_log_level("off");
-    regions = std::make_shared<LocalRegionTable>();
+    regions = std::make_shared<MemoryRegistry>();
     // handle 0: 4 KiB; handle 1: 64 bytes; handle 2: unregistered (stale); handle 3: 1 byte.
     r0 = static_cast<uint8_t*>(std::malloc(4096));
     r1 = static_cast<uint8_t*>(std::malloc(64));
@@ -61,7 +61,7 @@ struct Fixture {
     runtime = tcp::IoRuntime::shared();
   }
   std::shared_ptr<tcp::IoRuntime> runtime;
-  std::shared_ptr<LocalRegionTable> regions;
+  std::shared_ptr<MemoryRegistry> regions;
   uint8_t* r0;
   uint8_t* r1;
   uint8_t* r3;

@@ -5,9 +5,11 @@
 #include <tuple>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "core/region_table.h"
+#include "core/memory_registry.h"
+#include "core/remote_regions.h"
 #include "dlslime/errors.h"
 
 using namespace dlslime;
@@ -31,9 +33,9 @@ TEST(RangeWithin, Edges) {
   EXPECT_TRUE(range_within(kMax, kMax - 1, 1));
 }
 
-TEST(LocalRegionTable, ResolvesInsideAndRejectsOutside) {
+TEST(MemoryRegistry, ResolvesInsideAndRejectsOutside) {
   std::vector<uint8_t> buf(256);
-  LocalRegionTable t;
+  MemoryRegistry t;
   const auto base = reinterpret_cast<uintptr_t>(buf.data());
   int32_t h = t.add("kv", base, 16, 128);  // bytes [16, 144)
   uintptr_t addr = 0;
@@ -46,17 +48,17 @@ TEST(LocalRegionTable, ResolvesInsideAndRejectsOutside) {
   EXPECT_EQ(t.resolve(-1, 0, 1, &addr).code(), StatusCode::kUnknownHandle);
 }
 
-TEST(LocalRegionTable, RejectsAddressOverflowAndNull) {
-  LocalRegionTable t;
+TEST(MemoryRegistry, RejectsAddressOverflowAndNull) {
+  MemoryRegistry t;
   EXPECT_THROW(t.add("x", std::numeric_limits<uintptr_t>::max() - 10, 5, 10), InvalidArgumentError);
   EXPECT_THROW(t.add("x", 0x1000, kMax, 1), InvalidArgumentError);
   EXPECT_THROW(t.add("x", 0, 0, 16), InvalidArgumentError);
   EXPECT_THROW(t.add("", 0x1000, 0, 16), InvalidArgumentError);
 }
 
-TEST(LocalRegionTable, HandlesAreNeverReused) {
+TEST(MemoryRegistry, HandlesAreNeverReused) {
   std::vector<uint8_t> a(64), b(64);
-  LocalRegionTable t;
+  MemoryRegistry t;
   int32_t h1 = t.add("r", reinterpret_cast<uintptr_t>(a.data()), 0, 64);
   EXPECT_EQ(t.add("r", reinterpret_cast<uintptr_t>(a.data()), 0, 64), h1);  // same bytes: same handle
   int32_t h2 = t.add("r", reinterpret_cast<uintptr_t>(b.data()), 0, 64);      // replaced
@@ -72,9 +74,9 @@ TEST(LocalRegionTable, HandlesAreNeverReused) {
   EXPECT_THROW(t.remove(12345), NotFoundError);
 }
 
-TEST(LocalRegionTable, MrInfoDescribesRegions) {
+TEST(MemoryRegistry, MrInfoDescribesRegions) {
   std::vector<uint8_t> a(64);
-  LocalRegionTable t;
+  MemoryRegistry t;
   int32_t h = t.add("a", reinterpret_cast<uintptr_t>(a.data()), 8, 32);
   auto info = t.mr_info();
   ASSERT_TRUE(info.contains("a"));
@@ -83,28 +85,29 @@ TEST(LocalRegionTable, MrInfoDescribesRegions) {
   EXPECT_EQ(info["a"]["addr"].get<uint64_t>(), reinterpret_cast<uintptr_t>(a.data()) + 8);
 }
 
-TEST(RemoteRegionTable, AddResolveAndValidate) {
-  RemoteRegionTable t;
-  int32_t h = t.add("peer_kv", {{"handle", 5}, {"addr", 4096}, {"length", 100}});
+TEST(OwnerRemoteRegions, AddResolveAndValidate) {
+  OwnerRemoteRegions t;
+  auto add = [&](const std::string& name, const nlohmann::json& entry) { return add_owner_resolved(t, name, entry); };
+  int32_t h = add("peer_kv", {{"handle", 5}, {"addr", 4096}, {"length", 100}});
   int32_t peer = -1;
   ASSERT_TRUE(t.resolve(h, 10, 90, &peer).is_ok());
   EXPECT_EQ(peer, 5);
   EXPECT_EQ(t.resolve(h, 10, 91, &peer).code(), StatusCode::kOutOfBounds);
   EXPECT_EQ(t.resolve(h + 7, 0, 1, &peer).code(), StatusCode::kUnknownHandle);
   // Same name: updated in place, same handle (DLSlime behaviour).
-  EXPECT_EQ(t.add("peer_kv", {{"handle", 6}, {"length", 200}}), h);
+  EXPECT_EQ(add("peer_kv", {{"handle", 6}, {"length", 200}}), h);
   ASSERT_TRUE(t.resolve(h, 150, 50, &peer).is_ok());
   EXPECT_EQ(peer, 6);
 
-  EXPECT_THROW(t.add("bad", nlohmann::json::object()), InvalidArgumentError);
-  EXPECT_THROW(t.add("bad", {{"handle", "x"}, {"length", 1}}), InvalidArgumentError);
-  EXPECT_THROW(t.add("bad", {{"handle", -1}, {"length", 1}}), InvalidArgumentError);
-  EXPECT_THROW(t.add("bad", {{"handle", 1}, {"length", -5}}), InvalidArgumentError);
-  EXPECT_THROW(t.add("bad", nlohmann::json::array()), InvalidArgumentError);
+  EXPECT_THROW(add("bad", nlohmann::json::object()), InvalidArgumentError);
+  EXPECT_THROW(add("bad", {{"handle", "x"}, {"length", 1}}), InvalidArgumentError);
+  EXPECT_THROW(add("bad", {{"handle", -1}, {"length", 1}}), InvalidArgumentError);
+  EXPECT_THROW(add("bad", {{"handle", 1}, {"length", -5}}), InvalidArgumentError);
+  EXPECT_THROW(add("bad", nlohmann::json::array()), InvalidArgumentError);
 }
 
-TEST(LocalRegionTable, CachedResolveMatchesUncached) {
-  LocalRegionTable t;
+TEST(MemoryRegistry, CachedResolveMatchesUncached) {
+  MemoryRegistry t;
   std::vector<uint8_t> a(128), b(64);
   const int32_t ha = t.add("a", reinterpret_cast<uintptr_t>(a.data()), 0, a.size());
   const int32_t hb = t.add("b", reinterpret_cast<uintptr_t>(b.data()), 16, 48);
@@ -127,11 +130,11 @@ TEST(LocalRegionTable, CachedResolveMatchesUncached) {
   EXPECT_EQ(got, reinterpret_cast<uintptr_t>(b.data()) + 16);
 }
 
-TEST(RemoteRegionTable, CachedResolveMatchesUncached) {
-  RemoteRegionTable t;
-  const int32_t h1 = t.add("x", {{"handle", 5}, {"length", 100}});
-  const int32_t h2 = t.add("y", {{"handle", 9}, {"length", 10}});
-  ResolveCache cache;
+TEST(OwnerRemoteRegions, CachedResolveMatchesUncached) {
+  OwnerRemoteRegions t;
+  const int32_t h1 = t.add("x", 100, 5);
+  const int32_t h2 = t.add("y", 10, 9);
+  OwnerRemoteRegions::Cache cache;
   int32_t peer = -1;
   ASSERT_TRUE(t.resolve(h1, 0, 100, &peer, cache).is_ok());
   EXPECT_EQ(peer, 5);
@@ -141,4 +144,68 @@ TEST(RemoteRegionTable, CachedResolveMatchesUncached) {
   EXPECT_EQ(t.resolve(h2 + 50, 0, 1, &peer, cache).code(), StatusCode::kUnknownHandle);
   ASSERT_TRUE(t.resolve(h1, 99, 1, &peer, cache).is_ok());
   EXPECT_EQ(peer, 5);
+}
+
+// A transport's memory domain sees every region (those registered before it attached
+// too), publishes its own mr_info entry, and can refuse a region for every transport.
+namespace {
+struct RecordingDomain final : MemoryDomain {
+  std::vector<std::string> events;
+  std::string refuse;  // a region name region_added throws for
+  void region_added(int32_t h, const LocalRegion& r) override {
+    if (r.name == refuse) throw InvalidArgumentError("cannot register " + r.name);
+    events.push_back(fmt::format("+{}:{}:{}", r.name, h, memory_kind_name(r.kind)));
+  }
+  void region_removed(int32_t h, const LocalRegion& r) override { events.push_back(fmt::format("-{}:{}", r.name, h)); }
+  nlohmann::json describe(int32_t h, const LocalRegion& r) const override {
+    return {{"key", h * 10}, {"length", r.length}};
+  }
+};
+}  // namespace
+
+TEST(MemoryRegistry, DomainsObserveRegistrationsAndPublishTheirEntries) {
+  MemoryRegistry reg;
+  std::vector<uint8_t> a(64), b(64);
+  const int32_t ha = reg.add("a", reinterpret_cast<uintptr_t>(a.data()), 0, 64);
+  auto domain = std::make_shared<RecordingDomain>();
+  reg.attach(domain);
+  const int32_t hb = reg.add("b", reinterpret_cast<uintptr_t>(b.data()), 0, 32, MemoryKind::kDevice, 3);
+  EXPECT_EQ(domain->events, (std::vector<std::string>{fmt::format("+a:{}:host", ha), fmt::format("+b:{}:device", hb)}));
+  EXPECT_EQ(reg.get(hb)->device, 3);
+  EXPECT_NE(reg.get(ha)->generation, reg.get(hb)->generation);
+
+  const nlohmann::json info = reg.mr_info(*domain);
+  EXPECT_EQ(info["b"]["key"], hb * 10);
+  EXPECT_EQ(reg.mr_info()["b"]["handle"], hb);  // the owner-resolved (TCP) entry
+
+  reg.remove("a");
+  EXPECT_EQ(domain->events.back(), fmt::format("-a:{}", ha));
+
+  // A domain refusing a region fails the registration for everyone: nothing is left.
+  domain->refuse = "c";
+  EXPECT_THROW(reg.add("c", reinterpret_cast<uintptr_t>(a.data()), 0, 8), InvalidArgumentError);
+  EXPECT_FALSE(reg.find("c").has_value());
+  EXPECT_FALSE(reg.find_containing(reinterpret_cast<uintptr_t>(a.data()), 8).has_value());
+}
+
+TEST(MemoryRegistry, FindContainingNamesTheRegionOfABuffer) {
+  MemoryRegistry reg;
+  std::vector<uint8_t> big(4096), other(128);
+  const auto base = reinterpret_cast<uintptr_t>(big.data());
+  const int32_t whole = reg.add("whole", base, 0, 4096);
+  const int32_t o = reg.add("other", reinterpret_cast<uintptr_t>(other.data()), 0, 128);
+  auto m = reg.find_containing(base + 100, 200);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->handle, whole);
+  EXPECT_EQ(m->offset, 100u);
+  EXPECT_EQ(reg.find_containing(reinterpret_cast<uintptr_t>(other.data()) + 127, 1)->handle, o);
+  EXPECT_FALSE(reg.find_containing(base + 4000, 200).has_value());  // runs past the end
+  EXPECT_FALSE(reg.find_containing(base - 1, 2).has_value());
+  // Overlapping registrations: the newest that holds the whole range.
+  const int32_t inner = reg.add("inner", base, 1024, 1024);
+  EXPECT_EQ(reg.find_containing(base + 1500, 100)->handle, inner);
+  EXPECT_EQ(reg.find_containing(base + 1500, 100)->offset, 476u);
+  EXPECT_EQ(reg.find_containing(base + 1500, 1000)->handle, whole);
+  reg.remove("inner");
+  EXPECT_EQ(reg.find_containing(base + 1500, 100)->handle, whole);
 }

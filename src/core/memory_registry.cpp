@@ -1,4 +1,4 @@
-#include "core/region_table.h"
+#include "core/memory_registry.h"
 
 #include <algorithm>
 #include <limits>
@@ -62,13 +62,13 @@ bool RegionUses::holds(const RegionLifetime* lifetime) const noexcept {
   return false;
 }
 
-void LocalRegionTable::watch(std::weak_ptr<RegionRevoker> revoker) {
+void MemoryRegistry::watch(std::weak_ptr<RegionRevoker> revoker) {
   std::lock_guard lock(mu_);
   std::erase_if(revokers_, [](const auto& w) { return w.expired(); });
   revokers_.push_back(std::move(revoker));
 }
 
-void LocalRegionTable::drain(const std::shared_ptr<RegionLifetime>& lifetime) {
+void MemoryRegistry::drain(const std::shared_ptr<RegionLifetime>& lifetime) {
   if (lifetime->users() == 0) return;  // the common case: nothing in flight
   std::vector<std::shared_ptr<RegionRevoker>> revokers;
   {
@@ -93,7 +93,72 @@ void LocalRegionTable::drain(const std::shared_ptr<RegionLifetime>& lifetime) {
   }
 }
 
-int32_t LocalRegionTable::add(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length) {
+const char* memory_kind_name(MemoryKind kind) noexcept {
+  switch (kind) {
+    case MemoryKind::kHost: return "host";
+    case MemoryKind::kDevice: return "device";
+  }
+  return "unknown";
+}
+
+const OwnerResolvedDomain& OwnerResolvedDomain::instance() {
+  static const OwnerResolvedDomain domain;
+  return domain;
+}
+
+nlohmann::json OwnerResolvedDomain::describe(int32_t handle, const LocalRegion& r) const {
+  return {{"handle", handle}, {"addr", r.addr}, {"length", r.length}};
+}
+
+void MemoryRegistry::attach(std::weak_ptr<MemoryDomain> domain) {
+  auto d = domain.lock();
+  if (!d) return;
+  std::vector<std::pair<int32_t, LocalRegion>> existing;
+  {
+    std::lock_guard lock(mu_);
+    std::erase_if(domains_, [](const auto& w) { return w.expired(); });
+    domains_.push_back(std::move(domain));
+    existing.assign(regions_.begin(), regions_.end());
+  }
+  for (const auto& [handle, region] : existing) d->region_added(handle, region);
+}
+
+std::vector<std::shared_ptr<MemoryDomain>> MemoryRegistry::domains() const {
+  std::vector<std::shared_ptr<MemoryDomain>> out;
+  std::lock_guard lock(mu_);
+  for (const auto& w : domains_) {
+    if (auto d = w.lock()) out.push_back(std::move(d));
+  }
+  return out;
+}
+
+LocalRegion MemoryRegistry::erase_locked(int32_t handle) {
+  auto it = regions_.find(handle);
+  LocalRegion region = std::move(it->second);
+  regions_.erase(it);
+  by_name_.erase(region.name);
+  for (auto [a, b] = by_addr_.equal_range(region.addr); a != b; ++a) {
+    if (a->second == handle) {
+      by_addr_.erase(a);
+      break;
+    }
+  }
+  return region;
+}
+
+void MemoryRegistry::retire(int32_t handle, const LocalRegion& region) {
+  drain(region.lifetime);  // throws TimeoutError if a use outlives its revocation
+  for (const auto& d : domains()) {
+    try {
+      d->region_removed(handle, region);
+    } catch (const std::exception& e) {
+      DLSLIME_WARN("memory region '{}': a memory domain failed to release it: {}", region.name, e.what());
+    }
+  }
+}
+
+int32_t MemoryRegistry::add(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length,
+                            MemoryKind kind, int device) {
   if (name.empty()) throw InvalidArgumentError("memory region name must not be empty");
   if (addr == 0 && length > 0) throw InvalidArgumentError(fmt::format("memory region '{}': address is null", name));
   constexpr uint64_t kMax = std::numeric_limits<uintptr_t>::max();
@@ -103,53 +168,71 @@ int32_t LocalRegionTable::add(const std::string& name, uintptr_t addr, uint64_t 
                     offset, length));
   }
   const uintptr_t start = addr + offset;
-  std::shared_ptr<RegionLifetime> replaced;
+  std::optional<std::pair<int32_t, LocalRegion>> replaced;
   int32_t handle = 0;
+  LocalRegion added;
   {
     std::lock_guard lock(mu_);
     if (auto it = by_name_.find(name); it != by_name_.end()) {
       const LocalRegion& old = regions_.at(it->second);
-      if (old.addr == start && old.length == length) return it->second;
-      replaced = old.lifetime;
-      regions_.erase(it->second);
-      by_name_.erase(it);
+      if (old.addr == start && old.length == length && old.kind == kind && old.device == device) return it->second;
+      const int32_t old_handle = it->second;
+      replaced.emplace(old_handle, erase_locked(old_handle));
     }
     if (next_handle_ == std::numeric_limits<int32_t>::max()) throw InvalidArgumentError("region handles exhausted");
     handle = next_handle_++;
-    regions_.emplace(handle, LocalRegion{name, start, length, std::make_shared<RegionLifetime>(handle, name)});
+    added = LocalRegion{name, start, length, kind, device, next_generation_++,
+                        std::make_shared<RegionLifetime>(handle, name)};
+    regions_.emplace(handle, added);
     by_name_.emplace(name, handle);
+    by_addr_.emplace(start, handle);
+    longest_ = std::max(longest_, length);
   }
-  if (replaced) drain(replaced);  // the caller may reuse or free the old bytes once this returns
+  // The caller may reuse or free the old bytes once this returns.
+  if (replaced) retire(replaced->first, replaced->second);
+  for (const auto& d : domains()) {
+    try {
+      d->region_added(handle, added);
+    } catch (...) {
+      // A domain that cannot take the region (RDMA cannot register it) fails the whole
+      // registration: no transport may see a region another one refused.
+      {
+        std::lock_guard lock(mu_);
+        if (regions_.count(handle) != 0) erase_locked(handle);
+      }
+      retire(handle, added);
+      throw;
+    }
+  }
   return handle;
 }
 
-void LocalRegionTable::remove(const std::string& name) {
-  std::shared_ptr<RegionLifetime> lifetime;
+void MemoryRegistry::remove(const std::string& name) {
+  int32_t handle = 0;
+  LocalRegion region;
   {
     std::lock_guard lock(mu_);
     auto it = by_name_.find(name);
     if (it == by_name_.end()) throw NotFoundError(fmt::format("no local memory region named '{}'", name));
-    lifetime = regions_.at(it->second).lifetime;
-    regions_.erase(it->second);
-    by_name_.erase(it);
+    handle = it->second;
+    region = erase_locked(handle);
   }
-  drain(lifetime);
+  retire(handle, region);
 }
 
-void LocalRegionTable::remove(int32_t handle) {
-  std::shared_ptr<RegionLifetime> lifetime;
+void MemoryRegistry::remove(int32_t handle) {
+  LocalRegion region;
   {
     std::lock_guard lock(mu_);
-    auto it = regions_.find(handle);
-    if (it == regions_.end()) throw NotFoundError(fmt::format("no local memory region with handle {}", handle));
-    lifetime = it->second.lifetime;
-    by_name_.erase(it->second.name);
-    regions_.erase(it);
+    if (regions_.count(handle) == 0) {
+      throw NotFoundError(fmt::format("no local memory region with handle {}", handle));
+    }
+    region = erase_locked(handle);
   }
-  drain(lifetime);
+  retire(handle, region);
 }
 
-Status LocalRegionTable::resolve(int32_t handle, uint64_t offset, uint64_t length, uintptr_t* out) const {
+Status MemoryRegistry::resolve(int32_t handle, uint64_t offset, uint64_t length, uintptr_t* out) const {
   std::lock_guard lock(mu_);
   auto it = regions_.find(handle);
   if (it == regions_.end()) return Status::unknown_handle(fmt::format("no memory region with handle {}", handle));
@@ -162,7 +245,7 @@ Status LocalRegionTable::resolve(int32_t handle, uint64_t offset, uint64_t lengt
   return Status::ok();
 }
 
-Status LocalRegionTable::resolve(int32_t handle, uint64_t offset, uint64_t length, uintptr_t* out,
+Status MemoryRegistry::resolve(int32_t handle, uint64_t offset, uint64_t length, uintptr_t* out,
                                  ResolveCache& cache) const {
   const auto fill = [](const LocalRegion& r, ResolveCache& c) {
     c.base = r.addr;
@@ -175,97 +258,48 @@ Status LocalRegionTable::resolve(int32_t handle, uint64_t offset, uint64_t lengt
   return Status::ok();
 }
 
-std::optional<int32_t> LocalRegionTable::find(const std::string& name) const {
+std::optional<int32_t> MemoryRegistry::find(const std::string& name) const {
   std::lock_guard lock(mu_);
   auto it = by_name_.find(name);
   if (it == by_name_.end()) return std::nullopt;
   return it->second;
 }
 
-size_t LocalRegionTable::size() const {
+std::optional<RegionMatch> MemoryRegistry::find_containing(uintptr_t addr, uint64_t length) const {
+  std::lock_guard lock(mu_);
+  std::optional<RegionMatch> best;
+  uint64_t best_generation = 0;
+  // Regions starting at or before addr, nearest first, back to the furthest start from
+  // which the longest region ever registered could still reach addr.
+  for (auto it = by_addr_.upper_bound(addr); it != by_addr_.begin();) {
+    --it;
+    if (addr - it->first > longest_) break;
+    const LocalRegion& r = regions_.at(it->second);
+    if (range_within(r.length, addr - r.addr, length) && r.generation > best_generation) {
+      best = RegionMatch{it->second, addr - r.addr};
+      best_generation = r.generation;
+    }
+  }
+  return best;
+}
+
+std::optional<LocalRegion> MemoryRegistry::get(int32_t handle) const {
+  std::lock_guard lock(mu_);
+  auto it = regions_.find(handle);
+  if (it == regions_.end()) return std::nullopt;
+  return it->second;
+}
+
+size_t MemoryRegistry::size() const {
   std::lock_guard lock(mu_);
   return regions_.size();
 }
 
-nlohmann::json LocalRegionTable::mr_info() const {
+nlohmann::json MemoryRegistry::mr_info(const MemoryDomain& domain) const {
   std::lock_guard lock(mu_);
   nlohmann::json info = nlohmann::json::object();
-  for (const auto& [handle, r] : regions_) {
-    info[r.name] = {{"handle", handle}, {"addr", r.addr}, {"length", r.length}};
-  }
+  for (const auto& [handle, r] : regions_) info[r.name] = domain.describe(handle, r);
   return info;
-}
-
-int32_t RemoteRegionTable::add(const std::string& name, const nlohmann::json& entry) {
-  if (name.empty()) throw InvalidArgumentError("remote memory region name must not be empty");
-  auto field = [&](const char* key) -> const nlohmann::json& {
-    if (!entry.is_object() || !entry.contains(key) || !entry[key].is_number_integer()) {
-      throw InvalidArgumentError(fmt::format(
-          "remote memory region '{}': mr_info entry needs an integer '{}' (got {})", name, key, entry.dump()));
-    }
-    return entry[key];
-  };
-  RemoteRegion region;
-  region.name = name;
-  const int64_t peer_handle = field("handle").get<int64_t>();
-  if (peer_handle < 0 || peer_handle > std::numeric_limits<int32_t>::max()) {
-    throw InvalidArgumentError(fmt::format("remote memory region '{}': handle {} out of range", name, peer_handle));
-  }
-  region.peer_handle = static_cast<int32_t>(peer_handle);
-  if (field("length").is_number_unsigned() || field("length").get<int64_t>() >= 0) {
-    region.length = field("length").get<uint64_t>();
-  } else {
-    throw InvalidArgumentError(fmt::format("remote memory region '{}': negative length", name));
-  }
-  if (entry.contains("addr") && entry["addr"].is_number_unsigned()) region.addr = entry["addr"].get<uint64_t>();
-
-  std::lock_guard lock(mu_);
-  if (auto it = by_name_.find(name); it != by_name_.end()) {
-    regions_[it->second] = region;
-    return it->second;
-  }
-  const auto handle = static_cast<int32_t>(regions_.size());
-  regions_.emplace(handle, std::move(region));
-  by_name_.emplace(name, handle);
-  return handle;
-}
-
-Status RemoteRegionTable::resolve(int32_t handle, uint64_t offset, uint64_t length, int32_t* peer_handle) const {
-  std::lock_guard lock(mu_);
-  auto it = regions_.find(handle);
-  if (it == regions_.end()) return Status::unknown_handle(fmt::format("no remote memory region with handle {}", handle));
-  const RemoteRegion& r = it->second;
-  if (!range_within(r.length, offset, length)) {
-    return Status::out_of_bounds(fmt::format("range [{}, {}+{}) is outside remote region '{}' (handle {}, {} bytes)",
-                                             offset, offset, length, r.name, handle, r.length));
-  }
-  *peer_handle = r.peer_handle;
-  return Status::ok();
-}
-
-Status RemoteRegionTable::resolve(int32_t handle, uint64_t offset, uint64_t length, int32_t* peer_handle,
-                                  ResolveCache& cache) const {
-  const auto owner_handle = [](const RemoteRegion& r, ResolveCache& c) {
-    c.base = uint64_t{static_cast<uint32_t>(r.peer_handle)};
-  };
-  if (!cached_range(cache, mu_, regions_, handle, offset, length, owner_handle)) {
-    return resolve(handle, offset, length, peer_handle);  // the error, with its message
-  }
-  *peer_handle = static_cast<int32_t>(static_cast<uint32_t>(cache.base));
-  return Status::ok();
-}
-
-std::optional<int32_t> RemoteRegionTable::find(const std::string& name) const {
-  std::lock_guard lock(mu_);
-  auto it = by_name_.find(name);
-  if (it == by_name_.end()) return std::nullopt;
-  return it->second;
-}
-
-void RemoteRegionTable::clear() {
-  std::lock_guard lock(mu_);
-  regions_.clear();
-  by_name_.clear();
 }
 
 }  // namespace dlslime

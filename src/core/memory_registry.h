@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <map>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -106,7 +107,7 @@ class RegionUses {
 
 // What unregister calls when in-flight work still refers to a region at its deadline: a
 // transport (endpoint) sharing the table fails the ops and closes the connections that
-// hold a use of it, so the uses are dropped. Registered with LocalRegionTable::watch.
+// hold a use of it, so the uses are dropped. Registered with MemoryRegistry::watch.
 class RegionRevoker {
  public:
   virtual ~RegionRevoker() = default;
@@ -117,16 +118,60 @@ class RegionRevoker {
   virtual bool on_own_thread() const = 0;
 };
 
+// Where registered memory lives. Host memory is plain process memory; device memory (a
+// GPU's) may not be touched by host code, so only a transport whose capabilities include
+// device_memory may take it.
+enum class MemoryKind : uint8_t { kHost, kDevice };
+const char* memory_kind_name(MemoryKind kind) noexcept;
+
 struct LocalRegion {
   std::string name;
   uintptr_t addr = 0;  // already includes the registration offset
   uint64_t length = 0;
+  MemoryKind kind = MemoryKind::kHost;
+  int device = -1;          // the device ordinal for device memory
+  uint64_t generation = 0;  // distinct per registration in this registry, never reused
   std::shared_ptr<RegionLifetime> lifetime;
 };
 
-// Regions this process registered. Handles are never reused within a table, so a stale
-// handle held by a peer can never alias a newer region. Thread-safe.
-class LocalRegionTable {
+// A transport's view of the registry (as UCX separates memory domains from interfaces):
+// it prepares each region for its hardware when it is registered (RDMA: an MR and its
+// rkey; NVLink: an IPC handle) and says what a peer needs to address it. Attached weakly
+// with MemoryRegistry::attach; the callbacks run outside the registry's lock.
+class MemoryDomain {
+ public:
+  virtual ~MemoryDomain() = default;
+  // A region was registered (also called, at attach, for every region already there).
+  // Throwing rejects the registration: the region is removed again and the error reaches
+  // the caller of register_memory_region.
+  virtual void region_added(int32_t handle, const LocalRegion& region) = 0;
+  // The region was unregistered and has drained: nothing in flight refers to it.
+  virtual void region_removed(int32_t handle, const LocalRegion& region) = 0;
+  // This domain's mr_info entry for the region.
+  virtual nlohmann::json describe(int32_t handle, const LocalRegion& region) const = 0;
+};
+
+// The domain of transports whose peer names a region by its owner's handle and lets the
+// owner resolve addresses (TCP): nothing to prepare; the entry is {handle, addr, length}.
+class OwnerResolvedDomain final : public MemoryDomain {
+ public:
+  static const OwnerResolvedDomain& instance();
+  void region_added(int32_t, const LocalRegion&) override {}
+  void region_removed(int32_t, const LocalRegion&) override {}
+  nlohmann::json describe(int32_t handle, const LocalRegion& region) const override;
+};
+
+// Where a two-sided chunk lies in registered memory (MemoryRegistry::find_containing).
+struct RegionMatch {
+  int32_t handle = -1;
+  uint64_t offset = 0;  // of the chunk's first byte within the region
+};
+
+// The agent-wide registry of named memory: every region this process registered, shared
+// by all endpoints (of every transport) of one PeerAgent, so a handle means the same
+// region on each. Handles are never reused within a registry, so a stale handle held by a
+// peer can never alias a newer region. Thread-safe.
+class MemoryRegistry {
  public:
   // How long unregister (and re-registration of a name for other bytes) waits for the
   // transfers in flight on the region before it revokes them.
@@ -136,7 +181,8 @@ class LocalRegionTable {
   // handle unless it describes the same bytes, in which case the old handle is returned;
   // the replaced region is drained as by remove(). Throws InvalidArgumentError on address
   // overflow or a null address with length > 0.
-  int32_t add(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length);
+  int32_t add(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length,
+              MemoryKind kind = MemoryKind::kHost, int device = -1);
   // Unregisters: new lookups fail at once; returns once nothing in flight refers to the
   // region's memory. Transfers still using it after the drain timeout are revoked (their
   // ops fail, the connections carrying them close). Throws NotFoundError if absent,
@@ -147,54 +193,42 @@ class LocalRegionTable {
   void set_drain_timeout(std::chrono::milliseconds timeout) { drain_timeout_.store(timeout.count()); }
   // Transports that take uses of this table's regions register here (weakly).
   void watch(std::weak_ptr<RegionRevoker> revoker);
+  // Attaches a memory domain (weakly): region_added runs at once for every region already
+  // registered, then for each new one. Throws what region_added throws.
+  void attach(std::weak_ptr<MemoryDomain> domain);
 
   // On success stores the address of byte `offset` of region `handle`.
   Status resolve(int32_t handle, uint64_t offset, uint64_t length, uintptr_t* out) const;
   Status resolve(int32_t handle, uint64_t offset, uint64_t length, uintptr_t* out, ResolveCache& cache) const;
   std::optional<int32_t> find(const std::string& name) const;
+  // The region holding all of [addr, addr+length) (the most recently registered one when
+  // several do), for transports that must name the region of a raw buffer (RDMA's send and
+  // recv need its key). O(log n) unless registrations overlap.
+  std::optional<RegionMatch> find_containing(uintptr_t addr, uint64_t length) const;
+  std::optional<LocalRegion> get(int32_t handle) const;
   size_t size() const;
 
-  // {name: {"handle", "addr", "length"}}: what a peer needs to build a remote handle.
-  nlohmann::json mr_info() const;
+  // {name: domain.describe(...)}: what a peer of that domain's transport needs to build
+  // remote handles.
+  nlohmann::json mr_info(const MemoryDomain& domain = OwnerResolvedDomain::instance()) const;
 
  private:
   void drain(const std::shared_ptr<RegionLifetime>& lifetime);
+  // Removes `handle` (under mu_) and returns what was removed.
+  LocalRegion erase_locked(int32_t handle);
+  void retire(int32_t handle, const LocalRegion& region);  // drain, then tell the domains
+  std::vector<std::shared_ptr<MemoryDomain>> domains() const;
 
   mutable std::mutex mu_;
   std::atomic<int64_t> drain_timeout_{kDefaultDrainTimeout.count()};
   std::vector<std::weak_ptr<RegionRevoker>> revokers_;  // guarded by mu_
+  std::vector<std::weak_ptr<MemoryDomain>> domains_;    // guarded by mu_
   int32_t next_handle_ = 0;
+  uint64_t next_generation_ = 1;
   std::unordered_map<int32_t, LocalRegion> regions_;
   std::unordered_map<std::string, int32_t> by_name_;
-};
-
-struct RemoteRegion {
-  std::string name;
-  int32_t peer_handle = -1;  // the handle in the owner's LocalRegionTable
-  uintptr_t addr = 0;        // informational; the owner resolves addresses itself
-  uint64_t length = 0;
-};
-
-// Peer regions known to this endpoint, made from entries of the peer's mr_info. Bounds
-// are checked here first (a fast, clear local error) and again by the owner, whose table
-// is authoritative. Thread-safe.
-class RemoteRegionTable {
- public:
-  // Registering an existing name updates that entry in place and returns its handle, as
-  // DLSlime does. Throws InvalidArgumentError if the entry lacks an integer "handle" and
-  // "length".
-  int32_t add(const std::string& name, const nlohmann::json& mr_info_entry);
-  // The owner's handle for [offset, offset+length) of region `handle` (no copy of the
-  // entry: this runs once per item of every batch).
-  Status resolve(int32_t handle, uint64_t offset, uint64_t length, int32_t* peer_handle) const;
-  Status resolve(int32_t handle, uint64_t offset, uint64_t length, int32_t* peer_handle, ResolveCache& cache) const;
-  std::optional<int32_t> find(const std::string& name) const;
-  void clear();
-
- private:
-  mutable std::mutex mu_;
-  std::unordered_map<int32_t, RemoteRegion> regions_;
-  std::unordered_map<std::string, int32_t> by_name_;
+  std::multimap<uintptr_t, int32_t> by_addr_;  // region start -> handle
+  uint64_t longest_ = 0;                       // the longest region ever registered
 };
 
 }  // namespace dlslime
