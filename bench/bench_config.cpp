@@ -6,6 +6,9 @@
 #include <limits>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "dlslime/transport.h"
 
 namespace dlslime::bench {
 
@@ -19,6 +22,27 @@ const char* op_name(Op op) noexcept {
 }
 
 namespace {
+
+// --transport: one of the registry's transports that can run here (the reason otherwise).
+void check_transport(const std::string& name) {
+  std::vector<std::string> known;
+  for (const TransportInfo& t : available_transports()) {
+    if (t.name == name) {
+      if (!t.available) throw UsageError(fmt::format("--transport {}: not available here: {}", name, t.reason));
+      return;
+    }
+    known.push_back(t.name);
+  }
+  throw UsageError(fmt::format("--transport {}: unknown transport (known: {})", name, fmt::join(known, ", ")));
+}
+
+nlohmann::json parse_transport_options(const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    throw UsageError(fmt::format("--transport-options must be a JSON object, e.g. '{{\"lanes\": 4}}' (got {})", text));
+  }
+  return j;
+}
 
 Op parse_op(const std::string& s) {
   if (s == "write") return Op::kWrite;
@@ -94,7 +118,9 @@ and a target as two processes on loopback (127.0.0.1). Across two hosts:
   host B:  dlslime-bench --role initiator --peer HOST_A:18515 --op write ...
 
 Run parameters (the initiator sends them to the target):
-  --transport tcp            transport (only tcp so far)
+  --transport NAME           transport (default tcp; --list-transports shows them)
+  --transport-options JSON   the transport's own options, e.g. '{"lanes": 4}'
+  --list-transports          print each transport and whether it can run here, then exit
   --op write|read|send       operation (default write)
   --size N                   one message size (K/M/G suffixes are binary)
   --sizes LO..HI | A,B,C     doubling sweep or list (default 8..1048576)
@@ -155,7 +181,13 @@ BenchConfig parse_command_line(int argc, char** argv, bool* help) {
       return c;
     } else if (arg == "--transport") {
       c.transport = next();
-      if (c.transport != "tcp") throw UsageError(fmt::format("--transport {}: only tcp is built", c.transport));
+      check_transport(c.transport);
+    } else if (arg == "--transport-options") {
+      c.transport_options = parse_transport_options(next());
+    } else if (arg == "--list-transports") {
+      flag();
+      c.list_transports = true;
+      return c;
     } else if (arg == "--op") {
       c.op = parse_op(next());
     } else if (arg == "--size") {
@@ -267,6 +299,7 @@ nlohmann::json run_params_to_json(const BenchConfig& c) {
                       {"inject_corruption", c.inject_corruption},
                       {"timeout_s", c.timeout_s},
                       {"seed", c.seed}};
+  j["transport_options"] = c.transport_options;
   j["lanes"] = c.lanes ? nlohmann::json(*c.lanes) : nlohmann::json(nullptr);
   j["chunk_size"] = c.chunk_size ? nlohmann::json(*c.chunk_size) : nlohmann::json(nullptr);
   return j;
@@ -275,6 +308,8 @@ nlohmann::json run_params_to_json(const BenchConfig& c) {
 void apply_run_params(const nlohmann::json& j, BenchConfig* c) {
   try {
     c->transport = j.at("transport").get<std::string>();
+    c->transport_options = j.value("transport_options", nlohmann::json::object());
+    if (!c->transport_options.is_object()) throw UsageError("the initiator sent transport options that are not an object");
     c->op = parse_op(j.at("op").get<std::string>());
     c->sizes = j.at("sizes").get<std::vector<uint64_t>>();
     c->batch = j.at("batch").get<uint32_t>();

@@ -35,6 +35,8 @@ struct BenchConfig {
   uint32_t warmup = 8;
   std::optional<uint32_t> lanes;       // unset: TcpOptions default / DLSLIME_TCP_LANES
   std::optional<uint64_t> chunk_size;  // unset: TcpOptions default / DLSLIME_TCP_CHUNK_SIZE
+  // --transport-options: the transport's own options (JSON object), over the bench's.
+  nlohmann::json transport_options = nlohmann::json::object();
   bool contiguous = false;             // default: strided slots with a guard gap between items
   // Every item moves the first slot to the first slot: a working set of one item, which
   // stays in the CPU caches as iperf3's single reused buffer does (a baseline comparison;
@@ -55,6 +57,7 @@ struct BenchConfig {
   std::string plot_path;
   Progress progress = Progress::kAuto;
   bool quiet = false;  // no configuration block (the table is still printed)
+  bool list_transports = false;  // --list-transports: print available_transports() and exit
 };
 
 // "strided", "contiguous" or "one-slot".

@@ -51,21 +51,35 @@ class Initiator {
     return cfg_.plot_path + ".json";
   }
   void print_configuration() const;
+  // The lane count the endpoint runs with, if its transport has lanes ("" otherwise).
+  std::string self_lanes() const {
+    const nlohmann::json options = data_.describe().value("options", nlohmann::json::object());
+    return options.contains("lanes") ? options["lanes"].dump() : std::string();
+  }
 
   BenchConfig cfg_;
   PeerLink& link_;
   DataPath& data_;
 };
 
+// host:port of an endpoint_info, for transports that have one.
+std::string address_of(const nlohmann::json& info) {
+  if (!info.contains("host")) return "-";
+  return fmt::format("{}:{}", info.value("host", std::string("?")), info.value("port", 0));
+}
+
 void Initiator::print_configuration() const {
-  const TcpOptions& o = data_.endpoint->options();
+  const nlohmann::json self = data_.describe();
+  const nlohmann::json options = self.value("options", nlohmann::json::object());
   std::string out = "DLSlime Benchmark Configurations:\n";
   out += fmt::format("  transport: {}\n  op: {}\n", cfg_.transport, op_name(cfg_.op));
   out += fmt::format("  mode: {}\n", cfg_.control_fd >= 0 ? "loopback pair (two processes, 127.0.0.1)"
                                                           : fmt::format("two hosts (target {})", cfg_.peer));
-  out += fmt::format("  initiator: {}:{}\n  target: {}:{}\n", data_.endpoint->host(), data_.endpoint->port(),
-                     data_.peer_info.value("host", std::string("?")), data_.peer_info.value("port", 0));
-  out += fmt::format("  lanes: {}\n  chunk_size: {} B\n", o.lanes, o.chunk_size);
+  out += fmt::format("  initiator: {}\n  target: {}\n", address_of(self), address_of(data_.peer_info));
+  if (options.contains("lanes")) {
+    out += fmt::format("  lanes: {}\n  chunk_size: {} B\n", options["lanes"].dump(), options["chunk_size"].dump());
+  }
+  if (!cfg_.transport_options.empty()) out += fmt::format("  transport options: {}\n", cfg_.transport_options.dump());
   out += fmt::format("  batch: {}\n  layout: {}\n", cfg_.batch, layout_name(cfg_));
   out += fmt::format("  sizes: {}\n  warmup: {}\n  iters: {}\n", sizes_text(cfg_.sizes), cfg_.warmup, cfg_.iters);
   out += fmt::format("  verify: {}\n  buffer: {:.1f} MiB per process\n\n", cfg_.verify ? "on" : "off",
@@ -172,17 +186,19 @@ SizeOutcome Initiator::run_size(size_t index, ProgressReporter& progress) {
 }
 
 nlohmann::json Initiator::config_json(bool all_verified, double cpu_target_total) const {
-  const TcpOptions& o = data_.endpoint->options();
+  const nlohmann::json self = data_.describe();
+  const nlohmann::json options = self.value("options", nlohmann::json::object());
   char when[64] = {};
   const std::time_t now = std::time(nullptr);
   std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   nlohmann::json c = run_params_to_json(cfg_);
-  c["lanes"] = o.lanes;
-  c["chunk_size"] = o.chunk_size;
+  c["lanes"] = options.value("lanes", nlohmann::json());
+  c["chunk_size"] = options.value("chunk_size", nlohmann::json());
   c["mode"] = cfg_.control_fd >= 0 ? "loopback" : "two-host";
-  c["initiator"] = fmt::format("{}:{}", data_.endpoint->host(), data_.endpoint->port());
-  c["target"] = fmt::format("{}:{}", data_.peer_info.value("host", std::string("?")), data_.peer_info.value("port", 0));
-  c["tcp_options"] = o.to_json();
+  c["initiator"] = address_of(self);
+  c["target"] = address_of(data_.peer_info);
+  c["endpoint"] = self;  // the transport's endpoint_info (regions left out) and options
+  if (cfg_.transport == "tcp") c["tcp_options"] = options;
   c["verified"] = all_verified;
   c["buffer_bytes"] = data_.buffer->size();
   c["version"] = kVersion;
@@ -202,8 +218,9 @@ nlohmann::json Initiator::config_json(bool all_verified, double cpu_target_total
 int Initiator::run() {
   if (!cfg_.quiet) print_configuration();
   const std::string title =
-      fmt::format("DLSlime {} Benchmark: {} (lanes {}, {})", cfg_.transport == "tcp" ? "TCP" : cfg_.transport,
-                  op_name(cfg_.op), data_.endpoint->options().lanes, layout_name(cfg_));
+      fmt::format("DLSlime {} Benchmark: {} ({}{})", cfg_.transport == "tcp" ? "TCP" : cfg_.transport,
+                  op_name(cfg_.op),
+                  self_lanes().empty() ? std::string() : fmt::format("lanes {}, ", self_lanes()), layout_name(cfg_));
   TablePrinter table(title, cfg_.op == Op::kSend);
   ProgressReporter progress(cfg_.progress);
   std::vector<ResultRow> rows;

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 
 #include "dlslime/errors.h"
+#include "dlslime/tcp_endpoint.h"
+#include "dlslime/transport.h"
 
 namespace dlslime::bench {
 
@@ -83,14 +85,24 @@ void PeerLink::wait(const Future& f, const char* what) {
 
 // ---------------------------------------------------------------------------------------
 
-TcpOptions make_tcp_options(const BenchConfig& cfg) {
-  TcpOptions o = TcpOptions::from_env();
-  if (cfg.lanes) o.lanes = *cfg.lanes;
-  if (cfg.chunk_size) o.chunk_size = *cfg.chunk_size;
-  // A benchmark batch may legitimately take long on a slow link; --timeout is the guard.
-  o.op_timeout = std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(cfg.timeout_s * 1000)));
-  o.max_batch_items = std::max(o.max_batch_items, cfg.batch);
-  o.max_inflight_ops = std::max(o.max_inflight_ops, cfg.batch);
+nlohmann::json endpoint_options(const BenchConfig& cfg, const std::string& bind_ip) {
+  nlohmann::json o = nlohmann::json::object();
+  if (cfg.transport == "tcp") {
+    const TcpOptions defaults;  // DLSLIME_TCP_* still apply beneath these (TcpOptions::from_json)
+    o["ip"] = bind_ip;
+    o["port"] = 0;
+    if (cfg.lanes) o["lanes"] = *cfg.lanes;
+    if (cfg.chunk_size) o["chunk_size"] = *cfg.chunk_size;
+    // A benchmark batch may legitimately take long on a slow link; --timeout is the guard.
+    o["op_timeout_ms"] = std::max<int64_t>(1, static_cast<int64_t>(cfg.timeout_s * 1000));
+    if (cfg.batch > defaults.max_batch_items) o["max_batch_items"] = cfg.batch;
+    if (cfg.batch > defaults.max_inflight_ops) o["max_inflight_ops"] = cfg.batch;
+  } else if (cfg.lanes || cfg.chunk_size) {
+    throw UsageError(fmt::format("--lanes and --chunk-size are TCP's; give the {} transport its options with "
+                                 "--transport-options",
+                                 cfg.transport));
+  }
+  for (const auto& [key, value] : cfg.transport_options.items()) o[key] = value;
   return o;
 }
 
@@ -110,13 +122,28 @@ DataPath DataPath::create(const BenchConfig& cfg) {
   DataPath d;
   d.bind_ip = !cfg.ip.empty() ? cfg.ip : cfg.control_fd >= 0 ? "127.0.0.1" : "0.0.0.0";
   d.buffer = std::make_unique<BenchBuffer>(buffer_bytes(cfg));
-  d.endpoint = std::make_unique<TcpEndpoint>(d.bind_ip, 0, make_tcp_options(cfg));
+  try {
+    d.endpoint = make_endpoint(cfg.transport, endpoint_options(cfg, d.bind_ip));
+  } catch (const Error& e) {
+    throw UsageError(fmt::format("cannot make the {} endpoint: {}", cfg.transport, e.what()));
+  }
   d.local_handle = d.endpoint->register_memory_region("bench", d.buffer->address(), 0, d.buffer->size());
   return d;
 }
 
+nlohmann::json DataPath::describe() const {
+  nlohmann::json d = endpoint->endpoint_info();
+  d.erase("mr_info");
+#ifdef DLSLIME_BENCH_TCP
+  if (const auto* tcp = dynamic_cast<const TcpEndpoint*>(endpoint.get())) d["options"] = tcp->options().to_json();
+#endif
+  return d;
+}
+
 nlohmann::json DataPath::hello_payload() const {
-  const bool explicit_host = !is_wildcard(bind_ip) || !endpoint->options().advertise_host.empty();
+  const nlohmann::json info = describe();
+  const bool explicit_host =
+      !is_wildcard(bind_ip) || !info.value("options", nlohmann::json::object()).value("advertise_host", "").empty();
   return {{"endpoint_info", endpoint->endpoint_info()}, {"host_explicit", explicit_host}};
 }
 

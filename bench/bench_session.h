@@ -11,7 +11,7 @@
 #include "bench_config.h"
 #include "control_channel.h"
 #include "dlslime/future.h"
-#include "dlslime/tcp_endpoint.h"
+#include "dlslime/endpoint.h"
 
 namespace dlslime::bench {
 
@@ -64,7 +64,7 @@ class PeerLink {
 // The data-path setup both roles share: buffer, endpoint, registered region, connection.
 struct DataPath {
   std::unique_ptr<BenchBuffer> buffer;
-  std::unique_ptr<TcpEndpoint> endpoint;
+  std::shared_ptr<Endpoint> endpoint;  // made by the transport registry (--transport)
   int32_t local_handle = -1;
   int32_t remote_handle = -1;
   std::string bind_ip;
@@ -74,13 +74,18 @@ struct DataPath {
   static DataPath create(const BenchConfig& cfg);
   // What to send in hello: endpoint_info and whether its host is meant to be dialed as is.
   nlohmann::json hello_payload() const;
+  // The transport's resolved options and addresses, for the report: endpoint_info() minus
+  // its regions, and (TCP) the options the endpoint runs with.
+  nlohmann::json describe() const;
   // Connects to the peer's hello. When the peer bound a wildcard address without an
   // advertise host, its host is replaced by the address seen on the control connection,
   // which is known to route to it.
   void connect(const nlohmann::json& peer_hello, const ControlChannel& channel);
 };
 
-TcpOptions make_tcp_options(const BenchConfig& cfg);
+// The options the data endpoint is made with: the bench's defaults for the transport,
+// then --lanes/--chunk-size, then --transport-options.
+nlohmann::json endpoint_options(const BenchConfig& cfg, const std::string& bind_ip);
 uint64_t buffer_bytes(const BenchConfig& cfg);
 
 int run_initiator(BenchConfig cfg);

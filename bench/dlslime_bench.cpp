@@ -7,6 +7,7 @@
 #include <exception>
 
 #include "bench_config.h"
+#include "dlslime/transport.h"
 #include "bench_session.h"
 #include "loopback_pair.h"
 
@@ -18,6 +19,12 @@ int main(int argc, char** argv) {
     cfg = parse_command_line(argc, argv, &help);
     if (help) {
       std::fputs(usage_text().c_str(), stdout);
+      return 0;
+    }
+    if (cfg.list_transports) {
+      for (const dlslime::TransportInfo& t : dlslime::available_transports()) {
+        std::printf("%-8s %s\n", t.name.c_str(), t.available ? "available" : t.reason.c_str());
+      }
       return 0;
     }
   } catch (const UsageError& e) {
