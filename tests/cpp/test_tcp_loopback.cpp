@@ -1,6 +1,8 @@
-// Transfers through the public API of libdlslime, and hostile byte streams against a live
-// endpoint. The raw-socket helpers below re-encode the wire format by hand from
-// docs/tcp.md on purpose: they check the documented protocol, not the library's codec.
+// What only TCP owes, through the public API of libdlslime: dialing a closed port, and
+// hostile byte streams against a live endpoint. What every transport owes (transfers,
+// offsets, errors, shutdown) is in test_conformance.cpp. The raw-socket helpers below
+// re-encode the wire format by hand from docs/tcp.md on purpose: they check the documented
+// protocol, not the library's codec.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -141,44 +143,6 @@ void expect_pair_still_works(Pair& p) {
 }
 
 }  // namespace
-
-TEST(TcpLoopback, WriteReadSendRecv) {
-  Pair p;
-  std::vector<uint8_t> a(1 << 20), b(1 << 20, 0), back(1 << 20, 0);
-  for (size_t i = 0; i < a.size(); ++i) a[i] = uint8_t(i * 131 + 17);
-  const int32_t ha = p.a.register_memory_region("a", addr_of(a), 0, a.size());
-  const int32_t hback = p.a.register_memory_region("back", addr_of(back), 0, back.size());
-  p.b.register_memory_region("b", addr_of(b), 0, b.size());
-  p.connect();
-  const int32_t hb = p.a.register_remote_memory_region("b", p.b.endpoint_info()["mr_info"]["b"]);
-
-  auto w = p.a.write({{ha, hb, 0, 0, a.size()}});
-  ASSERT_EQ(w.wait_for(30s), std::optional<int>(0)) << w.message();
-  EXPECT_EQ(a, b);
-
-  // target_offset is the remote offset, source_offset the local one.
-  auto r = p.a.read({{hback, hb, 100, 200, 1000}});
-  ASSERT_EQ(r.wait_for(30s), std::optional<int>(0)) << r.message();
-  EXPECT_EQ(r.nbytes(), 1000u);
-  EXPECT_TRUE(std::equal(back.begin() + 200, back.begin() + 1200, b.begin() + 100));
-  EXPECT_EQ(back[199], 0);
-  EXPECT_EQ(back[1200], 0);
-
-  std::string msg = "hello over tcp";
-  std::vector<uint8_t> inbox(64, 0);
-  auto rv = p.b.recv({addr_of(inbox), 0, inbox.size()});
-  auto sd = p.a.send({reinterpret_cast<uintptr_t>(msg.data()), 0, msg.size()});
-  ASSERT_EQ(sd.wait_for(10s), std::optional<int>(0)) << sd.message();
-  ASSERT_EQ(rv.wait_for(10s), std::optional<int>(0)) << rv.message();
-  EXPECT_EQ(rv.nbytes(), msg.size());
-  EXPECT_EQ(std::string(inbox.begin(), inbox.begin() + msg.size()), msg);
-}
-
-TEST(TcpLoopback, ImmOpsAreNotImplemented) {
-  Pair p;
-  EXPECT_THROW(p.a.imm_recv(), NotImplementedError);
-  EXPECT_THROW(p.a.write_with_imm({{0, 0, 0, 0, 1}}, 7), NotImplementedError);
-}
 
 TEST(TcpLoopback, ConnectToClosedPortFailsClearly) {
   uint16_t port;
