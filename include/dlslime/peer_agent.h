@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,20 +29,31 @@ struct DLSLIME_API PeerAgentOptions {
   std::chrono::milliseconds ctrl_timeout{10000};
   // NanoCtrl's bearer token. Empty: DLSLIME_NANOCTRL_TOKEN (none when that is unset too).
   std::string ctrl_token;
-  // Options of the TcpEndpoints the agent makes (local_host/local_port come per connection);
-  // tcp.token is the shared secret every TCP connection of the agent authenticates with.
+  // Options of the TCP endpoints the agent makes (the bind address comes per connection,
+  // ConnectOptions::local_host/local_port); tcp.token is the shared secret every TCP
+  // connection of the agent authenticates with. It never leaves this process.
   TcpOptions tcp = TcpOptions::from_env();
+  // For fault-injection tests: called with every endpoint the agent makes (connect_to's and
+  // the ones made for a peer's connect message), and the agent uses the endpoint it returns
+  // instead (a decorator that delays, drops or fails ops). Empty: endpoints are used as made.
+  std::function<std::shared_ptr<Endpoint>(std::shared_ptr<Endpoint>)> wrap_endpoint;
 };
 
-struct DLSLIME_API ConnectOptions {
-  std::string transport = "rdma";  // DLSlime's default; "tcp" works on every host
-  std::string local_host = "0.0.0.0";
-  uint16_t local_port = 0;
-  // RDMA parameters, accepted for signature parity and ignored by TCP.
+// RDMA's per-connection parameters (DLSlime's connect_to keywords).
+struct DLSLIME_API RdmaConnectOptions {
   int ib_port = 1;
   int qp_num = 1;
   std::string local_device;
   std::string peer_device;
+};
+
+struct DLSLIME_API ConnectOptions {
+  // A name from available_transports(). DLSlime's default; "tcp" works on every host.
+  std::string transport = "rdma";
+  // TCP's bind address for this connection's endpoint (port 0: the OS picks one).
+  std::string local_host = "0.0.0.0";
+  uint16_t local_port = 0;
+  RdmaConnectOptions rdma;
 };
 
 // One item of a named batch: regions by name instead of handle. Offsets are in PeerAgent
@@ -72,7 +84,8 @@ class DLSLIME_API PeerConnection {
   std::string conn_id() const;
   std::string peer_alias() const;
   std::string transport() const;
-  // The underlying endpoint (a TcpEndpoint for transport "tcp").
+  // The underlying endpoint (a TcpEndpoint for transport "tcp"; what wrap_endpoint
+  // returned, when set).
   std::shared_ptr<Endpoint> endpoint() const;
   // The peer's endpoint_info() (with its mr_info) once the handshake completed; null before.
   nlohmann::json peer_endpoint_info() const;
@@ -107,8 +120,10 @@ class DLSLIME_API PeerAgent {
   // Starts connecting to `peer_alias` and returns at once; wait on the connection. A peer
   // that has not registered yet is connected as soon as it does (agents of one job start
   // concurrently); wait() says so if it never does. Calling it again returns the existing
-  // connection while it is alive. Throws InvalidArgumentError for a bad alias or transport,
-  // Error for transport "rdma" on a host (or build) without RDMA.
+  // connection while it is alive. Throws InvalidArgumentError for a bad alias or an unknown
+  // transport (naming the known ones), NotImplementedError for a transport that is not
+  // available here (saying why). A peer that does not serve the transport fails the
+  // connection (wait() raises ConnectionError naming the ones it serves).
   PeerConnection connect_to(const std::string& peer_alias, const ConnectOptions& options = {});
   std::optional<PeerConnection> connection(const std::string& peer_alias) const;
   std::vector<std::string> peers() const;

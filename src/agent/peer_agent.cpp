@@ -2,9 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <filesystem>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -13,11 +13,13 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "core/log.h"
-#include "core/op_state.h"
 #include "core/memory_registry.h"
+#include "core/op_state.h"
+#include "core/transport_registry.h"
 #include "dlslime/errors.h"
 #include "dlslime/nanoctrl_client.h"
 
@@ -25,11 +27,18 @@ namespace dlslime {
 
 using nlohmann::json;
 
-// The shared state behind a PeerConnection handle. The agent's mutex guards the map of
-// connections; each connection's own mutex guards its fields.
-std::string random_instance_id() {
+// 64 random bits as 16 hex digits: an agent's instance id, an endpoint's incarnation.
+std::string random_id() {
   std::random_device rd;
   return fmt::format("{:08x}{:08x}", rd(), rd());
+}
+
+// What random_id() makes. A connect message's incarnation must look like one: it is the
+// only thing that tells a peer's endpoints apart, so a missing or malformed one is refused.
+bool is_random_id(const json& v) {
+  if (!v.is_string()) return false;
+  const auto& s = v.get_ref<const std::string&>();
+  return s.size() == 16 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
 }
 
 // The instance id in an agent record from NanoCtrl ("" for none or no record).
@@ -39,15 +48,29 @@ std::string instance_of(const std::optional<json>& record) {
   return meta.contains("instance") && meta["instance"].is_string() ? meta["instance"].get<std::string>() : "";
 }
 
+// The shared state behind a PeerConnection handle. The agent's mutex guards the map of
+// connections; each connection's own mutex guards its fields.
 class PeerConnectionState {
  public:
-  PeerConnectionState(std::string peer, std::string conn_id, std::shared_ptr<TcpEndpoint> ep, bool passive)
-      : peer_alias(std::move(peer)), conn_id(std::move(conn_id)), endpoint(std::move(ep)), passive(passive) {}
+  PeerConnectionState(std::string peer, std::string conn_id, std::string transport, json peer_options,
+                      std::shared_ptr<Endpoint> ep, bool passive)
+      : peer_alias(std::move(peer)),
+        conn_id(std::move(conn_id)),
+        transport(std::move(transport)),
+        peer_options(std::move(peer_options)),
+        endpoint(std::move(ep)),
+        passive(passive) {}
 
   const std::string peer_alias;
   const std::string conn_id;
-  const std::string transport = "tcp";
-  const std::shared_ptr<TcpEndpoint> endpoint;
+  const std::string transport;
+  // The transport options the peer needs to make its side (connect message's
+  // "transport_options"; never a secret: it travels through NanoCtrl).
+  const json peer_options;
+  const std::shared_ptr<Endpoint> endpoint;
+  // Random per endpoint made here, sent in every connect message: the peer tells a new
+  // endpoint of ours (a reconnect) from a repeat of the same handshake by it.
+  const std::string incarnation = random_id();
   // Made for a peer's connect message, not by connect_to(): nobody here asked for it, so
   // it counts against the bound on passive handshakes and is dropped when it fails.
   const bool passive;
@@ -58,8 +81,8 @@ class PeerConnectionState {
   std::string error;
   std::string peer_instance;    // the peer agent's instance id, from its first connect message
   bool auth_failed = false;     // failed because the tokens differ (wait() raises AuthenticationError)
-  json peer_info;               // the peer's endpoint_info, once known
-  uint64_t peer_endpoint_id = 0;
+  json peer_info;               // the peer's endpoint_info, once known (never parsed here)
+  std::string peer_incarnation;  // the peer endpoint's incarnation; "" until its first message
   bool info_sent = false;       // our endpoint_info was posted to the peer (it had registered)
   bool dialing = false;         // endpoint->connect() runs on a handshake thread
   std::chrono::steady_clock::time_point last_post;  // when, for re-posting
@@ -202,7 +225,7 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   void shutdown();
   PeerConnection connect_to(const std::string& peer, const ConnectOptions& options);
   std::shared_ptr<PeerConnectionState> find(const std::string& peer) const;
-  std::shared_ptr<TcpEndpoint> endpoint_for_io(const std::string& peer);
+  std::shared_ptr<Endpoint> endpoint_for_io(const std::string& peer);
   // read/write by region names: resolves and submits on one lookup of the connection.
   Future named_op(const std::string& peer, const std::vector<NamedAssignment>& named, OpKind kind);
   int32_t register_region(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length);
@@ -232,15 +255,27 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   // POSTs an agent route naming our registration (alias and, when NanoCtrl issued one,
   // its incarnation), so NanoCtrl applies it to that registration only.
   json agent_call(const std::string& path, json body);
-  std::shared_ptr<PeerConnectionState> make_connection(const std::string& peer, const ConnectOptions& options,
+  // This agent's factory options for an endpoint of `transport`, and what a peer is told
+  // to make its side with (docs/peer-agent.md, "Transport options").
+  json own_options(const std::string& transport, const ConnectOptions& o) const;
+  json options_for_peer(const std::string& transport, const ConnectOptions& o) const;
+  // The options of a passive side's endpoint: its own, with the peer's `from_peer` (only
+  // the keys options_for_peer() sends) applied.
+  json passive_options(const std::string& transport, const json& from_peer) const;
+  // Whether this agent serves `transport` (published at registration).
+  bool serves(const std::string& transport) const;
+  // Makes the endpoint through the transport registry (and wrap_endpoint).
+  std::shared_ptr<PeerConnectionState> make_connection(const std::string& peer, const std::string& transport,
+                                                       const json& endpoint_options, json peer_options,
                                                        bool passive);
   // Forgets a connection a peer's message made (map entry and endpoint).
   void drop_passive(const std::shared_ptr<PeerConnectionState>& c, const std::string& why);
   // Runs the handshake's endpoint->connect() on a handshake thread.
   void start_dial(const std::shared_ptr<PeerConnectionState>& c, const json& peer_info);
   void post_info(const std::shared_ptr<PeerConnectionState>& c);
-  // Posts our info once, addressed to the peer agent instance `instance` (from its record).
-  void claim_and_post(const std::shared_ptr<PeerConnectionState>& c, const std::string& instance);
+  // Posts our info once, addressed to the peer agent whose NanoCtrl record is `record`;
+  // fails the connection instead if that agent does not serve its transport.
+  void claim_and_post(const std::shared_ptr<PeerConnectionState>& c, const json& record);
   bool post_pending();
   void dial(const std::shared_ptr<PeerConnectionState>& c, const json& peer_info);
   void retire(const std::shared_ptr<PeerConnectionState>& c, const std::string& why);
@@ -253,6 +288,9 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   bool sleep_for(std::chrono::milliseconds d);
 
   std::string alias_;
+  // The transports available here at construction, with their devices: what the agent
+  // serves and publishes ([{"name", "devices"}], in the registry's order).
+  const json served_;
   std::shared_ptr<MemoryRegistry> regions_ = std::make_shared<MemoryRegistry>();
   // Our registration: whether NanoCtrl holds one made by this agent now, and the
   // incarnation it returned for it ("" from a NanoCtrl that issues none). shutdown()
@@ -267,7 +305,7 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   // Random per PeerAgent object, in its NanoCtrl record and in every connect message: a
   // message that a previous agent under the same alias posted before it shut down can
   // still be in our mailbox, and must not replace (or answer) the current one's.
-  const std::string instance_ = random_instance_id();
+  const std::string instance_ = random_id();
   std::chrono::milliseconds heartbeat_interval_{15000};
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<PeerConnectionState>> conns_;
@@ -299,32 +337,51 @@ std::string local_address(const TcpOptions& tcp) {
   return "127.0.0.1";
 }
 
-// transport="rdma" on this build: say exactly why and what to use instead.
-[[noreturn]] void throw_rdma_unavailable() {
-  std::error_code ec;
-  bool devices = false;
-  for (auto it = std::filesystem::directory_iterator("/sys/class/infiniband", ec);
-       !ec && it != std::filesystem::directory_iterator(); ++it) {
-    devices = true;
+// The transports available here, as published: [{"name", "devices"}].
+json available_here() {
+  json out = json::array();
+  for (const auto& t : TransportRegistry::instance().list()) {
+    if (t.available) out.push_back({{"name", t.name}, {"devices", t.devices}});
   }
-  throw NotImplementedError(
-      fmt::format("transport=\"rdma\" is not available: {}; use transport=\"tcp\", which works on any host",
-                  devices ? "this build of DLSlime has no RDMA transport (BUILD_RDMA)"
-                          : "no RDMA devices were found (/sys/class/infiniband is empty) and this build "
-                            "has no RDMA transport"));
+  return out;
+}
+
+std::string names_of(const json& transports) {
+  std::vector<std::string> names;
+  for (const auto& t : transports) names.push_back(t.at("name").get<std::string>());
+  return names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "));
+}
+
+// Why the agent whose NanoCtrl record is `record` cannot take a connection over
+// `transport`; nullopt if it can, or if its record does not say (another implementation).
+// Names are accepted as strings too (the metadata of earlier agents: ["tcp"]).
+std::optional<std::string> not_served_by(const json& record, const std::string& peer, const std::string& transport) {
+  if (!record.is_object() || !record.contains("metadata") || !record["metadata"].is_object()) return std::nullopt;
+  const json& meta = record["metadata"];
+  if (!meta.contains("transports") || !meta["transports"].is_array()) return std::nullopt;
+  std::vector<std::string> names;
+  for (const auto& t : meta["transports"]) {
+    if (t.is_string()) names.push_back(t.get<std::string>());
+    if (t.is_object() && t.contains("name") && t["name"].is_string()) names.push_back(t["name"].get<std::string>());
+  }
+  if (std::find(names.begin(), names.end(), transport) != names.end()) return std::nullopt;
+  return fmt::format("the peer agent '{}' does not serve transport \"{}\" (it serves: {})", peer, transport,
+                     names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", ")));
 }
 
 }  // namespace
 
 PeerAgentImpl::PeerAgentImpl(PeerAgentOptions opts)
-    : options(std::move(opts)), ctrl(options.ctrl_url, options.scope, options.ctrl_timeout, options.ctrl_token) {
+    : options(std::move(opts)),
+      ctrl(options.ctrl_url, options.scope, options.ctrl_timeout, options.ctrl_token),
+      served_(available_here()) {
   options.tcp.validate();
   if (options.heartbeat_interval.count() < 0) throw InvalidArgumentError("heartbeat_interval must be >= 0");
 }
 
 json PeerAgentImpl::registration_body() const {
   json body = {{"address", local_address(options.tcp)},
-               {"metadata", {{"transports", {"tcp"}}, {"instance", instance_}}}};
+               {"metadata", {{"transports", served_}, {"instance", instance_}}}};
   if (!alias_.empty()) body["alias"] = alias_;
   return body;
 }
@@ -482,13 +539,28 @@ void PeerAgentImpl::on_message(const json& envelope) {
     return;
   }
   const std::string from = envelope.at("from").get<std::string>();
-  const json& info = msg.at("endpoint_info");
-  if (msg.value("transport", "tcp") != "tcp") {
-    DLSLIME_WARN("PeerAgent '{}': '{}' asked for transport '{}', which this agent does not serve", alias_, from,
-                 msg.value("transport", ""));
+  const json& info = msg.at("endpoint_info");  // the peer transport's blob: passed on, never parsed
+  const std::string transport = msg.at("transport").get<std::string>();
+  if (!msg.contains("incarnation") || !is_random_id(msg["incarnation"])) {
+    // The incarnation tells a reconnect from a repeat; without one the message cannot be
+    // placed (an agent of an older version, or a forgery).
+    DLSLIME_WARN("PeerAgent '{}': dropped a connect message from '{}' with {} incarnation (16 hex digits "
+                 "expected; an agent of an older version?)",
+                 alias_, from, msg.contains("incarnation") ? "a malformed" : "no");
     return;
   }
-  const uint64_t peer_id = info.at("endpoint_id").get<uint64_t>();
+  const std::string peer_incarnation = msg["incarnation"].get<std::string>();
+  if (!serves(transport)) {
+    DLSLIME_WARN("PeerAgent '{}': '{}' asked for transport \"{}\", which this agent does not serve (it serves: {})",
+                 alias_, from, transport, names_of(served_));
+    return;
+  }
+  const json peer_options = msg.value("transport_options", json::object());
+  if (!peer_options.is_object()) {
+    DLSLIME_WARN("PeerAgent '{}': dropped a connect message from '{}': transport_options is not an object", alias_,
+                 from);
+    return;
+  }
   const std::string instance = msg.value("instance", "");
   const std::string to_instance = msg.value("to_instance", "");
   if (!to_instance.empty() && to_instance != instance_) {
@@ -512,8 +584,8 @@ void PeerAgentImpl::on_message(const json& envelope) {
     auto it = conns_.find(from);
     if (it != conns_.end()) {
       std::lock_guard clock(it->second->mu);
-      const bool same_endpoint = it->second->peer_endpoint_id == peer_id;
-      const bool new_incarnation = it->second->peer_endpoint_id != 0 && !same_endpoint;
+      const bool same_endpoint = it->second->peer_incarnation == peer_incarnation;
+      const bool new_incarnation = !it->second->peer_incarnation.empty() && !same_endpoint;
       const bool dead = it->second->state == "failed" || it->second->state == "closed" ||
                         (it->second->state == "connected" && !it->second->endpoint->is_connected());
       // A repeat from the endpoint a finished handshake was with (it crossed our answer in
@@ -522,7 +594,7 @@ void PeerAgentImpl::on_message(const json& envelope) {
       if (new_incarnation || (dead && !same_endpoint)) {
         stale = it->second;
         conns_.erase(it);
-      } else if (it->second->peer_endpoint_id == peer_id && it->second->state != "connecting") {
+      } else if (same_endpoint && it->second->state != "connecting") {
         // A repeat of a handshake that already finished here; the peer may still lack
         // our info (our post was lost), so answer it once more.
         c = it->second;
@@ -551,9 +623,8 @@ void PeerAgentImpl::on_message(const json& envelope) {
       }
       return;
     }
-    ConnectOptions defaults;
-    defaults.transport = "tcp";
-    auto made = make_connection(from, defaults, /*passive=*/true);
+    auto made = make_connection(from, transport, passive_options(transport, peer_options),
+                                options_for_peer(transport, ConnectOptions{}), /*passive=*/true);
     {
       std::lock_guard lock(mu_);
       if (!stopping_) {
@@ -565,11 +636,24 @@ void PeerAgentImpl::on_message(const json& envelope) {
     if (!c) return;  // shutting down
     made_here = c == made;
   }
+  if (c->transport != transport) {
+    // Both sides called connect_to, with different transports: neither can succeed. The
+    // peer's repeats of this message count as the same handshake (and get our message, so
+    // the peer fails too) instead of making a passive connection over its transport.
+    {
+      std::lock_guard lock(c->mu);
+      c->peer_incarnation = peer_incarnation;
+    }
+    c->endpoint->shutdown();
+    c->finish("failed", fmt::format("the peer '{}' connects over \"{}\", this side over \"{}\"", from, transport,
+                                    c->transport));
+    return;
+  }
   bool dial_now = false;
   {
     std::lock_guard lock(c->mu);
     c->peer_info = info;
-    c->peer_endpoint_id = peer_id;
+    c->peer_incarnation = peer_incarnation;
     c->peer_instance = instance;
     send_info = !c->info_sent || !peer_has_ours;
     c->info_sent = true;
@@ -610,15 +694,69 @@ bool PeerAgentImpl::is_current_instance(const std::string& peer, const std::stri
   return registered_instance(peer) == instance;
 }
 
+json PeerAgentImpl::own_options(const std::string& transport, const ConnectOptions& o) const {
+  if (transport == "tcp") {
+    json j = options.tcp.to_json();
+    j.erase("authenticated");        // a report of whether a token is set, not an option
+    j["token"] = options.tcp.token;  // to_json() leaves the secret out; the factory needs it
+    j["ip"] = o.local_host;
+    j["port"] = o.local_port;
+    return j;
+  }
+  if (transport == "rdma") return {{"ib_port", o.rdma.ib_port}, {"qp_num", o.rdma.qp_num}, {"device", o.rdma.local_device}};
+  return json::object();  // a transport without agent-level options: its defaults
+}
+
+json PeerAgentImpl::options_for_peer(const std::string& transport, const ConnectOptions& o) const {
+  // The connection's shape, chosen by the side that called connect_to. Everything else
+  // (timeouts, buffers, the token, the bind address) stays each agent's own.
+  if (transport == "tcp") return {{"lanes", options.tcp.lanes}, {"chunk_size", options.tcp.chunk_size}};
+  if (transport == "rdma") return {{"qp_num", o.rdma.qp_num}, {"device", o.rdma.peer_device}};
+  return json::object();
+}
+
+json PeerAgentImpl::passive_options(const std::string& transport, const json& from_peer) const {
+  json j = own_options(transport, ConnectOptions{});
+  // Only what options_for_peer() sends: a peer must not set our token, timeouts or address.
+  const json allowed = options_for_peer(transport, ConnectOptions{});
+  for (const auto& [key, value] : from_peer.items()) {
+    if (allowed.contains(key)) {
+      j[key] = value;  // checked by the transport's factory (InvalidArgumentError)
+    } else {
+      DLSLIME_DEBUG("PeerAgent '{}': ignoring the peer's {} option '{}'", alias_, transport, key);
+    }
+  }
+  return j;
+}
+
+bool PeerAgentImpl::serves(const std::string& transport) const {
+  return std::any_of(served_.begin(), served_.end(), [&](const json& t) { return t["name"] == transport; });
+}
+
 std::shared_ptr<PeerConnectionState> PeerAgentImpl::make_connection(const std::string& peer,
-                                                                     const ConnectOptions& o, bool passive) {
-  std::shared_ptr<TcpEndpoint> ep(new TcpEndpoint(o.local_host, o.local_port, options.tcp, regions_));
+                                                                     const std::string& transport,
+                                                                     const json& endpoint_options, json peer_options,
+                                                                     bool passive) {
+  std::shared_ptr<Endpoint> made = TransportRegistry::instance().make(transport, endpoint_options, regions_);
+  std::shared_ptr<Endpoint> ep = made;
+  if (options.wrap_endpoint) {
+    try {
+      ep = options.wrap_endpoint(made);
+    } catch (...) {
+      made->shutdown();
+      throw;
+    }
+    if (!ep) {
+      made->shutdown();
+      throw InvalidArgumentError("PeerAgentOptions::wrap_endpoint returned no endpoint");
+    }
+  }
   std::string id;
   {
     std::lock_guard lock(mu_);
     id = fmt::format("{}->{}#{}", alias_, peer, next_conn_++);
   }
-  return std::make_shared<PeerConnectionState>(peer, id, std::move(ep), passive);
+  return std::make_shared<PeerConnectionState>(peer, id, transport, std::move(peer_options), std::move(ep), passive);
 }
 
 void PeerAgentImpl::post_info(const std::shared_ptr<PeerConnectionState>& c) {
@@ -632,7 +770,9 @@ void PeerAgentImpl::post_info(const std::shared_ptr<PeerConnectionState>& c) {
   }
   // have_peer_info tells the peer whether it must (re)send its own info.
   const json msg = {{"type", "connect"},
-                    {"transport", "tcp"},
+                    {"transport", c->transport},
+                    {"transport_options", c->peer_options},
+                    {"incarnation", c->incarnation},
                     {"conn_id", c->conn_id},
                     {"have_peer_info", have_peer_info},
                     {"instance", instance_},
@@ -655,7 +795,7 @@ void PeerAgentImpl::dial(const std::shared_ptr<PeerConnectionState>& c, const js
   try {
     c->endpoint->connect(peer_info);
     c->finish("connected", "");
-    DLSLIME_INFO("PeerAgent '{}': connected to '{}' over tcp ({})", alias_, c->peer_alias, c->conn_id);
+    DLSLIME_INFO("PeerAgent '{}': connected to '{}' over {} ({})", alias_, c->peer_alias, c->transport, c->conn_id);
   } catch (const std::exception& e) {
     const bool auth = dynamic_cast<const AuthenticationError*>(&e) != nullptr;
     DLSLIME_WARN("PeerAgent '{}': connecting to '{}' failed: {}", alias_, c->peer_alias, e.what());
@@ -688,9 +828,10 @@ PeerConnection PeerAgentImpl::connect_to(const std::string& peer, const ConnectO
   if (stopping_) throw ConnectionError("connect_to() on a PeerAgent that was shut down", StatusCode::kCancelled);
   if (peer.empty()) throw InvalidArgumentError("peer alias must be a non-empty string");
   if (peer == alias_) throw InvalidArgumentError(fmt::format("an agent cannot connect to itself ('{}')", peer));
-  if (o.transport == "rdma") throw_rdma_unavailable();
-  if (o.transport != "tcp") {
-    throw InvalidArgumentError(fmt::format("unknown transport '{}' (use \"tcp\" or \"rdma\")", o.transport));
+  try {
+    TransportRegistry::instance().require(o.transport);  // unknown: InvalidArgumentError naming the known ones
+  } catch (const NotImplementedError& e) {
+    throw NotImplementedError(fmt::format("{}; available here: {}", e.what(), names_of(served_)));
   }
   std::shared_ptr<PeerConnectionState> stale;
   {
@@ -704,7 +845,8 @@ PeerConnection PeerAgentImpl::connect_to(const std::string& peer, const ConnectO
     }
   }
   if (stale) retire(stale, "replaced by a new connect_to()");
-  auto c = make_connection(peer, o, /*passive=*/false);
+  auto c = make_connection(peer, o.transport, own_options(o.transport, o), options_for_peer(o.transport, o),
+                           /*passive=*/false);
   {
     std::lock_guard lock(mu_);
     auto [it, inserted] = conns_.emplace(peer, c);
@@ -717,7 +859,7 @@ PeerConnection PeerAgentImpl::connect_to(const std::string& peer, const ConnectO
   // Agents of one job start concurrently: a peer that has not registered yet gets our
   // endpoint_info as soon as it does (post_pending, from the mailbox thread).
   try {
-    if (auto record = ctrl.get_peer_agent(peer)) claim_and_post(c, instance_of(record));
+    if (auto record = ctrl.get_peer_agent(peer)) claim_and_post(c, *record);
   } catch (...) {
     std::lock_guard lock(mu_);
     conns_.erase(peer);
@@ -727,12 +869,21 @@ PeerConnection PeerAgentImpl::connect_to(const std::string& peer, const ConnectO
   return PeerConnection(c);
 }
 
-void PeerAgentImpl::claim_and_post(const std::shared_ptr<PeerConnectionState>& c, const std::string& instance) {
+void PeerAgentImpl::claim_and_post(const std::shared_ptr<PeerConnectionState>& c, const json& record) {
   {
     std::lock_guard lock(c->mu);
     if (c->info_sent) return;
     c->info_sent = true;
-    if (c->peer_instance.empty()) c->peer_instance = instance;
+  }
+  // Known before any handshake: say so now rather than let wait() time out.
+  if (auto why = not_served_by(record, c->peer_alias, c->transport)) {
+    c->endpoint->shutdown();
+    c->finish("failed", *why);
+    return;
+  }
+  {
+    std::lock_guard lock(c->mu);
+    if (c->peer_instance.empty()) c->peer_instance = instance_of(record);
   }
   post_info(c);
 }
@@ -757,7 +908,7 @@ bool PeerAgentImpl::post_pending() {
   }
   for (const auto& c : unregistered) {
     try {
-      if (auto record = ctrl.get_peer_agent(c->peer_alias)) claim_and_post(c, instance_of(record));
+      if (auto record = ctrl.get_peer_agent(c->peer_alias)) claim_and_post(c, *record);
     } catch (const std::exception& e) {
       DLSLIME_DEBUG("PeerAgent '{}': waiting for '{}' to register: {}", alias_, c->peer_alias, e.what());
     }
@@ -812,7 +963,7 @@ std::shared_ptr<PeerConnectionState> PeerAgentImpl::connected(const std::string&
   return c;
 }
 
-std::shared_ptr<TcpEndpoint> PeerAgentImpl::endpoint_for_io(const std::string& peer) {
+std::shared_ptr<Endpoint> PeerAgentImpl::endpoint_for_io(const std::string& peer) {
   return connected(peer)->endpoint;
 }
 
@@ -859,7 +1010,7 @@ std::vector<Assignment> PeerAgentImpl::resolve(const std::shared_ptr<PeerConnect
 
 namespace {
 
-Future submit_named(TcpEndpoint& ep, std::vector<Assignment> resolved, OpKind kind) {
+Future submit_named(Endpoint& ep, std::vector<Assignment> resolved, OpKind kind) {
   return kind == OpKind::kRead ? ep.read(std::move(resolved)) : ep.write(std::move(resolved));
 }
 

@@ -118,10 +118,9 @@ void bind_agent(py::module_& m) {
       .def_property_readonly("conn_id", &PeerConnection::conn_id)
       .def_property_readonly("peer_alias", &PeerConnection::peer_alias)
       .def_property_readonly("transport", &PeerConnection::transport)
-      .def_property_readonly("endpoint",
-                             [](const PeerConnection& c) {
-                               return std::dynamic_pointer_cast<TcpEndpoint>(c.endpoint());
-                             })
+      // pybind11 returns the endpoint as its own (most derived, bound) class: a TcpEndpoint
+      // for transport "tcp".
+      .def_property_readonly("endpoint", &PeerConnection::endpoint)
       .def_property_readonly("peer_endpoint_info",
                              [](const PeerConnection& c) {
                                return from_json(c.peer_endpoint_info(), "peer_endpoint_info");
@@ -203,10 +202,10 @@ void bind_agent(py::module_& m) {
             o.transport = str_arg(transport, "transport");
             o.local_host = str_arg(local_host, "local_host");
             o.local_port = int_arg<uint16_t>(local_port, "local_port");
-            o.ib_port = int_arg<int>(ib_port, "ib_port");
-            o.qp_num = int_arg<int>(qp_num, "qp_num");
-            o.local_device = optional_str_arg(local_device, "local_device");
-            o.peer_device = optional_str_arg(peer_device, "peer_device");
+            o.rdma.ib_port = int_arg<int>(ib_port, "ib_port");
+            o.rdma.qp_num = int_arg<int>(qp_num, "qp_num");
+            o.rdma.local_device = optional_str_arg(local_device, "local_device");
+            o.rdma.peer_device = optional_str_arg(peer_device, "peer_device");
             ReleaseGil release;
             return a.connect_to(name, o);
           },

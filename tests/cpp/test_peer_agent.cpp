@@ -6,10 +6,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,6 +23,8 @@
 #include "dlslime/nanoctrl.h"
 #include "dlslime/nanoctrl_client.h"
 #include "dlslime/peer_agent.h"
+#include "dlslime/tcp_endpoint.h"
+#include "dlslime/transport.h"
 
 using namespace dlslime;
 using namespace std::chrono_literals;
@@ -59,6 +64,13 @@ size_t fd_count() {
   size_t n = 0;
   for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
   return n;
+}
+
+// A well-formed connect-message incarnation (16 hex digits) for forged messages.
+std::string fmt_incarnation(uint64_t n) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(n));
+  return buf;
 }
 
 uintptr_t addr_of(std::vector<uint8_t>& v) { return reinterpret_cast<uintptr_t>(v.data()); }
@@ -112,7 +124,7 @@ TEST(PeerAgentCpp, ConnectWriteNamedAndSend) {
   ASSERT_EQ(rv.wait_for(10s), std::optional<int>(0));
   EXPECT_EQ(std::string(inbox.data(), rv.nbytes()), msg);
 
-  EXPECT_THROW(a.connect_to("cpp_b", ConnectOptions{}), Error);  // rdma: not available
+  EXPECT_THROW(a.connect_to("cpp_b", ConnectOptions{}), NotImplementedError);  // rdma: not built
   EXPECT_THROW(a.connect_to("cpp_a", tcp()), InvalidArgumentError);
   EXPECT_THROW(a.imm_recv("cpp_b"), NotImplementedError);
   a.shutdown();
@@ -288,7 +300,7 @@ TEST(PeerAgentCpp, ForgedConnectMessagesReleaseTheirResourcesAndDoNotBlockRealPe
     const nlohmann::json info = {{"transport", "tcp"}, {"host", "127.0.0.1"}, {"port", silent_port},
                                  {"endpoint_id", 1000 + i}, {"lanes", 1}, {"mr_info", nlohmann::json::object()}};
     forger.post("fv_victim", {{"type", "connect"}, {"transport", "tcp"}, {"conn_id", "forged#" + std::to_string(i)},
-                              {"have_peer_info", true}, {"endpoint_info", info}},
+                              {"incarnation", fmt_incarnation(i)}, {"have_peer_info", true}, {"endpoint_info", info}},
                 "forged_" + std::to_string(i));
   }
   // The real peer connects while the forged handshakes dial; the victim side is passive.
@@ -306,3 +318,172 @@ TEST(PeerAgentCpp, ForgedConnectMessagesReleaseTheirResourcesAndDoNotBlockRealPe
   ::close(silent);
 }
 
+
+// Transports come from the registry: an unknown name lists the known ones, a known one that
+// is not available says why, and the agent publishes what it serves.
+TEST(PeerAgentCpp, ConnectToValidatesTheTransportAgainstTheRegistry) {
+  NanoCtrlServer ctrl(local_ctrl());
+  ctrl.start();
+  PeerAgent a(agent(ctrl.url(), "tv_a"));
+  PeerAgent b(agent(ctrl.url(), "tv_b"));
+  ConnectOptions bogus;
+  bogus.transport = "bogus";
+  try {
+    a.connect_to("tv_b", bogus);
+    ADD_FAILURE() << "an unknown transport was accepted";
+  } catch (const InvalidArgumentError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("unknown transport \"bogus\""), std::string::npos) << what;
+    EXPECT_NE(what.find("tcp"), std::string::npos) << what;
+    EXPECT_NE(what.find("rdma"), std::string::npos) << what;
+  }
+  ConnectOptions rdma;  // the default transport; this build has none
+  rdma.rdma.qp_num = 4;
+  std::string reason;
+  for (const auto& t : available_transports()) {
+    if (t.name == "rdma") reason = t.reason;
+  }
+  ASSERT_FALSE(reason.empty());
+  try {
+    a.connect_to("tv_b", rdma);
+    ADD_FAILURE() << "rdma was accepted on a build without it";
+  } catch (const NotImplementedError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("transport \"rdma\" is not available here: " + reason), std::string::npos) << what;
+    EXPECT_NE(what.find("available here: tcp"), std::string::npos) << what;
+  }
+  EXPECT_TRUE(a.peers().empty()) << "a refused connect_to kept a connection";
+
+  NanoCtrlClient client(ctrl.url());
+  auto record = client.get_peer_agent("tv_a");
+  ASSERT_TRUE(record.has_value());
+  const auto& published = (*record)["metadata"]["transports"];
+  ASSERT_TRUE(published.is_array()) << record->dump();
+  ASSERT_FALSE(published.empty()) << record->dump();
+  EXPECT_EQ(published[0]["name"], "tcp") << record->dump();
+  EXPECT_TRUE(published[0]["devices"].is_array()) << record->dump();
+  for (const auto& t : published) EXPECT_NE(t["name"], "rdma") << "an unavailable transport was published";
+}
+
+// A peer whose record does not list the transport fails the connection at once, saying
+// which it serves (instead of a handshake timeout).
+TEST(PeerAgentCpp, APeerThatDoesNotServeTheTransportFailsTheConnection) {
+  NanoCtrlServer ctrl(local_ctrl());
+  ctrl.start();
+  PeerAgent a(agent(ctrl.url(), "ns_a"));
+  NanoCtrlClient other(ctrl.url());
+  other.start_peer_agent({{"alias", "ns_rdma_only"}, {"metadata", {{"transports", {{{"name", "rdma"}}}}}}});
+  PeerConnection c = a.connect_to("ns_rdma_only", tcp());
+  try {
+    c.wait(10s);
+    ADD_FAILURE() << "connected to a peer that does not serve tcp";
+  } catch (const ConnectionError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not serve transport \"tcp\" (it serves: rdma)"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(c.state(), "failed");
+}
+
+// Connect messages without a well-formed incarnation are dropped (logged), not crashed on
+// and not dialled; one with an incarnation from another sender still connects.
+TEST(PeerAgentCpp, ConnectMessagesWithoutAValidIncarnationAreRejected) {
+  NanoCtrlServer ctrl(local_ctrl());
+  ctrl.start();
+  PeerAgent victim(agent(ctrl.url(), "inc_victim"));
+  // A live endpoint for the messages to point at: the old code dialled it for each.
+  auto target = make_endpoint("tcp", {{"ip", "127.0.0.1"}});
+  const nlohmann::json info = target->endpoint_info();
+  NanoCtrlClient forger(ctrl.url());
+  const std::vector<nlohmann::json> bad = {nullptr, 12345, "", "not-hex-at-all!!", "0123456789abcde",
+                                           "0123456789ABCDEF", nlohmann::json::object()};
+  for (size_t i = 0; i < bad.size() + 1; ++i) forger.start_peer_agent({{"alias", "inc_" + std::to_string(i)}});
+  for (size_t i = 0; i < bad.size(); ++i) {
+    nlohmann::json msg = {{"type", "connect"}, {"transport", "tcp"}, {"conn_id", "x#" + std::to_string(i)},
+                          {"have_peer_info", true}, {"endpoint_info", info}};
+    if (!bad[i].is_null()) msg["incarnation"] = bad[i];
+    forger.post("inc_victim", msg, "inc_" + std::to_string(i));
+  }
+  const std::string good = "inc_" + std::to_string(bad.size());
+  forger.post("inc_victim",
+              {{"type", "connect"}, {"transport", "tcp"}, {"conn_id", "good#0"}, {"incarnation", fmt_incarnation(7)},
+               {"have_peer_info", true}, {"endpoint_info", info}},
+              good);
+  // The mailbox is read in order: once the good message made its connection, the bad ones
+  // before it were handled.
+  ASSERT_TRUE(wait_until([&] {
+    auto p = victim.peers();
+    return std::find(p.begin(), p.end(), good) != p.end();
+  })) << "a connect message with a valid incarnation was not handled";
+  EXPECT_EQ(victim.peers(), std::vector<std::string>{good});
+
+  // The agent still works: a real peer connects and writes.
+  PeerAgent real(agent(ctrl.url(), "inc_real"));
+  std::vector<uint8_t> dst(4096, 0), src(4096, 0x6B);
+  victim.register_memory_region("dst", addr_of(dst), 0, dst.size());
+  real.register_memory_region("src", addr_of(src), 0, src.size());
+  real.connect_to("inc_victim", tcp()).wait(10s);
+  EXPECT_EQ(named_write(real, "inc_victim", "src", "dst", src.size()), 0);
+  EXPECT_EQ(dst, src);
+  target->shutdown();
+}
+
+// PeerAgentOptions::wrap_endpoint sees every endpoint the agent makes, the connect_to side's
+// and the passive side's, and the agent uses the endpoint it returns.
+TEST(PeerAgentCpp, WrapEndpointIsAppliedOnBothSides) {
+  NanoCtrlServer ctrl(local_ctrl());
+  ctrl.start();
+  struct Seen {
+    std::mutex mu;
+    std::vector<std::shared_ptr<Endpoint>> endpoints;
+  };
+  auto wrapping = [&](const std::string& alias, Seen& seen) {
+    PeerAgentOptions o = agent(ctrl.url(), alias);
+    o.wrap_endpoint = [&seen](std::shared_ptr<Endpoint> ep) {
+      std::lock_guard lock(seen.mu);
+      seen.endpoints.push_back(ep);
+      return ep;
+    };
+    return o;
+  };
+  Seen seen_a, seen_b;
+  PeerAgentOptions ao = wrapping("we_a", seen_a);
+  ao.tcp.lanes = 3;  // the passive side mirrors the connection's shape
+  ao.tcp.op_timeout = 1234ms;
+  PeerAgent a(ao);
+  PeerAgent b(wrapping("we_b", seen_b));
+  std::vector<uint8_t> src(1 << 20), dst(1 << 20, 0);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 13 + 1);
+  a.register_memory_region("src", addr_of(src), 0, src.size());
+  b.register_memory_region("dst", addr_of(dst), 0, dst.size());
+
+  PeerConnection ca = a.connect_to("we_b", tcp());  // b never calls connect_to: its side is passive
+  ca.wait(10s);
+  ASSERT_TRUE(wait_until([&] {
+    auto cb = b.connection("we_a");
+    return cb && cb->is_connected();
+  }));
+  PeerConnection cb = *b.connection("we_a");
+  {
+    std::lock_guard la(seen_a.mu), lb(seen_b.mu);
+    ASSERT_EQ(seen_a.endpoints.size(), 1u);
+    ASSERT_EQ(seen_b.endpoints.size(), 1u);
+    EXPECT_EQ(ca.endpoint(), seen_a.endpoints[0]);
+    EXPECT_EQ(cb.endpoint(), seen_b.endpoints[0]);
+  }
+  EXPECT_EQ(cb.transport(), "tcp");
+  auto passive_tcp = std::dynamic_pointer_cast<TcpEndpoint>(cb.endpoint());
+  ASSERT_NE(passive_tcp, nullptr);
+  EXPECT_EQ(passive_tcp->options().lanes, 3u);
+  // Only the shape is mirrored; the rest is the passive agent's own.
+  EXPECT_EQ(passive_tcp->options().op_timeout, PeerAgentOptions{}.tcp.op_timeout);
+
+  EXPECT_EQ(named_write(a, "we_b", "src", "dst", src.size()), 0);
+  EXPECT_EQ(dst, src);
+
+  // A wrapper that returns no endpoint is a clear error, not a crash.
+  PeerAgentOptions broken = agent(ctrl.url(), "we_null");
+  broken.wrap_endpoint = [](std::shared_ptr<Endpoint>) { return std::shared_ptr<Endpoint>(); };
+  PeerAgent c(broken);
+  EXPECT_THROW(c.connect_to("we_b", tcp()), InvalidArgumentError);
+  EXPECT_TRUE(c.peers().empty());
+}

@@ -127,7 +127,7 @@ def test_forged_connect_messages_keep_no_fds_and_block_no_peer(agent, ctrl_url, 
         status, body = http(ctrl_url, "/mailbox/post", {
             "to": victim.alias, "from": f"forged_{unique}_{i}",
             "message": {"type": "connect", "transport": "tcp", "conn_id": f"forged#{i}", "have_peer_info": True,
-                        "endpoint_info": dict(info, endpoint_id=1000 + i)}})
+                        "incarnation": f"{1000 + i:016x}", "endpoint_info": info}})
         assert status == 200, body
     conn = real.connect_to(victim.alias, transport="tcp")
     conn.wait(10)  # used to time out: each forged message held the mailbox thread
