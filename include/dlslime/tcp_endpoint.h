@@ -64,7 +64,6 @@ struct DLSLIME_API TcpOptions {
 class TcpEndpointImpl;
 class MemoryRegistry;
 struct TcpTransport;
-class PeerAgentImpl;
 
 // Peer-to-peer transport over TCP (asio). See docs/tcp.md for the wire protocol.
 class DLSLIME_API TcpEndpoint final : public Endpoint {
@@ -98,7 +97,6 @@ class DLSLIME_API TcpEndpoint final : public Endpoint {
 
  private:
   friend struct TcpTransport;
-  friend class PeerAgentImpl;  // until the agent makes its endpoints through the registry
   // Endpoints made by the transport registry for one PeerAgent share the agent's memory
   // registry, so a region handle means the same region on every connection of the agent.
   TcpEndpoint(const std::string& ip, uint16_t port, TcpOptions options, std::shared_ptr<MemoryRegistry> regions);
