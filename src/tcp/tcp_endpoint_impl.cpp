@@ -64,7 +64,7 @@ TcpEndpointImpl::TcpEndpointImpl(const std::string& ip, uint16_t port, TcpOption
                                  std::shared_ptr<MemoryRegistry> regions)
     : local_regions(regions ? std::move(regions) : std::make_shared<MemoryRegistry>()),
       options_(std::move(options)),
-      runtime_(tcp::IoRuntime::shared()),
+      runtime_(IoRuntime::shared()),
       io_(runtime_->next_context()),
       endpoint_id_(random_id()),
       sweep_timer_(io_) {

@@ -23,7 +23,7 @@
 #include "core/memory_registry.h"
 #include "core/remote_regions.h"
 #include "dlslime/tcp_endpoint.h"
-#include "tcp/io_runtime.h"
+#include "core/io_runtime.h"
 #include "tcp/tcp_connection.h"
 #include "tcp/tcp_socket.h"
 
@@ -77,7 +77,7 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
   // RegionRevoker
   void revoke_region(const RegionLifetime& lifetime) override;
   bool on_own_thread() const override {
-    return io_.get_executor().running_in_this_thread() || tcp::IoRuntime::current_context() == &io_;
+    return io_.get_executor().running_in_this_thread() || IoRuntime::current_context() == &io_;
   }
 
  private:
@@ -199,7 +199,7 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
   }
 
   TcpOptions options_;
-  std::shared_ptr<tcp::IoRuntime> runtime_;
+  std::shared_ptr<IoRuntime> runtime_;
   asio::io_context& io_;
   const uint64_t endpoint_id_;
   std::string advertised_host_;

@@ -29,7 +29,7 @@
 #include "dlslime/errors.h"
 #include "dlslime/tcp_endpoint.h"
 #include "tcp/handshake.h"
-#include "tcp/io_runtime.h"
+#include "core/io_runtime.h"
 #include "tcp/tcp_socket.h"
 
 #if defined(__has_feature)
@@ -270,6 +270,25 @@ TEST(IoRuntimeEnv, BadIoThreadsThrowsInsteadOfAborting) {
   }
   ScopedEnv env("DLSLIME_IO_THREADS", "3");
   EXPECT_EQ(IoRuntime::shared()->size(), 3u);
+}
+
+TEST(IoRuntimeOptions, ThreadsAreValidatedAndConfigurableWithoutTheEnvironment) {
+  for (unsigned bad : {0u, IoRuntimeOptions::kMaxThreads + 1}) {
+    const std::string e = error_of([&] { IoRuntime rt(IoRuntimeOptions{.threads = bad}); });
+    EXPECT_NE(e.find("1..256"), std::string::npos) << bad << ": " << e;
+  }
+  {
+    ScopedEnv env("DLSLIME_IO_THREADS", "many");  // not read: the options are given
+    auto rt = IoRuntime::shared(IoRuntimeOptions{.threads = 2});
+    EXPECT_EQ(rt->size(), 2u);
+    // While it lives, every user shares it (one pool per process).
+    EXPECT_EQ(IoRuntime::shared(), rt);
+    EXPECT_EQ(IoRuntime::shared(IoRuntimeOptions{.threads = 5}), rt);
+    std::promise<void> ran;
+    asio::post(rt->next_context(), [&] { ran.set_value(); });
+    EXPECT_EQ(ran.get_future().wait_for(5s), std::future_status::ready);
+  }
+  EXPECT_EQ(IoRuntimeOptions::from_env().threads, 1u);  // the default
 }
 
 // --- fork (item 8) ----------------------------------------------------------------------

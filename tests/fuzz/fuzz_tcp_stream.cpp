@@ -28,7 +28,7 @@
 #include "core/memory_registry.h"
 #include "dlslime/logging.h"
 #include "fuzz_common.h"
-#include "tcp/io_runtime.h"
+#include "core/io_runtime.h"
 #include "tcp/tcp_connection.h"
 #include "tcp/tcp_endpoint_impl.h"
 
@@ -58,9 +58,9 @@ struct Fixture {
     options.op_timeout = std::chrono::milliseconds(0);
     // Keeps the process-wide I/O pool alive between inputs (it stops with its last user,
     // and starting a thread per input would dominate the run time).
-    runtime = tcp::IoRuntime::shared();
+    runtime = IoRuntime::shared();
   }
-  std::shared_ptr<tcp::IoRuntime> runtime;
+  std::shared_ptr<IoRuntime> runtime;
   std::shared_ptr<MemoryRegistry> regions;
   uint8_t* r0;
   uint8_t* r1;

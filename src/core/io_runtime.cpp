@@ -1,4 +1,4 @@
-#include "tcp/io_runtime.h"
+#include "core/io_runtime.h"
 
 #include <pthread.h>
 
@@ -12,7 +12,7 @@
 #include "core/op_state.h"
 #include "dlslime/errors.h"
 
-namespace dlslime::tcp {
+namespace dlslime {
 
 namespace {
 
@@ -44,10 +44,22 @@ thread_local asio::io_context* t_current_context = nullptr;
 
 asio::io_context* IoRuntime::current_context() noexcept { return t_current_context; }
 
-IoRuntime::IoRuntime(unsigned threads) : generation_(g_fork_generation.load(std::memory_order_relaxed)) {
+void IoRuntimeOptions::validate() const {
   if (threads < 1 || threads > kMaxThreads) {
     throw InvalidArgumentError(fmt::format("IoRuntime: {} I/O threads, must be in 1..{}", threads, kMaxThreads));
   }
+}
+
+IoRuntimeOptions IoRuntimeOptions::from_env() {
+  IoRuntimeOptions o;
+  o.threads = static_cast<unsigned>(env_integer("DLSLIME_IO_THREADS", 1, kMaxThreads, o.threads));
+  return o;
+}
+
+IoRuntime::IoRuntime(const IoRuntimeOptions& options)
+    : generation_(g_fork_generation.load(std::memory_order_relaxed)) {
+  options.validate();
+  const unsigned threads = options.threads;
   register_fork_handlers();
   for (unsigned i = 0; i < threads; ++i) {
     auto worker = std::make_unique<Worker>();
@@ -102,15 +114,39 @@ bool IoRuntime::usable() const noexcept {
   return generation_ == g_fork_generation.load(std::memory_order_relaxed);
 }
 
-std::shared_ptr<IoRuntime> IoRuntime::shared() {
+namespace {
+
+// shared()'s current runtime; guarded by g_shared_mu.
+std::weak_ptr<IoRuntime>& current_runtime() {
   static std::weak_ptr<IoRuntime> current;
+  return current;
+}
+
+// After a fork() the inherited runtime may still be alive (held by inherited endpoints),
+// but its threads are not: a fresh one is made for this process.
+std::shared_ptr<IoRuntime> live_runtime() {
+  auto rt = current_runtime().lock();
+  return rt && rt->usable() ? rt : nullptr;
+}
+
+}  // namespace
+
+std::shared_ptr<IoRuntime> IoRuntime::shared() {
+  register_fork_handlers();  // before g_shared_mu is first taken
+  {
+    std::lock_guard lock(g_shared_mu);
+    if (auto rt = live_runtime()) return rt;
+  }
+  // The environment is read only when a runtime is about to be made.
+  return shared(IoRuntimeOptions::from_env());
+}
+
+std::shared_ptr<IoRuntime> IoRuntime::shared(const IoRuntimeOptions& options) {
+  register_fork_handlers();
   std::lock_guard lock(g_shared_mu);
-  // After a fork() the inherited runtime may still be alive (held by inherited
-  // endpoints), but its threads are not: make a fresh one for this process.
-  if (auto rt = current.lock(); rt && rt->usable()) return rt;
-  const auto threads = static_cast<unsigned>(env_integer("DLSLIME_IO_THREADS", 1, kMaxThreads, 1));
-  auto rt = std::make_shared<IoRuntime>(threads);
-  current = rt;
+  if (auto rt = live_runtime()) return rt;
+  auto rt = std::make_shared<IoRuntime>(options);
+  current_runtime() = rt;
   return rt;
 }
 
@@ -118,4 +154,4 @@ asio::io_context& IoRuntime::next_context() {
   return contexts_[next_.fetch_add(1, std::memory_order_relaxed) % contexts_.size()]->context;
 }
 
-}  // namespace dlslime::tcp
+}  // namespace dlslime

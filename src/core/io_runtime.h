@@ -8,15 +8,31 @@
 #include <asio/executor_work_guard.hpp>
 #include <asio/io_context.hpp>
 
-namespace dlslime::tcp {
+namespace dlslime {
 
-// The I/O threads. Each thread runs its own io_context; an endpoint is pinned to one of
-// them, so all of that endpoint's sockets, timers and pending-op state live on a single
-// thread and need no locks. User threads reach it with asio::post.
+// The I/O runtime's configuration, parsed once when a runtime is made.
+struct IoRuntimeOptions {
+  static constexpr unsigned kMaxThreads = 256;
+  // I/O threads (each its own io_context), 1..kMaxThreads. One thread is enough for a
+  // few endpoints on loopback; more spread many endpoints over cores.
+  unsigned threads = 1;
+
+  // Throws InvalidArgumentError unless 1 <= threads <= kMaxThreads.
+  void validate() const;
+  // The defaults overridden by DLSLIME_IO_THREADS (InvalidArgumentError when it is not
+  // an integer in 1..kMaxThreads).
+  static IoRuntimeOptions from_env();
+};
+
+// The I/O threads, shared by every transport of a process. Each thread runs its own
+// io_context; an endpoint is pinned to one of them, so all of that endpoint's sockets,
+// timers and pending-op state live on a single thread and need no locks. User threads
+// reach it with asio::post. Each handler runs inside a CompletionScope, so the
+// continuations of the futures it completes run after it returns, outside its
+// bookkeeping.
 //
 // The runtime is owned by the endpoints that use it: shared() returns the live instance
-// or makes one (sized by DLSLIME_IO_THREADS, default 1, 1..kMaxThreads), and it stops
-// with its last user.
+// or makes one, and it stops with its last user.
 //
 // fork(): the child inherits the runtime's memory but none of its threads, and its epoll
 // instances are shared with the parent (closing or re-registering descriptors in them
@@ -26,17 +42,19 @@ namespace dlslime::tcp {
 // forked child makes a fresh runtime of its own.
 class IoRuntime {
  public:
-  static constexpr unsigned kMaxThreads = 256;
+  static constexpr unsigned kMaxThreads = IoRuntimeOptions::kMaxThreads;
 
-  // Throws InvalidArgumentError unless 1 <= threads <= kMaxThreads.
-  explicit IoRuntime(unsigned threads);
+  // Throws InvalidArgumentError for options that do not validate().
+  explicit IoRuntime(const IoRuntimeOptions& options);
   ~IoRuntime();
   IoRuntime(const IoRuntime&) = delete;
   IoRuntime& operator=(const IoRuntime&) = delete;
 
-  // The live runtime of this process, or a new one sized by DLSLIME_IO_THREADS.
-  // Throws InvalidArgumentError when DLSLIME_IO_THREADS is not an integer in range.
+  // The live runtime of this process, or a new one made with `options` (by default
+  // IoRuntimeOptions::from_env(), read only when a runtime is made). While one is live,
+  // later callers share it whatever options they pass.
   static std::shared_ptr<IoRuntime> shared();
+  static std::shared_ptr<IoRuntime> shared(const IoRuntimeOptions& options);
 
   // False in a process other than the one that created this runtime (a fork() child):
   // its threads do not run there, so work posted to it would never execute.
@@ -62,4 +80,4 @@ class IoRuntime {
   const unsigned long generation_;
 };
 
-}  // namespace dlslime::tcp
+}  // namespace dlslime
