@@ -10,6 +10,7 @@ APT_PACKAGES=(
   libgtest-dev libcpp-httplib-dev libhiredis-dev libssl-dev
   redis-server redis-tools iperf3 procps iproute2
   clang libclang-rt-14-dev
+  libibverbs-dev
 )
 PIP_PACKAGES=(
   "scikit-build-core>=0.8" "pybind11>=2.10" "pytest>=7" "pytest-timeout>=2" "numpy" "matplotlib"
