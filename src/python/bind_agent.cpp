@@ -1,5 +1,6 @@
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -149,7 +150,19 @@ void bind_agent(py::module_& m) {
              // token= is the one secret for both planes; ctrl_token= (or nanoctrl_token=) and
              // tcp_token= set one of them alone. None keeps the environment's default.
              const std::vector<std::string> tokens = {"token", "ctrl_token", "nanoctrl_token", "tcp_token"};
+#ifdef DLSLIME_WITH_TCP
              o.tcp = tcp_options_from_kwargs(kwargs, tokens);
+#else
+             // A build without TCP has no TCP options to set.
+             for (auto item : kwargs) {
+               const auto key = item.first.cast<std::string>();
+               if (std::find(tokens.begin(), tokens.end(), key) == tokens.end()) {
+                 throw py::type_error(fmt::format("got an unexpected keyword argument '{}' (this build has no TCP "
+                                                  "transport, whose option it would be)",
+                                                  key));
+               }
+             }
+#endif
              auto token_kw = [&](const char* key) -> std::optional<std::string> {
                if (!kwargs.contains(key) || kwargs[key].is_none()) return std::nullopt;
                if (!py::isinstance<py::str>(kwargs[key])) throw py::type_error(fmt::format("{} must be a str", key));
