@@ -67,6 +67,7 @@ TcpEndpointImpl::TcpEndpointImpl(const std::string& ip, uint16_t port, TcpOption
       runtime_(IoRuntime::shared()),
       io_(runtime_->next_context()),
       endpoint_id_(random_id()),
+      inflight_(options_.max_inflight_ops),
       sweep_timer_(io_) {
   options_.validate();
   const auto addr = parse_bind_address(ip, io_);
@@ -79,6 +80,7 @@ TcpEndpointImpl::TcpEndpointImpl(asio::io_context& io, TcpOptions options, std::
       options_(std::move(options)),
       io_(io),
       endpoint_id_(random_id()),
+      inflight_(options_.max_inflight_ops),
       sweep_timer_(io_) {
   options_.validate();
   listener_ = std::make_shared<tcp::TcpListener>(
@@ -363,7 +365,6 @@ void TcpEndpointImpl::start_op(Submission& sub) {
     state->complete(Status::ok());
     return;
   }
-  const bool has_deadline = sub.op.deadline != Clock::time_point::max();
   const bool is_send = state->kind() == OpKind::kSend;
   if (state->kind() == OpKind::kWrite || state->kind() == OpKind::kWriteWithImm) {
     // Each lane's frames end in one acknowledgement, on that lane (on_write_ack).
@@ -376,21 +377,21 @@ void TcpEndpointImpl::start_op(Submission& sub) {
       sub.op.ack_lanes |= bit;
     }
   }
-  pending_.emplace(sub.op_id, std::move(sub.op));
+  pending_.insert(sub.op_id, std::move(sub.op), sub.deadline);
   for (auto& [lane, item] : sub.items) dialed_[lane % dialed_.size()]->send(std::move(item));
   if (is_send) {
     sends_.push_back(sub.op_id);
     // Messages that expired unacknowledged need no acknowledgement any more.
     while (sends_.size() > options_.max_inflight_ops && !pending_.contains(sends_.front())) sends_.pop_front();
   }
-  if (has_deadline) arm_sweeper();
+  arm_sweeper(sub.deadline);
 }
 
 void TcpEndpointImpl::finish_op(uint64_t op_id, Status status, uint64_t nbytes) {
-  auto it = pending_.find(op_id);
-  if (it == pending_.end()) return;  // it already ended; a late answer is dropped
-  PendingOp op = std::move(it->second);
-  pending_.erase(it);
+  if (auto op = pending_.take(op_id)) end_op(op_id, std::move(*op), std::move(status), nbytes);
+}
+
+void TcpEndpointImpl::end_op(uint64_t op_id, PendingOp op, Status status, uint64_t nbytes) {
   // The op's memory must not be touched once its future completes. Queued frames are
   // dropped and sinks released; bytes already being written or read can only be stopped
   // by closing that connection (which fails the endpoint's other ops the same way).
@@ -418,9 +419,9 @@ void TcpEndpointImpl::violation(TcpConnection& conn, std::string what) {
 void TcpEndpointImpl::revoke_region(const RegionLifetime& lifetime) {
   run_on_io([&] {
     std::vector<uint64_t> ops;
-    for (const auto& [id, op] : pending_) {
+    pending_.for_each([&](uint64_t id, const PendingOp& op) {
       if (op.uses.holds(&lifetime)) ops.push_back(id);
-    }
+    });
     for (uint64_t id : ops) {
       finish_op(id, Status(StatusCode::kUnknownHandle,
                            fmt::format("local region '{}' was unregistered while the op was in flight", lifetime.name())));
@@ -439,19 +440,15 @@ void TcpEndpointImpl::revoke_region(const RegionLifetime& lifetime) {
   });
 }
 
-void TcpEndpointImpl::arm_sweeper() {
-  if (sweeper_armed_) return;
-  sweeper_armed_ = true;
-  auto shortest = std::chrono::milliseconds::max();
-  for (auto t : {options_.op_timeout, options_.recv_timeout}) {
-    if (t.count() > 0) shortest = std::min(shortest, t);
-  }
-  const auto tick = std::clamp(shortest / 4, std::chrono::milliseconds(5), std::chrono::milliseconds(100));
-  sweep_timer_.expires_after(tick);
-  sweep_timer_.async_wait([weak = weak_from_this()](std::error_code ec) {
+void TcpEndpointImpl::arm_sweeper(Clock::time_point deadline) {
+  if (deadline == Clock::time_point::max() || sweep_at_ <= deadline) return;  // due by then already
+  // Deadlines closer together than kSweepGranularity share one wake-up.
+  sweep_at_ = std::max(deadline, Clock::now() + kSweepGranularity);
+  sweep_timer_.expires_at(sweep_at_);  // cancels the wait for a later sweep
+  sweep_timer_.async_wait([weak = weak_from_this(), generation = ++sweep_generation_](std::error_code ec) {
     auto self = weak.lock();
-    if (!self) return;
-    self->sweeper_armed_ = false;
+    if (!self || generation != self->sweep_generation_) return;  // re-armed since
+    self->sweep_at_ = Clock::time_point::max();
     if (ec || self->shut_down_) return;
     self->sweep();
   });
@@ -459,37 +456,26 @@ void TcpEndpointImpl::arm_sweeper() {
 
 void TcpEndpointImpl::sweep() {
   const auto now = Clock::now();
-  std::vector<uint64_t> expired;
-  bool waiting = false;
-  for (const auto& [id, op] : pending_) {
-    if (op.deadline <= now) {
-      expired.push_back(id);
-    } else if (op.deadline != Clock::time_point::max()) {
-      waiting = true;
-    }
-  }
-  for (uint64_t id : expired) {
-    auto it = pending_.find(id);
-    if (it == pending_.end()) continue;  // ended meanwhile (a lane closed by an earlier one)
-    const OpKind kind = it->second.state->kind();
-    finish_op(id, Status::timeout(fmt::format("{} did not complete within {} ms (op_timeout)", op_kind_name(kind),
-                                              options_.op_timeout.count())));
-  }
+  // Ops by their deadline heap: only those due are touched. Each is out of pending_
+  // before it ends, so ending it may end others (a lane it closes) without confusion.
+  Clock::time_point next = pending_.expire(now, [&](uint64_t id, PendingOp&& op) {
+    const OpKind kind = op.state->kind();
+    end_op(id, std::move(op),
+           Status::timeout(fmt::format("{} did not complete within {} ms (op_timeout)", op_kind_name(kind),
+                                       options_.op_timeout.count())));
+  });
 
   const auto recv_timeout_status = [&] {
     return Status::timeout(fmt::format("recv: no message arrived within {} ms (recv_timeout)",
                                        options_.recv_timeout.count()));
   };
-  for (auto it = recvs_.begin(); it != recvs_.end();) {
-    if (it->deadline <= now) {
-      auto state = std::move(it->state);
-      it = recvs_.erase(it);
-      state->complete(recv_timeout_status());
-    } else {
-      waiting |= it->deadline != Clock::time_point::max();
-      ++it;
-    }
+  // Posted recvs expire in posting order (their deadlines are in that order too).
+  while (!recvs_.empty() && recvs_.front().deadline <= now) {
+    auto state = std::move(recvs_.front().state);
+    recvs_.pop_front();
+    state->complete(recv_timeout_status());
   }
+  if (!recvs_.empty()) next = std::min(next, recvs_.front().deadline);
   if (auto msg = current_msg_; msg && msg->matched && msg->recv.state) {
     if (msg->recv.deadline <= now) {
       auto conn = msg->conn.lock();
@@ -500,10 +486,13 @@ void TcpEndpointImpl::sweep() {
         conn->close(Status::peer_closed("a recv timed out while its message was arriving"));
       }
     } else {
-      waiting |= msg->recv.deadline != Clock::time_point::max();
+      next = std::min(next, msg->recv.deadline);
     }
   }
-  if (waiting) arm_sweeper();
+  // Anything ended above may have posted or failed more (fail_all clears the tables).
+  next = std::min(next, pending_.next_deadline());
+  if (!recvs_.empty()) next = std::min(next, recvs_.front().deadline);
+  arm_sweeper(next);
 }
 
 void TcpEndpointImpl::on_closed(TcpConnection& conn, const Status& why) {
@@ -530,7 +519,7 @@ void TcpEndpointImpl::fail_all(const Status& why) {
   for (auto& c : dialed) c->close_quietly();
   for (auto& c : accepted) c->close_quietly();
   auto pending = std::move(pending_);
-  pending_.clear();
+  pending_.clear();  // a moved-from table is emptied explicitly
   sends_.clear();
   auto recvs = std::move(recvs_);
   recvs_.clear();
@@ -546,10 +535,10 @@ void TcpEndpointImpl::fail_all(const Status& why) {
   failing_ = false;
   // Complete outside the bookkeeping: continuations may call back into the endpoint.
   // The lanes are closed: nothing touches the ops' memory any more.
-  for (auto& [id, op] : pending) {
+  pending.for_each([&](uint64_t, PendingOp& op) {
     op.uses.clear();
     op.state->complete(why);
-  }
+  });
   for (auto& r : recvs) r.state->complete(why);
   if (current && current->matched && current->recv.state) current->recv.state->complete(why);
 }

@@ -19,11 +19,13 @@
 #include <asio/steady_timer.hpp>
 #include <nlohmann/json.hpp>
 
-#include "core/op_state.h"
-#include "core/memory_registry.h"
-#include "core/remote_regions.h"
-#include "dlslime/tcp_endpoint.h"
 #include "core/io_runtime.h"
+#include "core/memory_registry.h"
+#include "core/op_state.h"
+#include "core/pending_ops.h"
+#include "core/remote_regions.h"
+#include "core/submission_queue.h"
+#include "dlslime/tcp_endpoint.h"
 #include "tcp/tcp_connection.h"
 #include "tcp/tcp_socket.h"
 
@@ -81,31 +83,14 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
   }
 
  private:
-  // One op counted against max_inflight_ops from submit() until it is finished (RAII).
-  class InflightSlot {
-   public:
-    InflightSlot() = default;
-    explicit InflightSlot(std::atomic<uint32_t>* count) : count_(count) {}
-    InflightSlot(InflightSlot&& o) noexcept : count_(std::exchange(o.count_, nullptr)) {}
-    InflightSlot& operator=(InflightSlot&& o) noexcept {
-      std::swap(count_, o.count_);
-      return *this;
-    }
-    ~InflightSlot() {
-      if (count_) count_->fetch_sub(1, std::memory_order_relaxed);
-    }
-
-   private:
-    std::atomic<uint32_t>* count_ = nullptr;
-  };
-  // An initiated op waiting for its acknowledgements or data. Everything it references
-  // (frames queued on lanes, sinks into its buffers, its regions) is released by
-  // finish_op(), the one way an op ends, before its future completes.
+  // An initiated op waiting for its acknowledgements or data (its deadline is kept by
+  // pending_). Everything it references (frames queued on lanes, sinks into its buffers,
+  // its regions) is released by end_op(), the one way an op ends, before its future
+  // completes.
   struct PendingOp {
     std::shared_ptr<OpState> state;
-    Clock::time_point deadline = Clock::time_point::max();
     RegionUses uses;      // the local regions its frames and sinks point into
-    InflightSlot slot;
+    InflightLimiter::Slot slot;  // counted against max_inflight_ops until it ends
     uint64_t ack_lanes = 0;  // write: bit per dialed lane whose acknowledgement is due
     std::vector<tcp::PayloadSegment> reads;  // read: destination of each piece, by index
     // read: at the first piece of each request not answered yet, its piece count (an
@@ -118,6 +103,7 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
   // A prepared op on its way from the submitting thread to the I/O thread.
   struct Submission {
     uint64_t op_id = 0;
+    Clock::time_point deadline = Clock::time_point::max();
     PendingOp op;
     std::vector<std::pair<uint16_t, tcp::WriteItem>> items;  // (lane, frames)
   };
@@ -126,6 +112,8 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
     uint8_t* addr = nullptr;
     uint64_t length = 0;
     uint64_t local_id = 0;
+    // Set on the I/O thread when it is posted (post_recv), so that recvs_, in posting
+    // order, is in deadline order too.
     Clock::time_point deadline = Clock::time_point::max();
   };
   // A submitted op or recv on its way to the I/O thread (by value: no allocation of its own).
@@ -149,6 +137,10 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
     Status status;
   };
 
+  // Now + timeout, or no deadline for a timeout <= 0.
+  static Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+    return timeout.count() <= 0 ? Clock::time_point::max() : Clock::now() + timeout;
+  }
   Future fail_now(OpKind kind, Status status) const;
   // False (and *error) if the op is invalid.
   bool prepare_one_sided(const OpRequest& req, uint64_t op_id, Submission& sub, Status* error);
@@ -169,18 +161,25 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
                         OverLimit over_limit) const;
   void on_send_ack(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view text);
   void on_write_ack(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view text);
-  // The one way an initiated op ends (answered, refused, expired, revoked): releases its
-  // queued frames, sinks and regions, closes a lane still moving its bytes, then
-  // completes the future. No-op if the op already ended.
+  // Ends op `op_id` if it is still pending (a late answer to an op that already ended is
+  // dropped): end_op().
   void finish_op(uint64_t op_id, Status status, uint64_t nbytes = 0);
+  // The one way an initiated op ends (answered, refused, expired, revoked), once it is out
+  // of pending_: releases its queued frames, sinks and regions, closes a lane still moving
+  // its bytes, then completes the future.
+  void end_op(uint64_t op_id, PendingOp op, Status status, uint64_t nbytes = 0);
   // Fails the connection: a frame that contradicts the state of its op.
   void violation(tcp::TcpConnection& conn, std::string what);
   // Messages held before a recv was posted: each costs its bytes plus this much.
   static constexpr uint64_t kHeldMessageOverhead = 256;
   void forget_held(const InboundMessage& msg);
   std::shared_ptr<InboundMessage> take_held_front();
-  void arm_sweeper();
+  // Makes sweep() run at `deadline` (or a little later), unless it is due earlier already.
+  void arm_sweeper(Clock::time_point deadline);
+  // Ends what is past its deadline (O(log n) per op: no scan) and re-arms for the next.
   void sweep();
+  // The sweeper wakes at most this often, however close together the deadlines are.
+  static constexpr std::chrono::milliseconds kSweepGranularity{1};
   void fail_all(const Status& why);
   Status decide_hello(const tcp::Hello& hello);
   void pair_with(uint64_t peer_id);
@@ -207,7 +206,7 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
   std::atomic<bool> connected_{false};
   std::atomic<bool> shut_down_{false};
   std::atomic<uint64_t> next_op_id_{1};
-  std::atomic<uint32_t> inflight_{0};  // read/write/send ops from submit() until finished
+  InflightLimiter inflight_;  // read/write/send ops from submit() until they end
   std::atomic<uint16_t> lanes_up_{0};
   // connect() calls waiting for their dial, so that shutdown() can end them at once.
   struct ConnectWait {
@@ -219,11 +218,9 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
   };
   std::mutex connects_mu_;
   std::vector<std::weak_ptr<ConnectWait>> connects_;  // guarded by connects_mu_
-  // Submitted ops and recvs not yet taken by the I/O thread. Only the submission that
-  // finds the list empty posts a drain, so a burst costs one post and one wake-up, and
+  // Submitted ops and recvs not yet taken by the I/O thread: a burst costs one post, and
   // the ops drained in one turn leave in one write per lane.
-  std::mutex handoff_mu_;
-  std::vector<Handoff> handoffs_;  // guarded by handoff_mu_
+  SubmissionQueue<Handoff> handoffs_;
 
   // ---- I/O thread only ----
   uint64_t peer_id_ = 0;  // the endpoint this one is paired with (0 = none yet)
@@ -232,13 +229,12 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
   std::vector<std::shared_ptr<tcp::TcpConnection>> accepted_;  // the peer's requests
   // Answers queued to the peer on all its connections (bounded per peer, not per lane).
   std::shared_ptr<tcp::AnswerBudget> answer_budget_ = std::make_shared<tcp::AnswerBudget>();
-  std::vector<Handoff> draining_;  // the batch being started (its capacity is reused)
-  std::unordered_map<uint64_t, PendingOp> pending_;
+  PendingOps<PendingOp, Clock> pending_;
   // Messages sent, in the order they went out on lane 0, until acknowledged (on_send_ack).
   // Expired ones stay until a later acknowledgement passes them (bounded: start_op drops
   // expired ones from the front).
   std::deque<uint64_t> sends_;
-  std::deque<PostedRecv> recvs_;
+  std::deque<PostedRecv> recvs_;  // posting order = deadline order (PostedRecv::deadline)
   std::deque<std::shared_ptr<InboundMessage>> unexpected_;
   std::shared_ptr<InboundMessage> current_msg_;  // message whose frames are arriving
   uint64_t unexpected_bytes_ = 0;
@@ -247,7 +243,8 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
   std::vector<tcp::PayloadSegment> read_scratch_;  // answer_read's resolved pieces (capacity reused)
   std::string last_loss_;  // why the last connection was lost, for NOT_CONNECTED errors
   asio::steady_timer sweep_timer_;
-  bool sweeper_armed_ = false;
+  Clock::time_point sweep_at_ = Clock::time_point::max();  // when the armed sweep runs (max: none)
+  uint64_t sweep_generation_ = 0;  // a re-armed timer's earlier wait is ignored
   bool failing_ = false;
 };
 

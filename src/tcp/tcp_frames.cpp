@@ -53,9 +53,9 @@ void TcpEndpointImpl::on_send_ack(TcpConnection& conn, const FrameHeader& h, std
   // stands for its message and every earlier one not acknowledged yet (those arrived
   // whole and were accepted: a refused one gets its own acknowledgement). sends_ holds the
   // messages in the order they went out on lane 0.
-  if (auto op = pending_.find(h.op_id); op != pending_.end() && op->second.state->kind() != OpKind::kSend) {
+  if (const PendingOp* op = pending_.find(h.op_id); op && op->state->kind() != OpKind::kSend) {
     return violation(conn, fmt::format("a message acknowledgement for op {}, which is a {}", h.op_id,
-                                       op_kind_name(op->second.state->kind())));
+                                       op_kind_name(op->state->kind())));
   }
   const auto it = std::find(sends_.begin(), sends_.end(), h.op_id);
   if (it == sends_.end()) return;  // not a message of ours (stray, or dropped long ago)
@@ -69,9 +69,9 @@ void TcpEndpointImpl::on_write_ack(TcpConnection& conn, const FrameHeader& h, st
   // One acknowledgement per lane that carried the op's frames, on that lane: anything
   // else (an ack for a read or a message, a second one, one on another lane) is a peer
   // claiming bytes arrived that it never received, and fails the connection.
-  auto it = pending_.find(h.op_id);
-  if (it == pending_.end()) return;  // it already ended (expired); a late answer
-  PendingOp& op = it->second;
+  PendingOp* found = pending_.find(h.op_id);
+  if (!found) return;  // it already ended (expired); a late answer
+  PendingOp& op = *found;
   const OpKind kind = op.state->kind();
   const uint64_t bit = conn.lane() < 64 ? uint64_t{1} << conn.lane() : 0;
   if (kind != OpKind::kWrite && kind != OpKind::kWriteWithImm) {
@@ -93,9 +93,9 @@ RxAction TcpEndpointImpl::on_header(TcpConnection& conn, const FrameHeader& h, P
     case FrameType::kSendAck:
     case FrameType::kReadRequest: sink.collect = true; return RxAction::kContinue;
     case FrameType::kReadData: {
-      auto it = pending_.find(h.op_id);
-      if (it == pending_.end()) return RxAction::kContinue;  // expired: drain
-      PendingOp& op = it->second;
+      PendingOp* found = pending_.find(h.op_id);
+      if (!found) return RxAction::kContinue;  // expired: drain
+      PendingOp& op = *found;
       // The answer to one request: pieces [index, index + offset) of the op, exactly one
       // of its requests not answered yet, on one of our own connections.
       const uint64_t first = h.index, count = h.offset;
@@ -200,9 +200,9 @@ void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const 
     case FrameType::kWriteAck: on_write_ack(conn, h, text); return;
     case FrameType::kReadData: {
       // Counted here, on the I/O thread, and completed once: no atomic per piece.
-      auto it = pending_.find(h.op_id);
-      if (it == pending_.end()) return;  // it expired; the bytes were drained
-      PendingOp& op = it->second;
+      PendingOp* found = pending_.find(h.op_id);
+      if (!found) return;  // it expired; the bytes were drained
+      PendingOp& op = *found;
       if (h.status != 0) {
         if (op.error.is_ok()) op.error = remote_status(h, text);
       } else {
@@ -423,9 +423,11 @@ void TcpEndpointImpl::post_recv(PostedRecv recv) {
   }
   // Either nothing is here yet, or the oldest held message is still arriving: it takes
   // this recv at its next frame boundary (on_message_header) or when it completes.
-  const bool has_deadline = recv.deadline != Clock::time_point::max();
+  // Its deadline starts here, on this thread, so recvs_ stays in deadline order (sweep()).
+  recv.deadline = deadline_after(options_.recv_timeout);
+  const auto deadline = recv.deadline;
   recvs_.push_back(std::move(recv));
-  if (has_deadline) arm_sweeper();
+  arm_sweeper(deadline);
   resume_paused();
 }
 

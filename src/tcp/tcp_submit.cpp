@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <span>
 
 #include <fmt/format.h>
 
+#include "core/batch_planner.h"
 #include "core/log.h"
 #include "dlslime/errors.h"
 
@@ -21,10 +23,23 @@ using tcp::WriteItem;
 
 namespace {
 
-std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds timeout) {
-  if (timeout.count() <= 0) return std::chrono::steady_clock::time_point::max();
-  return std::chrono::steady_clock::now() + timeout;
-}
+// What preparing a batch needs per item and per piece, kept per submitting thread and
+// reused: a batch allocates none of it once these have grown to its size.
+struct PrepareScratch {
+  struct Item {
+    uint8_t* local;       // the item's first local byte
+    int32_t peer_handle;  // its region on the peer
+  };
+  std::vector<Item> items;
+  BatchPlan plan;
+  // An unusually large batch does not pin its memory on the thread for good.
+  static constexpr size_t kKeepPieces = 16384;
+  void trim() {
+    if (items.capacity() > kKeepPieces) std::vector<Item>().swap(items);
+    plan.trim(kKeepPieces);
+  }
+};
+thread_local PrepareScratch t_prepare;
 
 }  // namespace
 
@@ -56,19 +71,18 @@ Future TcpEndpointImpl::submit(OpRequest req) {
     recv.addr = reinterpret_cast<uint8_t*>(req.chunk.addr + req.chunk.offset);
     recv.length = req.chunk.length;
     recv.local_id = op_id;
-    recv.deadline = deadline_after(options_.recv_timeout);
     Future f(recv.state);
     hand_off(std::move(recv));
     return f;
   }
   // The in-flight bound holds here, where ops enter, so the hand-off queue is bounded too.
-  if (inflight_.fetch_add(1, std::memory_order_relaxed) >= options_.max_inflight_ops) {
-    inflight_.fetch_sub(1, std::memory_order_relaxed);
+  InflightLimiter::Slot slot = inflight_.acquire();
+  if (!slot) {
     return fail_now(req.kind, Status(StatusCode::kBatchOverflow,
                                      fmt::format("{} ops already in flight (max_inflight_ops)", options_.max_inflight_ops)));
   }
   Submission sub;
-  sub.op.slot = InflightSlot(&inflight_);
+  sub.op.slot = std::move(slot);
   if (req.kind == OpKind::kSend) {
     prepare_send(req, op_id, sub);
   } else if (Status error; !prepare_one_sided(req, op_id, sub, &error)) {
@@ -80,30 +94,19 @@ Future TcpEndpointImpl::submit(OpRequest req) {
 }
 
 void TcpEndpointImpl::hand_off(Handoff h) {
-  bool first = false;
-  {
-    std::lock_guard lock(handoff_mu_);
-    first = handoffs_.empty();
-    handoffs_.push_back(std::move(h));
-  }
-  if (first) post([](TcpEndpointImpl& self) { self.drain_handoffs(); });
+  if (handoffs_.push(std::move(h))) post([](TcpEndpointImpl& self) { self.drain_handoffs(); });
 }
 
 void TcpEndpointImpl::drain_handoffs() {
-  {
-    std::lock_guard lock(handoff_mu_);
-    draining_.swap(handoffs_);
-  }
-  // In submission order. A continuation run from here may submit again: that lands in
-  // handoffs_ and posts its own drain.
-  for (Handoff& h : draining_) {
+  // In submission order. A continuation run from here may submit again: that waits for
+  // the drain its own hand-off posts.
+  handoffs_.drain([this](Handoff& h) {
     if (auto* sub = std::get_if<Submission>(&h)) {
       start_op(*sub);
     } else {
       post_recv(std::move(std::get<PostedRecv>(h)));
     }
-  }
-  draining_.clear();
+  });
 }
 
 bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Submission& sub, Status* error) {
@@ -114,16 +117,12 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
     return false;
   }
   const bool is_read = req.kind == OpKind::kRead;
-  struct Piece {
-    uint8_t* local;
-    int32_t peer_handle;
-    uint64_t remote_offset;
-    uint64_t length;
-    uint16_t lane;
-  };
-  std::vector<Piece> pieces;
-  pieces.reserve(items.size());
-  uint64_t total = 0;
+  PrepareScratch& scratch = t_prepare;
+  struct Trim {
+    PrepareScratch& s;
+    ~Trim() { s.trim(); }
+  } trim{scratch};
+  scratch.items.resize(items.size());
   ResolveCache local_cache;
   OwnerRemoteRegions::Cache remote_cache;
   for (size_t i = 0; i < items.size(); ++i) {
@@ -137,52 +136,40 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
       return false;
     }
     if (a.length > 0) sub.op.uses.hold(local_cache);  // unregister waits for this op
-    for (uint64_t done = 0; done < a.length; done += options_.chunk_size) {
-      const uint64_t n = std::min(options_.chunk_size, a.length - done);
-      pieces.push_back({reinterpret_cast<uint8_t*>(local) + done, peer_handle, a.target_offset + done, n, 0});
-    }
-    total += a.length;
+    scratch.items[i] = {reinterpret_cast<uint8_t*>(local), peer_handle};
   }
 
-  // Small batches stay on one lane (one acknowledgement); large ones are striped, each
-  // piece going to the lane with the fewest bytes so far.
+  // Pieces of at most chunk_size. Small batches stay on one lane (one acknowledgement);
+  // large ones are striped, each piece going to the lane with the fewest bytes so far.
   const uint16_t lanes = std::max<uint16_t>(1, lanes_up_.load(std::memory_order_relaxed));
-  const auto first_lane = static_cast<uint16_t>(op_id % lanes);
-  std::vector<uint64_t> load(lanes, 0);
-  std::vector<uint32_t> pieces_on(lanes, 0);
-  for (Piece& p : pieces) {
-    uint16_t lane = first_lane;
-    if (total >= options_.chunk_size) {
-      for (uint16_t k = 0; k < lanes; ++k) {
-        const auto cand = static_cast<uint16_t>((first_lane + k) % lanes);
-        if (load[cand] < load[lane]) lane = cand;
-      }
-    }
-    p.lane = lane;
-    load[lane] += p.length + tcp::kFrameHeaderSize;
-    ++pieces_on[lane];
-  }
+  BatchPlan& plan = scratch.plan;
+  plan_batch(items,
+             BatchPlanConfig{.chunk_size = options_.chunk_size,
+                             .lanes = lanes,
+                             .first_lane = static_cast<uint16_t>(op_id % lanes),
+                             .piece_overhead = tcp::kFrameHeaderSize,
+                             .stripe_min_bytes = options_.chunk_size},
+             plan);
 
   sub.op_id = op_id;
-  sub.op.deadline = deadline_after(options_.op_timeout);
+  sub.deadline = deadline_after(options_.op_timeout);
   if (is_read) {
-    sub.op.reads.reserve(pieces.size());
-    sub.op.read_runs.assign(pieces.size(), 0);
+    sub.op.reads.reserve(plan.pieces.size());
+    sub.op.read_runs.assign(plan.pieces.size(), 0);
   }
   uint32_t next_index = 0;
-  std::vector<const Piece*> run;
-  uint64_t run_bytes = 0;
   for (uint16_t lane = 0; lane < lanes; ++lane) {
-    if (pieces_on[lane] == 0) continue;
+    const std::span<const PlannedPiece> pieces = plan.lane(lane);
+    if (pieces.empty()) continue;
     sub.items.emplace_back(lane, WriteItem(op_id));
     WriteItem& item = sub.items.back().second;
-    const uint64_t data = load[lane] - pieces_on[lane] * tcp::kFrameHeaderSize;
-    item.reserve(pieces_on[lane], pieces_on[lane] * tcp::kPieceSize + (is_read ? 0 : data));
+    item.reserve(pieces.size(), pieces.size() * tcp::kPieceSize + (is_read ? 0 : plan.lanes[lane].bytes));
     // Each run of the lane's pieces (at most kMaxPieces and chunk_size bytes, or one
     // larger piece) is one frame: a write carries the run's piece list and then its bytes,
     // a read request the list, answered by one frame with the bytes. Pieces are numbered
     // in the order they are sent, so a run is an index range (for a read, of `reads`).
-    const auto emit = [&](bool last) {
+    const auto emit = [&](size_t begin, size_t end, uint64_t run_bytes, bool last) {
+      const auto run = pieces.subspan(begin, end - begin);
       FrameHeader h;
       h.op_id = op_id;
       h.index = next_index;
@@ -199,39 +186,43 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
       }
       item.add_header(h);
       uint8_t raw[tcp::kPieceSize];
-      for (const Piece* p : run) {
-        tcp::encode_piece({p->peer_handle, p->remote_offset, p->length}, raw);
+      for (const PlannedPiece& p : run) {
+        const auto& it = scratch.items[p.item];
+        tcp::encode_piece({it.peer_handle, items[p.item].target_offset + p.offset, p.length}, raw);
         item.add_copy(raw, sizeof raw);
       }
-      for (const Piece* p : run) {
+      for (const PlannedPiece& p : run) {
+        uint8_t* local = scratch.items[p.item].local + p.offset;
         if (is_read) {
-          sub.op.reads.push_back({p->local, p->length});
+          sub.op.reads.push_back({local, p.length});
         } else {
-          item.add_payload(p->local, p->length);
+          item.add_payload(local, p.length);
         }
       }
       next_index += static_cast<uint32_t>(run.size());
-      run.clear();
-      run_bytes = 0;
     };
-    for (const Piece& p : pieces) {
-      if (p.lane != lane) continue;
-      if (run.size() == tcp::kMaxPieces || (!run.empty() && run_bytes + p.length > options_.chunk_size)) emit(false);
-      run.push_back(&p);
-      run_bytes += p.length;
+    size_t begin = 0;
+    uint64_t run_bytes = 0;
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      if (k - begin == tcp::kMaxPieces || (k > begin && run_bytes + pieces[k].length > options_.chunk_size)) {
+        emit(begin, k, run_bytes, false);
+        begin = k;
+        run_bytes = 0;
+      }
+      run_bytes += pieces[k].length;
     }
-    emit(true);
+    emit(begin, pieces.size(), run_bytes, true);
   }
   // A write completes once every lane has acknowledged its frames (ack_lanes, set when it
   // starts), a read once an answer has been counted for every piece (reads_left).
-  sub.op.reads_left = is_read ? static_cast<uint32_t>(pieces.size()) : 0;
+  sub.op.reads_left = is_read ? static_cast<uint32_t>(plan.pieces.size()) : 0;
   sub.op.state = std::make_shared<OpState>(req.kind);
   return true;
 }
 
 void TcpEndpointImpl::prepare_send(const OpRequest& req, uint64_t op_id, Submission& sub) {
   sub.op_id = op_id;
-  sub.op.deadline = deadline_after(options_.op_timeout);
+  sub.deadline = deadline_after(options_.op_timeout);
   sub.op.state = std::make_shared<OpState>(OpKind::kSend);
   WriteItem item(op_id);
   const auto* data = reinterpret_cast<const uint8_t*>(req.chunk.addr + req.chunk.offset);

@@ -1,0 +1,146 @@
+// core/pending_ops.h: ops by id with deadlines on a heap (expiry without scanning).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/pending_ops.h"
+
+namespace dlslime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Ops = PendingOps<std::string>;
+using std::chrono::milliseconds;
+
+const Clock::time_point t0{};
+
+std::vector<uint64_t> expire_ids(Ops& ops, Clock::time_point now, Clock::time_point* next = nullptr) {
+  std::vector<uint64_t> ids;
+  const auto n = ops.expire(now, [&](uint64_t id, std::string&&) { ids.push_back(id); });
+  if (next) *next = n;
+  return ids;
+}
+
+TEST(PendingOps, InsertFindTake) {
+  Ops ops;
+  ASSERT_NE(ops.insert(1, "one", t0 + milliseconds(10)), nullptr);
+  ASSERT_NE(ops.insert(2, "two"), nullptr);
+  EXPECT_EQ(ops.insert(1, "again"), nullptr);  // an id is in the table once
+  ASSERT_NE(ops.find(1), nullptr);
+  EXPECT_EQ(*ops.find(1), "one");
+  EXPECT_EQ(ops.size(), 2u);
+  auto taken = ops.take(1);
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_EQ(*taken, "one");
+  EXPECT_FALSE(ops.take(1).has_value());  // a late second answer finds nothing
+  EXPECT_EQ(ops.find(1), nullptr);
+  EXPECT_EQ(ops.size(), 1u);
+}
+
+TEST(PendingOps, ExpireEndsExactlyThePassedDeadlinesEarliestFirst) {
+  Ops ops;
+  ops.insert(1, "a", t0 + milliseconds(30));
+  ops.insert(2, "b", t0 + milliseconds(10));
+  ops.insert(3, "c");  // no deadline: never expires
+  ops.insert(4, "d", t0 + milliseconds(20));
+  Clock::time_point next;
+  EXPECT_TRUE(expire_ids(ops, t0 + milliseconds(5), &next).empty());
+  EXPECT_EQ(next, t0 + milliseconds(10));
+  EXPECT_EQ(expire_ids(ops, t0 + milliseconds(20), &next), (std::vector<uint64_t>{2, 4}));
+  EXPECT_EQ(next, t0 + milliseconds(30));
+  EXPECT_EQ(expire_ids(ops, t0 + milliseconds(100), &next), (std::vector<uint64_t>{1}));
+  EXPECT_EQ(next, Ops::kNever);
+  EXPECT_TRUE(ops.contains(3));
+  EXPECT_EQ(ops.size(), 1u);
+}
+
+TEST(PendingOps, AnOpThatEndedEarlyIsNotExpiredAndItsEntryIsSkipped) {
+  Ops ops;
+  ops.insert(1, "a", t0 + milliseconds(10));
+  ops.insert(2, "b", t0 + milliseconds(20));
+  ASSERT_TRUE(ops.take(1).has_value());
+  EXPECT_EQ(ops.next_deadline(), t0 + milliseconds(20));
+  EXPECT_EQ(expire_ids(ops, t0 + milliseconds(50)), (std::vector<uint64_t>{2}));
+  EXPECT_EQ(ops.heap_size(), 0u);
+}
+
+TEST(PendingOps, AnIdThatComesBackKeepsOnlyItsNewDeadline) {
+  Ops ops;
+  ops.insert(7, "first", t0 + milliseconds(10));
+  ASSERT_TRUE(ops.take(7).has_value());
+  ops.insert(7, "second", t0 + milliseconds(40));
+  EXPECT_TRUE(expire_ids(ops, t0 + milliseconds(20)).empty());  // the old entry is stale
+  EXPECT_EQ(*ops.find(7), "second");
+  EXPECT_EQ(expire_ids(ops, t0 + milliseconds(40)), (std::vector<uint64_t>{7}));
+}
+
+TEST(PendingOps, TheCallbackMayChangeTheTable) {
+  // Ending one op can end others (a lane closed fails every op on it) or start new ones.
+  Ops ops;
+  for (uint64_t id = 1; id <= 4; ++id) ops.insert(id, std::to_string(id), t0 + milliseconds(id));
+  std::vector<uint64_t> seen;
+  ops.expire(t0 + milliseconds(10), [&](uint64_t id, std::string&& op) {
+    EXPECT_EQ(op, std::to_string(id));
+    seen.push_back(id);
+    if (id == 1) EXPECT_TRUE(ops.take(3).has_value());   // taken by the callback: not expired
+    if (id == 2) ops.insert(9, "new", t0 + milliseconds(500));  // not due yet
+  });
+  EXPECT_EQ(seen, (std::vector<uint64_t>{1, 2, 4}));
+  EXPECT_EQ(ops.size(), 1u);
+  EXPECT_EQ(ops.next_deadline(), t0 + milliseconds(500));
+}
+
+TEST(PendingOps, TheCallbackMayClearTheTable) {
+  Ops ops;
+  for (uint64_t id = 1; id <= 3; ++id) ops.insert(id, "x", t0 + milliseconds(id));
+  std::vector<uint64_t> seen;
+  const auto next = ops.expire(t0 + milliseconds(10), [&](uint64_t id, std::string&&) {
+    seen.push_back(id);
+    ops.clear();  // fail_all from inside a finish
+  });
+  EXPECT_EQ(seen, (std::vector<uint64_t>{1}));
+  EXPECT_EQ(next, Ops::kNever);
+  EXPECT_TRUE(ops.empty());
+}
+
+TEST(PendingOps, TheHeapStaysBoundedUnderChurn) {
+  // Ops that finish long before their deadline must not pile up in the heap until the
+  // deadlines come (30 s op_timeout at a million ops a second).
+  Ops ops;
+  for (uint64_t id = 1; id <= 100000; ++id) {
+    ops.insert(id, "x", t0 + milliseconds(30000) + std::chrono::microseconds(id));
+    if (id > 10) ASSERT_TRUE(ops.take(id - 10).has_value());  // 10 in flight at a time
+  }
+  EXPECT_EQ(ops.size(), 10u);
+  EXPECT_LE(ops.heap_size(), 2 * 10u + 64 + 1);
+  EXPECT_EQ(expire_ids(ops, t0 + milliseconds(60000)).size(), 10u);
+}
+
+TEST(PendingOps, OpsWithoutDeadlineCostNoHeapEntry) {
+  PendingOps<std::unique_ptr<int>> ops;  // move-only payloads work
+  for (uint64_t id = 1; id <= 1000; ++id) ops.insert(id, std::make_unique<int>(int(id)));
+  EXPECT_EQ(ops.heap_size(), 0u);
+  EXPECT_EQ(ops.next_deadline(), (PendingOps<std::unique_ptr<int>>::kNever));
+  EXPECT_EQ(**ops.find(500), 500);
+}
+
+TEST(PendingOps, MovingTheTableOutLeavesAnEmptyOne) {
+  // fail_all: everything in flight is taken at once and completed afterwards.
+  Ops ops;
+  ops.insert(1, "a", t0 + milliseconds(10));
+  ops.insert(2, "b");
+  Ops all = std::move(ops);
+  ops.clear();
+  EXPECT_TRUE(ops.empty());
+  EXPECT_EQ(ops.next_deadline(), Ops::kNever);
+  std::vector<uint64_t> ids;
+  all.for_each([&](uint64_t id, const std::string&) { ids.push_back(id); });
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(ids, (std::vector<uint64_t>{1, 2}));
+}
+
+}  // namespace
+}  // namespace dlslime
