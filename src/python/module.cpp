@@ -4,7 +4,12 @@ PYBIND11_MODULE(_dlslime, m) {
   m.doc() = "DLSlime peer-to-peer transfer engine (C++ core)";
   m.attr("__version__") = DLSLIME_PY_VERSION;
   dlslime::py_bind::bind_core(m);
+  // Before every transport's class: each derives from Endpoint.
+  dlslime::py_bind::bind_endpoint(m);
+  dlslime::py_bind::bind_transports(m);
+#ifdef DLSLIME_WITH_TCP
   dlslime::py_bind::bind_tcp(m);
+#endif
 #ifdef DLSLIME_WITH_NANOCTRL
   dlslime::py_bind::bind_nanoctrl(m);
   dlslime::py_bind::bind_agent(m);
