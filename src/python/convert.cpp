@@ -235,40 +235,74 @@ Chunk to_chunk(py::handle obj) {
                int_arg<uint64_t>(seq[2], "length")};
 }
 
+#ifdef DLSLIME_WITH_TCP
+namespace {
+
+// How each TcpEndpoint keyword reaches TcpOptions::from_json, the one parser of TCP's
+// options: Python takes durations in seconds where the JSON keys are milliseconds, and
+// keeps DLSlime's shorter names. Here only the Python type is checked (TypeError naming
+// the keyword); from_json checks each value against its field and range (ValueError).
+enum class TcpKwarg { kInteger, kSeconds, kHost, kToken };
+struct TcpKwargKey {
+  const char* python;
+  const char* json;
+  TcpKwarg kind;
+};
+constexpr TcpKwargKey kTcpKwargs[] = {
+    {"lanes", "lanes", TcpKwarg::kInteger},
+    {"chunk_size", "chunk_size", TcpKwarg::kInteger},
+    {"connect_timeout", "connect_timeout_ms", TcpKwarg::kSeconds},
+    {"timeout", "op_timeout_ms", TcpKwarg::kSeconds},
+    {"op_timeout", "op_timeout_ms", TcpKwarg::kSeconds},
+    {"recv_timeout", "recv_timeout_ms", TcpKwarg::kSeconds},
+    {"sndbuf", "sndbuf", TcpKwarg::kInteger},
+    {"rcvbuf", "rcvbuf", TcpKwarg::kInteger},
+    {"advertise_host", "advertise_host", TcpKwarg::kHost},
+    {"keepalive_idle", "keepalive_idle_s", TcpKwarg::kInteger},
+    {"keepalive_interval", "keepalive_interval_s", TcpKwarg::kInteger},
+    {"keepalive_count", "keepalive_count", TcpKwarg::kInteger},
+    {"max_inflight_ops", "max_inflight_ops", TcpKwarg::kInteger},
+    {"max_batch_items", "max_batch_items", TcpKwarg::kInteger},
+    {"unexpected_buffer_bytes", "unexpected_buffer_bytes", TcpKwarg::kInteger},
+    {"token", "token", TcpKwarg::kToken},
+};
+
+// Any int a JSON integer holds; from_json checks it against the field's width and range.
+json integer_json(py::handle v, const char* what) {
+  const py::int_ i = detail::index_of(v, what);
+  if (detail::is_negative(i)) return int_arg<int64_t>(i, what);
+  return int_arg<uint64_t>(i, what);
+}
+
+}  // namespace
+
 TcpOptions tcp_options_from_kwargs(const py::kwargs& kwargs, const std::vector<std::string>& consumed) {
-  TcpOptions o = TcpOptions::from_env();
+  json options = json::object();
   for (auto item : kwargs) {
     const auto key = item.first.cast<std::string>();
     if (std::find(consumed.begin(), consumed.end(), key) != consumed.end()) continue;
-    py::handle v = item.second;
-    const char* k = key.c_str();
-    // Each value is checked against its field's type here; TcpOptions::validate() then
-    // checks the option's own range (lanes 1..64, ...) and raises ValueError.
-    if (key == "lanes") o.lanes = int_arg<uint32_t>(v, k);
-    else if (key == "chunk_size") o.chunk_size = int_arg<uint64_t>(v, k);
-    else if (key == "connect_timeout") o.connect_timeout = millis_arg(v, k);
-    else if (key == "timeout" || key == "op_timeout") o.op_timeout = millis_arg(v, k);
-    else if (key == "recv_timeout") o.recv_timeout = millis_arg(v, k);
-    else if (key == "sndbuf") o.sndbuf = int_arg<int>(v, k);
-    else if (key == "rcvbuf") o.rcvbuf = int_arg<int>(v, k);
-    else if (key == "advertise_host") o.advertise_host = optional_str_arg(v, k);
-    else if (key == "keepalive_idle") o.keepalive_idle_s = int_arg<int>(v, k);
-    else if (key == "keepalive_interval") o.keepalive_interval_s = int_arg<int>(v, k);
-    else if (key == "keepalive_count") o.keepalive_count = int_arg<int>(v, k);
-    else if (key == "max_inflight_ops") o.max_inflight_ops = int_arg<uint32_t>(v, k);
-    else if (key == "max_batch_items") o.max_batch_items = int_arg<uint32_t>(v, k);
-    else if (key == "unexpected_buffer_bytes") o.unexpected_buffer_bytes = int_arg<uint64_t>(v, k);
-    else if (key == "token") {
-      // None keeps DLSLIME_TCP_TOKEN; "" turns authentication off; str or bytes set it.
-      if (!v.is_none() && !py::isinstance<py::str>(v) && !py::isinstance<py::bytes>(v)) {
-        throw py::type_error(fmt::format("token must be str, bytes or None, not {}", type_name(v)));
-      }
-      if (!v.is_none()) o.token = v.cast<std::string>();
-    } else {
+    const auto* known = std::find_if(std::begin(kTcpKwargs), std::end(kTcpKwargs),
+                                     [&](const TcpKwargKey& k) { return key == k.python; });
+    if (known == std::end(kTcpKwargs)) {
       throw py::type_error(fmt::format("got an unexpected keyword argument '{}'", key));
     }
+    py::handle v = item.second;
+    const char* k = known->python;
+    switch (known->kind) {
+      case TcpKwarg::kInteger: options[known->json] = integer_json(v, k); break;
+      case TcpKwarg::kSeconds: options[known->json] = millis_arg(v, k).count(); break;
+      case TcpKwarg::kHost: options[known->json] = optional_str_arg(v, k); break;
+      case TcpKwarg::kToken:
+        // None keeps DLSLIME_TCP_TOKEN; "" turns authentication off; str or bytes set it.
+        if (!v.is_none() && !py::isinstance<py::str>(v) && !py::isinstance<py::bytes>(v)) {
+          throw py::type_error(fmt::format("token must be str, bytes or None, not {}", type_name(v)));
+        }
+        if (!v.is_none()) options[known->json] = v.cast<std::string>();
+        break;
+    }
   }
-  return o;
+  return TcpOptions::from_json(options, TcpOptions::from_env());
 }
+#endif  // DLSLIME_WITH_TCP
 
 }  // namespace dlslime::py_bind

@@ -12,7 +12,9 @@
 #include <pybind11/pybind11.h>
 
 #include "dlslime/endpoint.h"
+#ifdef DLSLIME_WITH_TCP
 #include "dlslime/tcp_endpoint.h"
+#endif
 
 // Every conversion of a Python argument the bindings make, in one place (convert.cpp), so
 // that each bad argument raises the documented exception and names itself: a wrong type
@@ -89,8 +91,12 @@ std::chrono::milliseconds millis_arg(pybind11::handle v, const char* what);
 // (addr, offset, length). Wrong shapes raise TypeError, numbers out of range ValueError.
 std::vector<Assignment> to_assignments(pybind11::handle obj);
 Chunk to_chunk(pybind11::handle obj);
-// TcpOptions from the environment, then keyword arguments; an unknown keyword raises
-// TypeError. `consumed` keywords are skipped (the caller handles them).
+#ifdef DLSLIME_WITH_TCP
+// TcpOptions from the environment, then TcpEndpoint's keyword arguments (DLSlime's names,
+// durations in seconds), parsed by TcpOptions::from_json. An unknown keyword or a wrong
+// type raises TypeError, a bad value ValueError. `consumed` keywords are skipped (the
+// caller handles them).
 TcpOptions tcp_options_from_kwargs(const pybind11::kwargs& kwargs, const std::vector<std::string>& consumed = {});
+#endif
 
 }  // namespace dlslime::py_bind
