@@ -16,100 +16,6 @@
 
 namespace dlslime::tcp {
 
-WriteItem::WriteItem(WriteItem&& o) noexcept
-    : op_id_(o.op_id_),
-      tail_header_(o.tail_header_),
-      bytes_(std::move(o.bytes_)),
-      segments_(std::move(o.segments_)),
-      uses_(std::move(o.uses_)),
-      meter_(std::exchange(o.meter_, nullptr)),
-      metered_(std::exchange(o.metered_, 0)) {}
-
-WriteItem& WriteItem::operator=(WriteItem&& o) noexcept {
-  if (this == &o) return *this;
-  if (meter_) *meter_ -= metered_;
-  op_id_ = o.op_id_;
-  tail_header_ = o.tail_header_;
-  bytes_ = std::move(o.bytes_);
-  segments_ = std::move(o.segments_);
-  uses_ = std::move(o.uses_);
-  meter_ = std::exchange(o.meter_, nullptr);
-  metered_ = std::exchange(o.metered_, 0);
-  return *this;
-}
-
-WriteItem::~WriteItem() {
-  if (meter_) *meter_ -= metered_;
-}
-
-void WriteItem::meter(size_t* meter) {
-  if (meter_) *meter_ -= metered_;
-  meter_ = meter;
-  metered_ = 0;
-  remeter();
-}
-
-void WriteItem::remeter() {
-  if (!meter_) return;
-  const size_t now = memory();
-  *meter_ += now - metered_;  // capacities only grow while an item is built
-  metered_ = now;
-}
-
-void AnswerBudget::on_drained() {
-  if (stalled.empty() || bytes > limit / 2) return;
-  auto waiting = std::move(stalled);
-  stalled.clear();
-  for (auto& w : waiting) {
-    if (auto conn = w.lock()) conn->resume_answers();
-  }
-}
-
-void WriteItem::add_header(const FrameHeader& h) {
-  uint8_t raw[kFrameHeaderSize];
-  encode_frame_header(h, raw);
-  const size_t at = bytes_.size();
-  add_copy(raw, sizeof raw);
-  tail_header_ = at;
-}
-
-void WriteItem::reserve(size_t frames, uint64_t payload) {
-  const uint64_t inline_bytes = std::min<uint64_t>(payload, frames * kInlinePayloadMax);
-  bytes_.reserve(bytes_.size() + frames * kFrameHeaderSize + inline_bytes);
-  segments_.reserve(segments_.size() + 2 * frames);
-  remeter();
-}
-
-void WriteItem::add_copy(const void* data, size_t n) {
-  if (n == 0) return;
-  tail_header_ = kNoTail;
-  const size_t offset = bytes_.size();
-  bytes_.insert(bytes_.end(), static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + n);
-  if (!segments_.empty() && segments_.back().external == nullptr) {
-    segments_.back().size += n;  // contiguous with the previous owned segment
-  } else {
-    segments_.push_back({nullptr, offset, n});
-  }
-  remeter();
-}
-
-void WriteItem::add_payload(const void* data, size_t n) {
-  if (n <= kInlinePayloadMax) {
-    add_copy(data, n);
-  } else {
-    tail_header_ = kNoTail;
-    segments_.push_back({static_cast<const uint8_t*>(data), 0, n});
-    remeter();
-  }
-}
-
-void WriteItem::append_buffers(std::vector<iovec>& out) const {
-  for (const Segment& s : segments_) {
-    const uint8_t* base = s.external ? s.external : bytes_.data() + s.offset;
-    out.push_back({const_cast<uint8_t*>(base), s.size});
-  }
-}
-
 TcpConnection::TcpConnection(asio::ip::tcp::socket socket, FrameHandler* handler, Role role, uint16_t lane,
                              std::shared_ptr<AnswerBudget> budget)
     : budget_(budget ? std::move(budget) : std::make_shared<AnswerBudget>()),
@@ -151,24 +57,6 @@ void TcpConnection::start() {
 Status TcpConnection::io_error(const std::error_code& ec, const char* what) const {
   if (ec == asio::error::eof) return Status::peer_closed("the peer closed the connection");
   return Status::peer_closed(fmt::format("connection lost while {}: {}", what, ec.message()));
-}
-
-void PayloadSink::advance(uint64_t n) {
-  // n may span several segments (a direct read fills them in one readv).
-  while (dst != nullptr) {
-    const uint64_t step = std::min(n, dst_left);
-    dst += step;
-    dst_left -= step;
-    n -= step;
-    if (dst_left > 0) break;
-    if (more_count == 0) {
-      dst = nullptr;  // full: anything more is dropped
-      break;
-    }
-    place(more->addr, more->length);
-    ++more;
-    --more_count;
-  }
 }
 
 void TcpConnection::consume(const uint8_t* src, size_t n) {

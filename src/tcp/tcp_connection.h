@@ -6,7 +6,6 @@
 #include <deque>
 #include <memory>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include <asio/buffer.hpp>
@@ -14,144 +13,13 @@
 
 #include "core/memory_registry.h"
 #include "dlslime/status.h"
-#include "tcp/frame.h"
+#include "tcp/answer_budget.h"
+#include "tcp/frame_codec.h"
+#include "tcp/frame_handler.h"
+#include "tcp/payload_sink.h"
+#include "tcp/write_item.h"
 
 namespace dlslime::tcp {
-
-// One queued unit of output: frames of one op (or one response), in wire order. Headers
-// and small payloads are copied into `bytes`; large payloads are referenced in place
-// (registered memory) and gathered by writev, never copied.
-class WriteItem {
- public:
-  // Payloads up to this size are copied into the item: one iovec instead of two. Larger
-  // ones are gathered in place; copying them costs more than the extra iovec (2 KiB x 256:
-  // 2048 here gave 1.87 GB/s write / 1.70 read, 256 gives 2.27 / 2.10; docs/performance.md).
-  static constexpr size_t kInlinePayloadMax = 256;
-
-  explicit WriteItem(uint64_t op_id = 0) : op_id_(op_id) {}
-  WriteItem(WriteItem&& o) noexcept;
-  WriteItem& operator=(WriteItem&& o) noexcept;
-  ~WriteItem();
-
-  // Room for `frames` frames carrying `payload` bytes in all, so that building a batch
-  // allocates once instead of regrowing (and re-copying) its buffers.
-  void reserve(size_t frames, uint64_t payload);
-  void add_header(const FrameHeader& h);
-  // Overwrites the header added last with `h`, if nothing was added after it and
-  // `replaceable(old header)` holds (a cumulative acknowledgement superseding the previous
-  // one). Returns false, changing nothing, otherwise.
-  template <class Pred>
-  bool replace_tail_header(const FrameHeader& h, Pred&& replaceable);
-  void add_payload(const void* data, size_t n);  // inline or by reference, by size
-  void add_copy(const void* data, size_t n);
-  uint64_t op_id() const { return op_id_; }
-  void append_buffers(std::vector<iovec>& out) const;
-  // Memory the item holds (copied bytes and its segment list), not what it references.
-  size_t memory() const { return bytes_.capacity() + segments_.capacity() * sizeof(Segment); }
-  // Keeps the regions its referenced payloads point into registered until the item is
-  // written or dropped (read answers; an op's own frames are covered by the op).
-  void hold(RegionUses&& uses) { uses_.take(std::move(uses)); }
-  const RegionUses& uses() const { return uses_; }
-  // Counts memory() into *meter while the item lives (the answer budget of a peer).
-  void meter(size_t* meter);
-
- private:
-  void remeter();
-
-  struct Segment {
-    const uint8_t* external;  // nullptr: the bytes are bytes_[offset, offset+size)
-    size_t offset;
-    size_t size;
-  };
-  static constexpr size_t kNoTail = SIZE_MAX;
-  uint64_t op_id_;  // the op whose memory external segments point into (0 = none)
-  size_t tail_header_ = kNoTail;  // offset in bytes_ of the last header, if nothing followed it
-  std::vector<uint8_t> bytes_;
-  std::vector<Segment> segments_;
-  RegionUses uses_;
-  size_t* meter_ = nullptr;  // where memory() is counted (nullptr: nowhere)
-  size_t metered_ = 0;       // what is counted there now
-};
-
-template <class Pred>
-bool WriteItem::replace_tail_header(const FrameHeader& h, Pred&& replaceable) {
-  if (tail_header_ == kNoTail) return false;
-  FrameHeader old;
-  if (!parse_frame_header(bytes_.data() + tail_header_, &old) || !replaceable(old)) return false;
-  encode_frame_header(h, bytes_.data() + tail_header_);
-  return true;
-}
-
-// A destination range in local memory.
-struct PayloadSegment {
-  uint8_t* addr;
-  uint64_t length;
-};
-
-// Where the payload of the frame being read goes: into local memory (one range, or a list
-// of ranges filled in order: the pieces of a write or of a read answer), into the
-// connection's buffer (error texts, read-request lists; handed to on_frame), or nowhere (a
-// rejected write, a late read response: the bytes are read and dropped so the stream stays
-// in sync). A write frame starts with its piece list: the sink then first collects that
-// prefix, and the handler sets the rest once it has arrived (on_prefix).
-struct PayloadSink {
-  uint8_t* dst = nullptr;  // the next byte goes here; nullptr: drop what is left
-  uint64_t dst_left = 0;   // room at dst before the next segment
-  const PayloadSegment* more = nullptr;  // the segments after dst
-  size_t more_count = 0;
-  bool collect = false;
-  uint64_t prefix = 0;  // payload bytes to collect for on_prefix before placing any
-  uint64_t op_id = 0;   // the local op whose memory the segments point into (0 = none)
-
-  void place(uint8_t* addr, uint64_t length) {
-    dst = addr;
-    dst_left = length;
-  }
-  // `segments` must outlive the frame (or the op must be released first: release()).
-  void scatter(const PayloadSegment* segments, size_t count) {
-    place(segments[0].addr, segments[0].length);
-    more = segments + 1;
-    more_count = count - 1;
-  }
-  // Marks n bytes at dst as placed.
-  void advance(uint64_t n);
-};
-
-class TcpConnection;
-
-// Answers (acknowledgements, read responses) queued to one peer on all its connections: a
-// peer that sends requests and never reads the answers may make them hold at most `limit`
-// bytes. Past it the peer's connections stop reading requests until half has drained
-// (bounded memory however many lanes the peer opens). Only answers count: requests are
-// bounded by max_inflight_ops, and pausing on them could wait on the peer's own pause.
-// Shared by the connections of one endpoint, on its I/O thread.
-struct AnswerBudget {
-  static constexpr size_t kDefaultLimit = 8 << 20;
-  size_t bytes = 0;
-  size_t limit = kDefaultLimit;
-  std::vector<std::weak_ptr<TcpConnection>> stalled;  // stopped reading until bytes <= limit / 2
-  bool full() const { return bytes > limit; }
-  // Restarts the stalled connections once enough has drained.
-  void on_drained();
-};
-
-enum class RxAction { kContinue, kPause };
-
-// Frame semantics live in the endpoint; the connection only moves bytes.
-class FrameHandler {
- public:
-  virtual ~FrameHandler() = default;
-  // A header arrived and was validated. Fill `sink` for its payload, or pause reading
-  // until resume_reading() (flow control for unmatched messages).
-  virtual RxAction on_header(TcpConnection& conn, const FrameHeader& h, PayloadSink& sink) = 0;
-  // The first sink.prefix payload bytes arrived: fill `sink` for the rest. Segments it
-  // scatters into may be kept in conn.segments().
-  virtual void on_prefix(TcpConnection& conn, const FrameHeader& h, std::string_view prefix, PayloadSink& sink) = 0;
-  // The frame's payload is fully placed (called at once for frames without payload).
-  virtual void on_frame(TcpConnection& conn, const FrameHeader& h, const PayloadSink& sink, std::string_view text) = 0;
-  // The connection failed or was closed by the peer. Not called for close_quietly().
-  virtual void on_closed(TcpConnection& conn, const Status& why) = 0;
-};
 
 // One TCP connection ("lane") after its handshake. asio chat-server pattern: handlers keep
 // it alive with shared_from_this, at most one write is outstanding with a queue behind it,

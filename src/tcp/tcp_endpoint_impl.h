@@ -32,7 +32,7 @@
 namespace dlslime {
 
 // The state behind a TcpEndpoint (tcp_endpoint_impl.cpp: lifecycle, connecting,
-// deadlines, failure; tcp_submit.cpp: preparing ops; tcp_frames.cpp: the peer's frames).
+// deadlines, failure; tcp_submit.cpp: preparing ops; tcp_inbound.cpp: handling the peer's frames).
 // Region tables are thread-safe and used from any thread; everything else (connections, pending ops, posted receives) is owned by the
 // endpoint's I/O thread and touched only there. User threads prepare an op (resolve
 // handles, build frames) and post it to that thread.

@@ -14,7 +14,7 @@
 // TcpEndpointImpl, part 2 of 3: preparing operations on the caller's thread (resolve
 // handles, plan lanes, encode frames) and handing them to the I/O thread. Part 1
 // (tcp_endpoint_impl.cpp) holds the lifecycle, connecting, deadlines and failure; part 3
-// (tcp_frames.cpp) the frames from the peer and two-sided messages.
+// (tcp_inbound.cpp) the frames from the peer and two-sided messages.
 namespace dlslime {
 
 using tcp::FrameHeader;

@@ -3,7 +3,7 @@
 #include <array>
 #include <cstring>
 
-#include "tcp/frame.h"
+#include "tcp/frame_codec.h"
 #include "tcp/tcp_connection.h"
 #include "tcp/wire.h"
 

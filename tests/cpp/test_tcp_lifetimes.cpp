@@ -21,7 +21,7 @@
 #include "core/memory_registry.h"
 #include "dlslime/errors.h"
 #include "dlslime/tcp_endpoint.h"
-#include "tcp/frame.h"
+#include "tcp/frame_codec.h"
 #include "tcp/tcp_connection.h"
 
 using namespace dlslime;

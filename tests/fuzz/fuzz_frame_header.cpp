@@ -1,4 +1,4 @@
-// libFuzzer target: dlslime::tcp::parse_frame_header (src/tcp/frame.h).
+// libFuzzer target: dlslime::tcp::parse_frame_header (src/tcp/frame_codec.h).
 //
 // Every input is read as one 40-byte header (shorter inputs are zero-padded, as a real
 // receiver never parses fewer than kFrameHeaderSize bytes). The parser must never read past
@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "fuzz_common.h"
-#include "tcp/frame.h"
+#include "tcp/frame_codec.h"
 
 using namespace dlslime;
 using namespace dlslime::tcp;

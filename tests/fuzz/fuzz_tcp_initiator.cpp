@@ -66,7 +66,7 @@
 #include "dlslime/future.h"
 #include "dlslime/logging.h"
 #include "fuzz_common.h"
-#include "tcp/frame.h"
+#include "tcp/frame_codec.h"
 #include "tcp/tcp_endpoint_impl.h"
 
 using namespace dlslime;

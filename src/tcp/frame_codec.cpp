@@ -1,4 +1,4 @@
-#include "tcp/frame.h"
+#include "tcp/frame_codec.h"
 
 #include <fmt/format.h>
 
