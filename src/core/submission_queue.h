@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -73,20 +74,24 @@ class SubmissionQueue {
 
   // Consumer thread only: fn(Item&) for everything queued so far, in push order. Pushes
   // made from inside fn (a continuation submitting again) wait for the next drain(), which
-  // their push has asked for.
+  // their push has asked for. If fn throws, the other items still get their turn (each is
+  // handled exactly once) and the first exception is rethrown at the end.
   template <class Fn>
   void drain(Fn&& fn) {
     {
       std::lock_guard lock(mu_);
       draining_.swap(items_);
     }
-    // Emptied however fn leaves (its capacity is kept for the next burst): a throwing fn
-    // must not leave items behind to be handled twice.
-    struct Clear {
-      std::vector<Item>& items;
-      ~Clear() { items.clear(); }
-    } clear{draining_};
-    for (Item& item : draining_) fn(item);
+    std::exception_ptr first_error;
+    for (Item& item : draining_) {
+      try {
+        fn(item);
+      } catch (...) {
+        if (!first_error) first_error = std::current_exception();
+      }
+    }
+    draining_.clear();  // keeps its capacity for the next burst
+    if (first_error) std::rethrow_exception(first_error);
   }
 
  private:

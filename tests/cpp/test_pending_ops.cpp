@@ -1,12 +1,17 @@
-// core/pending_ops.h: ops by id with deadlines on a heap (expiry without scanning).
+// The core's op bookkeeping: core/pending_ops.h (ops by id with deadlines on a heap: expiry
+// without scanning) and core/submission_queue.h (the hand-off to the I/O thread, the
+// in-flight limit).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "core/pending_ops.h"
+#include "core/submission_queue.h"
 
 namespace dlslime {
 namespace {
@@ -140,6 +145,65 @@ TEST(PendingOps, MovingTheTableOutLeavesAnEmptyOne) {
   all.for_each([&](uint64_t id, const std::string&) { ids.push_back(id); });
   std::sort(ids.begin(), ids.end());
   EXPECT_EQ(ids, (std::vector<uint64_t>{1, 2}));
+}
+
+}  // namespace
+}  // namespace dlslime
+
+// --- the submission hand-off and in-flight limit (core/submission_queue.h) ---------------
+
+namespace dlslime {
+namespace {
+
+TEST(SubmissionQueue, OnlyThePushThatFindsItEmptyAsksForADrainAndOrderIsKept) {
+  SubmissionQueue<int> q;
+  EXPECT_TRUE(q.push(1));
+  EXPECT_FALSE(q.push(2));  // rides on the drain the first push asked for
+  EXPECT_FALSE(q.push(3));
+  std::vector<int> seen;
+  bool asked_again = false;
+  q.drain([&](int& v) {
+    seen.push_back(v);
+    if (v == 1) asked_again = q.push(4);  // a continuation submitting from the drain
+  });
+  EXPECT_EQ(seen, (std::vector<int>{1, 2, 3}));
+  EXPECT_TRUE(asked_again);  // it waits for a drain of its own, which it asked for
+  seen.clear();
+  q.drain([&](int& v) { seen.push_back(v); });
+  EXPECT_EQ(seen, (std::vector<int>{4}));
+}
+
+TEST(SubmissionQueue, AThrowingHandlerLeavesNoItemUnhandledOrHandledTwice) {
+  SubmissionQueue<int> q;
+  for (int i = 1; i <= 4; ++i) (void)q.push(i);
+  std::vector<int> seen;
+  EXPECT_THROW(q.drain([&](int& v) {
+    seen.push_back(v);
+    if (v == 2) throw std::runtime_error("start failed");
+  }),
+               std::runtime_error);
+  EXPECT_EQ(seen, (std::vector<int>{1, 2, 3, 4}));
+  EXPECT_TRUE(q.push(5));  // empty again: the next push asks for a drain
+  seen.clear();
+  q.drain([&](int& v) { seen.push_back(v); });
+  EXPECT_EQ(seen, (std::vector<int>{5}));
+}
+
+TEST(InflightLimiter, RefusesPastTheLimitAndASlotGivesItsPlaceBackWhereverItEnds) {
+  InflightLimiter limit(2);
+  auto a = limit.acquire();
+  auto b = limit.acquire();
+  ASSERT_TRUE(a);
+  ASSERT_TRUE(b);
+  EXPECT_FALSE(limit.acquire());  // backpressure is a value: the caller fails the op
+  EXPECT_EQ(limit.in_flight(), 2u);
+  {
+    InflightLimiter::Slot moved = std::move(a);  // travels with the op
+    EXPECT_FALSE(a);
+  }
+  EXPECT_EQ(limit.in_flight(), 1u);
+  EXPECT_TRUE(limit.acquire());  // a temporary: given back at once
+  EXPECT_EQ(limit.in_flight(), 1u);
 }
 
 }  // namespace
