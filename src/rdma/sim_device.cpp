@@ -1,0 +1,593 @@
+// The simulated RDMA device's engine (sim_device.h): it executes posted work requests on
+// its own thread with the checks a real RC NIC makes, in the order a NIC would make them,
+// and reports every failure the way verbs does: as a work completion, with the QP moved
+// to the error state and its remaining work flushed.
+#include "rdma/sim_device.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <random>
+
+#include <fmt/format.h>
+
+namespace dlslime::rdma::sim {
+
+GidBytes device_gid() { return GidBytes{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1}; }
+
+namespace {
+
+// The IB RNR timer encoding (min_rnr_timer), in microseconds.
+constexpr uint32_t kRnrTimerUs[32] = {655360, 10,    20,    30,    40,    60,     80,     120,
+                                      160,    240,   320,   480,   640,   960,    1280,   1920,
+                                      2560,   3840,  5120,  7680,  10240, 15360,  20480,  30720,
+                                      40960,  61440, 81920, 122880, 163840, 245760, 327680, 491520};
+
+std::chrono::nanoseconds rnr_delay(uint8_t min_rnr_timer) {
+  return std::chrono::microseconds(kRnrTimerUs[min_rnr_timer & 31]);
+}
+
+// Local ACK timeout: 4.096 us * 2^timeout. 0 means "wait forever" on hardware; the
+// simulated device then retries every 67 ms without ever giving up, which is the same.
+std::chrono::nanoseconds ack_timeout(uint8_t timeout) {
+  return std::chrono::nanoseconds(4096LL << (timeout == 0 ? 14 : std::min<int>(timeout, 31)));
+}
+
+bool in_range(const Mr& mr, uint64_t addr, uint64_t length) {
+  return addr >= mr.addr && addr - mr.addr <= mr.length && length <= mr.length - (addr - mr.addr);
+}
+
+bool needs_recv(WrOpcode op) {
+  return op == WrOpcode::kSend || op == WrOpcode::kSendWithImm || op == WrOpcode::kRdmaWriteWithImm;
+}
+
+WcOpcode send_wc_opcode(WrOpcode op) {
+  switch (op) {
+    case WrOpcode::kRdmaWrite:
+    case WrOpcode::kRdmaWriteWithImm: return WcOpcode::kRdmaWrite;
+    case WrOpcode::kRdmaRead: return WcOpcode::kRdmaRead;
+    case WrOpcode::kSend:
+    case WrOpcode::kSendWithImm: return WcOpcode::kSend;
+  }
+  return WcOpcode::kSend;
+}
+
+uint64_t sge_total(const std::vector<Sge>& sges) {
+  uint64_t total = 0;
+  for (const Sge& s : sges) total += s.length;
+  return total;
+}
+
+std::mutex g_fabric_mu;
+std::weak_ptr<Fabric> g_fabric;
+
+}  // namespace
+
+Cq::Cq(int d) : depth(d), event_fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+  if (event_fd < 0) throw VerbsError(errno, fmt::format("sim: eventfd for the completion channel: {}", std::strerror(errno)));
+}
+
+Cq::~Cq() { ::close(event_fd); }
+
+void Cq::signal() {
+  uint64_t one = 1;
+  // The counter cannot overflow in practice (2^64 - 1 events); EAGAIN would only mean that.
+  [[maybe_unused]] ssize_t n = ::write(event_fd, &one, sizeof(one));
+}
+
+std::shared_ptr<Fabric> Fabric::acquire() {
+  std::lock_guard<std::mutex> lock(g_fabric_mu);
+  std::shared_ptr<Fabric> fabric = g_fabric.lock();
+  if (!fabric) {
+    fabric = std::make_shared<Fabric>();
+    g_fabric = fabric;
+  }
+  return fabric;
+}
+
+std::shared_ptr<Fabric> Fabric::current() {
+  std::lock_guard<std::mutex> lock(g_fabric_mu);
+  return g_fabric.lock();
+}
+
+Fabric::Fabric() : next_key_(static_cast<uint32_t>(std::random_device{}()) | 1u) {
+  engine_ = std::thread([this] { run(); });
+}
+
+Fabric::~Fabric() {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  engine_.join();
+}
+
+uint32_t Fabric::new_pd() { return next_pd_++; }
+
+Mr& Fabric::add_mr(uint64_t addr, size_t length, uint32_t access, uint32_t pd) {
+  // Keys are never reused, and an lkey is never valid as an rkey (or the reverse).
+  uint32_t lkey = next_key_ == 0 ? ++next_key_ : next_key_;
+  uint32_t rkey = lkey + 1 == 0 ? 1 : lkey + 1;
+  next_key_ = rkey + 1;
+  Mr& mr = mrs_[lkey];
+  mr = Mr{addr, length, access, pd, lkey, rkey};
+  rkey_to_lkey_[rkey] = lkey;
+  return mr;
+}
+
+void Fabric::remove_mr(uint32_t lkey) {
+  auto it = mrs_.find(lkey);
+  if (it == mrs_.end()) return;
+  rkey_to_lkey_.erase(it->second.rkey);
+  mrs_.erase(it);
+}
+
+const Mr* Fabric::find_key(uint32_t key, bool remote) const {
+  if (remote) {
+    auto r = rkey_to_lkey_.find(key);
+    if (r == rkey_to_lkey_.end()) return nullptr;
+    key = r->second;
+  }
+  auto it = mrs_.find(key);
+  return it == mrs_.end() ? nullptr : &it->second;
+}
+
+std::shared_ptr<Qp> Fabric::add_qp(uint32_t pd, std::shared_ptr<Cq> send_cq, std::shared_ptr<Cq> recv_cq,
+                                   const QpCaps& caps) {
+  auto qp = std::make_shared<Qp>();
+  qp->qpn = next_qpn_++ & 0xffffff;
+  qp->pd = pd;
+  qp->send_cq = std::move(send_cq);
+  qp->recv_cq = std::move(recv_cq);
+  qp->caps = caps;
+  qps_[qp->qpn] = qp;
+  return qp;
+}
+
+void Fabric::remove_qp(uint32_t qpn) { qps_.erase(qpn); }
+
+Qp* Fabric::find_qp(uint32_t qpn) {
+  auto it = qps_.find(qpn);
+  return it == qps_.end() ? nullptr : it->second.get();
+}
+
+Qp& Fabric::require_qp(uint32_t qpn) {
+  Qp* qp = find_qp(qpn);
+  if (!qp) throw NotFoundError(fmt::format("sim_rdma0 has no QP {:#x}", qpn));
+  return *qp;
+}
+
+int Fabric::modify(Qp& qp, QpState to, const RcInitAttr* init, const RcRtrAttr* rtr, const RcRtsAttr* rts) {
+  switch (to) {
+    case QpState::kInit:
+      if (qp.state != QpState::kReset || init->port != kPort || init->pkey_index != 0) return EINVAL;
+      if ((init->access & ~(kLocalWrite | kRemoteWrite | kRemoteRead)) != 0) return EINVAL;
+      qp.init = *init;
+      break;
+    case QpState::kRtr:
+      // RoCE needs a GRH (use_gid) and a path MTU the port can carry; the one GID is index 0.
+      if (qp.state != QpState::kInit || !rtr->use_gid || rtr->sgid_index != 0) return EINVAL;
+      if (static_cast<int>(rtr->path_mtu) < 1 || rtr->path_mtu > kActiveMtu) return EINVAL;
+      if (rtr->remote_qpn > 0xffffff || rtr->rq_psn > 0xffffff || rtr->min_rnr_timer > 31) return EINVAL;
+      qp.rtr = *rtr;
+      qp.expected_psn = rtr->rq_psn;
+      break;
+    case QpState::kRts:
+      if (qp.state != QpState::kRtr || rts->sq_psn > 0xffffff || rts->timeout > 31 || rts->retry_cnt > 7 ||
+          rts->rnr_retry > 7) {
+        return EINVAL;
+      }
+      qp.rts = *rts;
+      qp.next_send_psn = rts->sq_psn;
+      break;
+    case QpState::kErr:
+      qp.state = QpState::kErr;
+      // The flush happens on the engine, like the NIC's, not in the caller's thread.
+      schedule_progress(qp, Clock::now());
+      return 0;
+    case QpState::kReset:
+      return EINVAL;
+  }
+  qp.state = to;
+  return 0;
+}
+
+int Fabric::post_send(Qp& qp, const SendWr* wr, const SendWr** bad_wr) {
+  if (bad_wr) *bad_wr = nullptr;
+  int posted = 0;
+  for (const SendWr* w = wr; w != nullptr; w = w->next) {
+    int err = 0;
+    uint64_t total = 0;
+    for (int i = 0; i < w->num_sge && w->sg_list; ++i) total += w->sg_list[i].length;
+    if (qp.state != QpState::kRts && qp.state != QpState::kErr) {
+      err = EINVAL;  // a send queue accepts work only in RTS (and ERR, where it is flushed)
+    } else if (w->num_sge < 0 || static_cast<uint32_t>(w->num_sge) > qp.caps.max_send_sge ||
+               (w->num_sge > 0 && w->sg_list == nullptr)) {
+      err = EINVAL;
+    } else if (w->inline_data && (w->opcode == WrOpcode::kRdmaRead || total > qp.caps.max_inline_data)) {
+      err = EINVAL;
+    } else if (qp.sq_posted - qp.sq_freed >= qp.caps.max_send_wr) {
+      err = ENOMEM;
+    }
+    if (err) {
+      if (bad_wr) *bad_wr = w;
+      if (posted) schedule_progress(qp, Clock::now());
+      return err;
+    }
+    PostedSend ps;
+    ps.wr = *w;
+    ps.wr.next = nullptr;
+    ps.wr.sg_list = nullptr;
+    if (w->inline_data) {
+      // Inline data is copied at post time; the buffer may be reused as soon as this returns.
+      ps.inline_bytes.resize(total);
+      size_t at = 0;
+      for (int i = 0; i < w->num_sge; ++i) {
+        std::memcpy(ps.inline_bytes.data() + at, reinterpret_cast<const void*>(w->sg_list[i].addr),
+                    w->sg_list[i].length);
+        at += w->sg_list[i].length;
+      }
+    } else {
+      ps.sges.assign(w->sg_list, w->sg_list + w->num_sge);
+    }
+    ps.seq = qp.sq_posted++;
+    qp.sq.push_back(std::move(ps));
+    ++posted;
+  }
+  schedule_progress(qp, Clock::now());
+  return 0;
+}
+
+int Fabric::post_recv(Qp& qp, const RecvWr* wr, const RecvWr** bad_wr) {
+  if (bad_wr) *bad_wr = nullptr;
+  for (const RecvWr* w = wr; w != nullptr; w = w->next) {
+    int err = 0;
+    if (qp.state == QpState::kReset) {
+      err = EINVAL;
+    } else if (w->num_sge < 0 || static_cast<uint32_t>(w->num_sge) > qp.caps.max_recv_sge ||
+               (w->num_sge > 0 && w->sg_list == nullptr)) {
+      err = EINVAL;
+    } else if (qp.rq_posted - qp.rq_freed >= qp.caps.max_recv_wr) {
+      err = ENOMEM;
+    }
+    if (err) {
+      if (bad_wr) *bad_wr = w;
+      return err;
+    }
+    PostedRecv pr;
+    pr.wr_id = w->wr_id;
+    pr.sges.assign(w->sg_list, w->sg_list + w->num_sge);
+    pr.seq = qp.rq_posted++;
+    qp.rq.push_back(std::move(pr));
+  }
+  if (qp.state == QpState::kErr) schedule_progress(qp, Clock::now());  // flushed there
+  return 0;
+}
+
+int Fabric::poll(Cq& cq, int max, WorkCompletion* out) {
+  if (cq.overrun) return -EOVERFLOW;
+  if (max < 0 || (max > 0 && out == nullptr)) return -EINVAL;
+  int n = 0;
+  while (n < max && !cq.entries.empty()) {
+    Cq::Entry& e = cq.entries.front();
+    out[n++] = e.wc;
+    if (Qp* qp = find_qp(e.qpn)) {
+      uint64_t& freed = e.send_queue ? qp->sq_freed : qp->rq_freed;
+      freed = std::max(freed, e.seq + 1);
+    }
+    cq.entries.pop_front();
+  }
+  return n;
+}
+
+void Fabric::schedule_progress(Qp& qp, Clock::time_point at) {
+  events_.push(Event{at, next_order_++, qp.qpn, false, nullptr, {}});
+  cv_.notify_one();
+}
+
+void Fabric::run() {
+  std::unique_lock<std::mutex> lock(mu);
+  while (!stop_) {
+    if (events_.empty()) {
+      cv_.wait(lock);
+      continue;
+    }
+    Clock::time_point at = events_.top().at;
+    if (Clock::now() < at) {
+      cv_.wait_until(lock, at);
+      continue;
+    }
+    Event ev = events_.top();
+    events_.pop();
+    if (ev.deliver) {
+      if (Qp* qp = find_qp(ev.qpn)) --qp->delayed_in_flight;
+      deliver(*ev.cq, ev.entry);
+    } else if (Qp* qp = find_qp(ev.qpn)) {
+      progress(*qp);
+    }
+  }
+}
+
+// Several progress events may be pending for one QP (one per post); each executes at most
+// the head WR, so work stays in order, and a WR waiting for an RNR or ACK retry is only
+// retried by the event scheduled for that time.
+void Fabric::progress(Qp& qp) {
+  if (qp.state == QpState::kErr) {
+    flush(qp);
+    return;
+  }
+  if (qp.state != QpState::kRts || qp.sq.empty()) return;
+  Clock::time_point now = Clock::now();
+  if (now < qp.last_retry_at) return;
+  execute(qp);
+  if (qp.state == QpState::kRts && !qp.sq.empty() && qp.last_retry_at <= now) schedule_progress(qp, now);
+}
+
+void Fabric::execute(Qp& qp) {
+  PostedSend ps = std::move(qp.sq.front());
+  qp.sq.pop_front();
+  const SendWr& wr = ps.wr;
+  const bool is_read = wr.opcode == WrOpcode::kRdmaRead;
+  const Clock::time_point now = Clock::now();
+
+  WorkCompletion wc;
+  wc.wr_id = wr.wr_id;
+  wc.opcode = send_wc_opcode(wr.opcode);
+  wc.qp_num = qp.qpn;
+  auto fail = [&](WcStatus status) {
+    wc.status = status;
+    complete(qp, true, ps.seq, wc);
+    to_error(qp);
+  };
+  auto retry_at = [&](Clock::time_point at) {
+    qp.last_retry_at = at;
+    qp.sq.push_front(std::move(ps));
+    schedule_progress(qp, at);
+  };
+
+  // Requester: the local buffers must be registered in this QP's PD (a READ writes them).
+  uint64_t total = wr.inline_data ? ps.inline_bytes.size() : sge_total(ps.sges);
+  if (!wr.inline_data) {
+    for (const Sge& s : ps.sges) {
+      const Mr* mr = find_key(s.lkey, false);
+      if (!mr || mr->pd != qp.pd || !in_range(*mr, s.addr, s.length) || (is_read && !(mr->access & kLocalWrite))) {
+        fail(WcStatus::kLocProtErr);
+        return;
+      }
+    }
+  }
+
+  // The packet reaches the responder only if it exists, is connected back to this QP, can
+  // receive (RTR or RTS), is addressed by the right GID and expects this PSN. Otherwise
+  // nothing acknowledges it: retry after the ACK timeout, then RETRY_EXC_ERR.
+  Qp* peer = find_qp(qp.rtr.remote_qpn);
+  const bool reachable = peer && peer->rtr.remote_qpn == qp.qpn &&
+                         (peer->state == QpState::kRtr || peer->state == QpState::kRts) &&
+                         qp.rtr.remote_gid == device_gid() && qp.next_send_psn == peer->expected_psn;
+  if (!reachable) {
+    ++ps.retry_tries;
+    if (qp.rts.timeout != 0 && ps.retry_tries > qp.rts.retry_cnt) {
+      fail(WcStatus::kRetryExcErr);
+    } else {
+      retry_at(now + ack_timeout(qp.rts.timeout));
+    }
+    return;
+  }
+
+  // Responder: an RDMA op needs a valid rkey in the responder's PD covering the range, with
+  // the access the op needs granted both by the MR and by the responder QP.
+  if (!needs_recv(wr.opcode) || wr.opcode == WrOpcode::kRdmaWriteWithImm) {
+    const uint32_t need = is_read ? kRemoteRead : kRemoteWrite;
+    const Mr* rmr = find_key(wr.rkey, true);
+    if (!rmr || rmr->pd != peer->pd || !in_range(*rmr, wr.remote_addr, total) || !(rmr->access & need) ||
+        !(peer->init.access & need)) {
+      fail(WcStatus::kRemAccessErr);
+      return;
+    }
+  }
+
+  // Ops that consume a receive: none posted is an RNR NAK, retried after the responder's
+  // RNR timer, rnr_retry times (7: forever), then RNR_RETRY_EXC_ERR.
+  std::optional<PostedRecv> recv;
+  if (needs_recv(wr.opcode)) {
+    if (peer->rq.empty()) {
+      ++qp.rnr_naks;
+      ++ps.rnr_tries;
+      if (qp.rts.rnr_retry != 7 && ps.rnr_tries > qp.rts.rnr_retry) {
+        fail(WcStatus::kRnrRetryExcErr);
+      } else {
+        retry_at(now + rnr_delay(peer->rtr.min_rnr_timer));
+      }
+      return;
+    }
+    recv = std::move(peer->rq.front());
+    peer->rq.pop_front();
+  }
+  ps.rnr_tries = 0;
+  ps.retry_tries = 0;
+
+  // The bytes the requester sends (or, for READ, where they go).
+  std::vector<uint8_t> payload;
+  if (!is_read) {
+    if (wr.inline_data) {
+      payload = std::move(ps.inline_bytes);
+    } else {
+      payload.resize(total);
+      size_t at = 0;
+      for (const Sge& s : ps.sges) {
+        std::memcpy(payload.data() + at, reinterpret_cast<const void*>(s.addr), s.length);
+        at += s.length;
+      }
+    }
+  }
+
+  WorkCompletion rwc;
+  rwc.qp_num = peer->qpn;
+  if (wr.opcode == WrOpcode::kSend || wr.opcode == WrOpcode::kSendWithImm) {
+    rwc.wr_id = recv->wr_id;
+    rwc.opcode = WcOpcode::kRecv;
+    bool recv_ok = true;
+    for (const Sge& s : recv->sges) {
+      const Mr* mr = find_key(s.lkey, false);
+      if (!mr || mr->pd != peer->pd || !in_range(*mr, s.addr, s.length) || !(mr->access & kLocalWrite)) recv_ok = false;
+    }
+    // A bad receive buffer is the responder's protection error (the requester sees a
+    // remote operational error); a message longer than the receive is a length error at
+    // the responder and an invalid request at the requester. Both QPs go to ERR.
+    if (!recv_ok || total > sge_total(recv->sges)) {
+      rwc.status = recv_ok ? WcStatus::kLocLenErr : WcStatus::kLocProtErr;
+      complete(*peer, false, recv->seq, rwc);
+      to_error(*peer);
+      fail(recv_ok ? WcStatus::kRemInvReqErr : WcStatus::kRemOpErr);
+      return;
+    }
+    size_t at = 0;
+    for (const Sge& s : recv->sges) {
+      size_t n = std::min<size_t>(s.length, payload.size() - at);
+      std::memmove(reinterpret_cast<void*>(s.addr), payload.data() + at, n);
+      at += n;
+    }
+  } else if (is_read) {
+    size_t at = 0;
+    for (const Sge& s : ps.sges) {
+      std::memmove(reinterpret_cast<void*>(s.addr), reinterpret_cast<const void*>(wr.remote_addr + at), s.length);
+      at += s.length;
+    }
+  } else if (!payload.empty()) {
+    std::memmove(reinterpret_cast<void*>(wr.remote_addr), payload.data(), payload.size());
+  }
+
+  // Each WR takes ceil(bytes / path MTU) PSNs (at least one) on both sides.
+  const uint64_t mtu = static_cast<uint64_t>(mtu_bytes(qp.rtr.path_mtu));
+  const uint32_t packets = static_cast<uint32_t>(std::max<uint64_t>(1, (total + mtu - 1) / mtu));
+  qp.next_send_psn = (qp.next_send_psn + packets) & 0xffffff;
+  peer->expected_psn = (peer->expected_psn + packets) & 0xffffff;
+
+  if (recv) {
+    if (wr.opcode == WrOpcode::kRdmaWriteWithImm) {
+      rwc.wr_id = recv->wr_id;
+      rwc.opcode = WcOpcode::kRecvRdmaWithImm;
+    }
+    rwc.status = WcStatus::kSuccess;
+    rwc.byte_len = static_cast<uint32_t>(total);
+    rwc.has_imm = wr.opcode == WrOpcode::kSendWithImm || wr.opcode == WrOpcode::kRdmaWriteWithImm;
+    rwc.imm_data = rwc.has_imm ? wr.imm_data : 0;
+    complete(*peer, false, recv->seq, rwc);
+  }
+  if (wr.signaled) {
+    wc.status = WcStatus::kSuccess;
+    wc.byte_len = is_read ? static_cast<uint32_t>(total) : 0;  // verbs: byte_len is for reads and receives
+    complete(qp, true, ps.seq, wc);
+  }
+}
+
+void Fabric::complete(Qp& qp, bool send_queue, uint64_t seq, const WorkCompletion& wc) {
+  if (qp.drop_completions > 0) {
+    --qp.drop_completions;
+    return;
+  }
+  const std::shared_ptr<Cq>& cq = send_queue ? qp.send_cq : qp.recv_cq;
+  Cq::Entry entry{wc, qp.qpn, send_queue, seq};
+  const Clock::time_point now = Clock::now();
+  if (qp.completion_delay.count() == 0 && qp.delayed_in_flight == 0) {
+    deliver(*cq, entry);
+    return;
+  }
+  // A delayed completion, and every one after it, is delivered in order.
+  Clock::time_point at = std::max(now + qp.completion_delay, qp.last_delivery_at);
+  qp.last_delivery_at = at;
+  ++qp.delayed_in_flight;
+  events_.push(Event{at, next_order_++, qp.qpn, true, cq, entry});
+  cv_.notify_one();
+}
+
+void Fabric::deliver(Cq& cq, const Cq::Entry& entry) {
+  if (cq.overrun) return;  // the CQ is in error: nothing more is reported on it
+  if (static_cast<int>(cq.entries.size()) >= cq.depth) {
+    // Overrun (IBV_EVENT_CQ_ERR on hardware): poll fails from now on; wake any waiter.
+    cq.overrun = true;
+    cq.signal();
+    return;
+  }
+  cq.entries.push_back(entry);
+  if (cq.armed) {
+    cq.armed = false;
+    cq.signal();
+  }
+}
+
+void Fabric::to_error(Qp& qp) {
+  qp.state = QpState::kErr;
+  flush(qp);
+}
+
+void Fabric::flush(Qp& qp) {
+  WorkCompletion wc;
+  wc.status = WcStatus::kWrFlushErr;
+  wc.qp_num = qp.qpn;
+  while (!qp.sq.empty()) {
+    PostedSend ps = std::move(qp.sq.front());
+    qp.sq.pop_front();
+    wc.wr_id = ps.wr.wr_id;
+    wc.opcode = send_wc_opcode(ps.wr.opcode);
+    complete(qp, true, ps.seq, wc);
+  }
+  wc.opcode = WcOpcode::kRecv;
+  while (!qp.rq.empty()) {
+    PostedRecv pr = std::move(qp.rq.front());
+    qp.rq.pop_front();
+    wc.wr_id = pr.wr_id;
+    complete(qp, false, pr.seq, wc);
+  }
+}
+
+void Fabric::fail_qp(uint32_t qpn) {
+  Qp& qp = require_qp(qpn);
+  qp.state = QpState::kErr;
+  schedule_progress(qp, Clock::now());
+}
+
+void Fabric::delay_completions(uint32_t qpn, std::chrono::microseconds delay) { require_qp(qpn).completion_delay = delay; }
+
+void Fabric::drop_completions(uint32_t qpn, int count) { require_qp(qpn).drop_completions = count; }
+
+uint64_t Fabric::rnr_naks(uint32_t qpn) { return require_qp(qpn).rnr_naks; }
+
+namespace {
+std::shared_ptr<Fabric> require_fabric() {
+  std::shared_ptr<Fabric> fabric = Fabric::current();
+  if (!fabric) throw NotFoundError("no simulated RDMA device is open (DLSLIME_RDMA_SIM=1 and open sim_rdma0 first)");
+  return fabric;
+}
+}  // namespace
+
+void fail_qp(uint32_t qpn) {
+  auto f = require_fabric();
+  std::lock_guard<std::mutex> lock(f->mu);
+  f->fail_qp(qpn);
+}
+
+void delay_completions(uint32_t qpn, std::chrono::microseconds delay) {
+  auto f = require_fabric();
+  std::lock_guard<std::mutex> lock(f->mu);
+  f->delay_completions(qpn, delay);
+}
+
+void drop_completions(uint32_t qpn, int count) {
+  auto f = require_fabric();
+  std::lock_guard<std::mutex> lock(f->mu);
+  f->drop_completions(qpn, count);
+}
+
+uint64_t rnr_naks(uint32_t qpn) {
+  auto f = require_fabric();
+  std::lock_guard<std::mutex> lock(f->mu);
+  return f->rnr_naks(qpn);
+}
+
+}  // namespace dlslime::rdma::sim

@@ -1,0 +1,183 @@
+// The simulated RDMA device behind DLSLIME_RDMA_SIM=1 (docs/rdma.md, "The simulated
+// device"): its state (MRs, CQs, QPs), the engine thread that executes posted work like a
+// NIC would, and the fault-injection hooks tests use. sim_provider.cpp wraps it in the
+// verbs.h interface; this header is internal to src/rdma and the tests.
+//
+// One Fabric per process, shared by every open "sim_rdma0" context: two QPs of two
+// contexts connected to each other talk through it, as two ports on one switch would.
+// Everything is guarded by one mutex; the engine thread is the only one that moves
+// data or produces completions, so nothing completes inside post_send.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <queue>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "rdma/verbs.h"
+
+namespace dlslime::rdma::sim {
+
+inline constexpr const char* kDeviceName = "sim_rdma0";
+inline constexpr uint8_t kPort = 1;
+inline constexpr Mtu kActiveMtu = Mtu::k4096;
+// Device limits (create_* beyond them fails with EINVAL, as ibv_create_qp does).
+inline constexpr uint32_t kMaxQpWr = 16384;
+inline constexpr uint32_t kMaxSge = 30;
+inline constexpr uint32_t kMaxInline = 256;
+inline constexpr int kMaxCqe = 65536;
+
+// The one GID of port 1: ::ffff:127.0.0.1 (IPv4-mapped), RoCE v2.
+GidBytes device_gid();
+
+using Clock = std::chrono::steady_clock;
+
+struct Mr {
+  uint64_t addr = 0;
+  size_t length = 0;
+  uint32_t access = 0;
+  uint32_t pd = 0;
+  uint32_t lkey = 0;
+  uint32_t rkey = 0;
+};
+
+struct Cq {
+  explicit Cq(int depth);
+  ~Cq();
+  struct Entry {
+    WorkCompletion wc;
+    uint32_t qpn = 0;
+    bool send_queue = false;
+    uint64_t seq = 0;  // the WR's position in its queue: polling it frees the slots up to it
+  };
+  int depth;
+  std::deque<Entry> entries;
+  bool overrun = false;  // more completions than depth arrived: the CQ is in error
+  bool armed = false;
+  int event_fd = -1;
+  void signal();  // make the channel fd readable
+};
+
+struct PostedSend {
+  SendWr wr;  // next and sg_list are not used: sges/inline_bytes hold copies
+  std::vector<Sge> sges;
+  std::vector<uint8_t> inline_bytes;
+  uint64_t seq = 0;
+  uint32_t rnr_tries = 0;
+  uint32_t retry_tries = 0;
+};
+
+struct PostedRecv {
+  uint64_t wr_id = 0;
+  std::vector<Sge> sges;
+  uint64_t seq = 0;
+};
+
+struct Qp {
+  uint32_t qpn = 0;
+  uint32_t pd = 0;
+  std::shared_ptr<Cq> send_cq;
+  std::shared_ptr<Cq> recv_cq;
+  QpCaps caps;
+  QpState state = QpState::kReset;
+  RcInitAttr init;
+  RcRtrAttr rtr;
+  RcRtsAttr rts;
+  uint32_t next_send_psn = 0;  // requester side, advanced per packet
+  uint32_t expected_psn = 0;   // responder side
+  std::deque<PostedSend> sq;
+  std::deque<PostedRecv> rq;
+  // Queue slots are freed when a completion at or after the WR is polled (as mlx5 does),
+  // so a queue of unsignaled WRs fills up just as it does on hardware.
+  uint64_t sq_posted = 0, sq_freed = 0;
+  uint64_t rq_posted = 0, rq_freed = 0;
+  // A WR waiting for an RNR or ACK retry runs again no earlier than this.
+  Clock::time_point last_retry_at{};
+  // Completions not yet delivered because of an injected delay (they keep their order).
+  int delayed_in_flight = 0;
+  Clock::time_point last_delivery_at{};
+  // Fault injection and observation.
+  std::chrono::microseconds completion_delay{0};
+  int drop_completions = 0;
+  uint64_t rnr_naks = 0;
+};
+
+class Fabric {
+ public:
+  // The process's fabric, created with the first context and gone with the last object.
+  static std::shared_ptr<Fabric> acquire();
+  static std::shared_ptr<Fabric> current();  // nullptr when nothing is open
+  Fabric();
+  ~Fabric();
+  Fabric(const Fabric&) = delete;
+  Fabric& operator=(const Fabric&) = delete;
+
+  std::mutex mu;
+  uint32_t new_pd();
+  Mr& add_mr(uint64_t addr, size_t length, uint32_t access, uint32_t pd);
+  void remove_mr(uint32_t lkey);
+  std::shared_ptr<Qp> add_qp(uint32_t pd, std::shared_ptr<Cq> send_cq, std::shared_ptr<Cq> recv_cq, const QpCaps& caps);
+  void remove_qp(uint32_t qpn);
+
+  // The calls behind QueuePair and CompletionQueue (lock held by the caller: `mu`).
+  int modify(Qp& qp, QpState to, const RcInitAttr* init, const RcRtrAttr* rtr, const RcRtsAttr* rts);
+  int post_send(Qp& qp, const SendWr* wr, const SendWr** bad_wr);
+  int post_recv(Qp& qp, const RecvWr* wr, const RecvWr** bad_wr);
+  int poll(Cq& cq, int max, WorkCompletion* out);
+
+  // Fault injection (tests). Each throws NotFoundError for an unknown QP number.
+  void fail_qp(uint32_t qpn);                                      // to ERR, flushing its WRs
+  void delay_completions(uint32_t qpn, std::chrono::microseconds delay);  // later completions
+  void drop_completions(uint32_t qpn, int count);                  // lose the next `count`
+  uint64_t rnr_naks(uint32_t qpn);                                 // RNR NAKs its sends got
+
+ private:
+  struct Event {
+    Clock::time_point at;
+    uint64_t order;
+    uint32_t qpn;  // progress this QP's send queue (or flush it)
+    bool deliver = false;
+    std::shared_ptr<Cq> cq;  // deliver: this completion
+    Cq::Entry entry;
+    bool operator>(const Event& o) const { return at != o.at ? at > o.at : order > o.order; }
+  };
+
+  void run();
+  void schedule_progress(Qp& qp, Clock::time_point at);
+  void progress(Qp& qp);
+  // Executes qp's first send WR, or puts it back with a retry time (RNR NAK, no ACK).
+  void execute(Qp& qp);
+  void complete(Qp& qp, bool send_queue, uint64_t seq, const WorkCompletion& wc);
+  void deliver(Cq& cq, const Cq::Entry& entry);
+  void to_error(Qp& qp);
+  void flush(Qp& qp);
+  Qp* find_qp(uint32_t qpn);
+  const Mr* find_key(uint32_t key, bool remote) const;
+  Qp& require_qp(uint32_t qpn);
+
+  uint32_t next_pd_ = 1;
+  uint32_t next_qpn_ = 0x100;
+  uint32_t next_key_;
+  uint64_t next_order_ = 0;
+  std::unordered_map<uint32_t, Mr> mrs_;              // by lkey
+  std::unordered_map<uint32_t, uint32_t> rkey_to_lkey_;
+  std::unordered_map<uint32_t, std::shared_ptr<Qp>> qps_;
+  std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread engine_;
+};
+
+// The fault hooks on the current fabric (NotFoundError when no simulated device is open).
+void fail_qp(uint32_t qpn);
+void delay_completions(uint32_t qpn, std::chrono::microseconds delay);
+void drop_completions(uint32_t qpn, int count);
+uint64_t rnr_naks(uint32_t qpn);
+
+}  // namespace dlslime::rdma::sim

@@ -1,0 +1,189 @@
+// The verbs.h interface over the simulated device (sim_device.h). Each object holds the
+// fabric alive and takes its lock for every call; the engine thread does the work.
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <fmt/format.h>
+
+#include "rdma/sim_device.h"
+
+namespace dlslime::rdma {
+namespace {
+
+using sim::Fabric;
+
+class SimMemoryRegion final : public MemoryRegion {
+ public:
+  SimMemoryRegion(std::shared_ptr<Fabric> fabric, const sim::Mr& mr) : fabric_(std::move(fabric)), mr_(mr) {}
+  ~SimMemoryRegion() override {
+    std::lock_guard<std::mutex> lock(fabric_->mu);
+    fabric_->remove_mr(mr_.lkey);
+  }
+  uint64_t addr() const override { return mr_.addr; }
+  size_t length() const override { return mr_.length; }
+  uint32_t lkey() const override { return mr_.lkey; }
+  uint32_t rkey() const override { return mr_.rkey; }
+
+ private:
+  std::shared_ptr<Fabric> fabric_;
+  sim::Mr mr_;
+};
+
+class SimCompletionQueue final : public CompletionQueue {
+ public:
+  SimCompletionQueue(std::shared_ptr<Fabric> fabric, int depth)
+      : fabric_(std::move(fabric)), cq_(std::make_shared<sim::Cq>(depth)) {}
+  int depth() const override { return cq_->depth; }
+  int poll(int max, WorkCompletion* out) override {
+    std::lock_guard<std::mutex> lock(fabric_->mu);
+    return fabric_->poll(*cq_, max, out);
+  }
+  int req_notify() override {
+    std::lock_guard<std::mutex> lock(fabric_->mu);
+    if (cq_->overrun) return EIO;
+    cq_->armed = true;
+    return 0;
+  }
+  int channel_fd() const override { return cq_->event_fd; }
+  int ack_events() override {
+    uint64_t count = 0;
+    if (::read(cq_->event_fd, &count, sizeof(count)) != sizeof(count)) return 0;  // EAGAIN: none pending
+    return static_cast<int>(count);
+  }
+  const std::shared_ptr<sim::Cq>& cq() const { return cq_; }
+
+ private:
+  std::shared_ptr<Fabric> fabric_;
+  std::shared_ptr<sim::Cq> cq_;
+};
+
+class SimQueuePair final : public QueuePair {
+ public:
+  SimQueuePair(std::shared_ptr<Fabric> fabric, std::shared_ptr<sim::Qp> qp)
+      : fabric_(std::move(fabric)), qp_(std::move(qp)) {}
+  ~SimQueuePair() override {
+    std::lock_guard<std::mutex> lock(fabric_->mu);
+    fabric_->remove_qp(qp_->qpn);
+  }
+  uint32_t qp_num() const override { return qp_->qpn; }
+  QpState state() const override {
+    std::lock_guard<std::mutex> lock(fabric_->mu);
+    return qp_->state;
+  }
+  const QpCaps& caps() const override { return qp_->caps; }
+  int modify_to_init(const RcInitAttr& attr) override { return modify(QpState::kInit, &attr, nullptr, nullptr); }
+  int modify_to_rtr(const RcRtrAttr& attr) override { return modify(QpState::kRtr, nullptr, &attr, nullptr); }
+  int modify_to_rts(const RcRtsAttr& attr) override { return modify(QpState::kRts, nullptr, nullptr, &attr); }
+  int modify_to_err() override { return modify(QpState::kErr, nullptr, nullptr, nullptr); }
+  int post_send(const SendWr* wr, const SendWr** bad_wr) override {
+    std::lock_guard<std::mutex> lock(fabric_->mu);
+    return fabric_->post_send(*qp_, wr, bad_wr);
+  }
+  int post_recv(const RecvWr* wr, const RecvWr** bad_wr) override {
+    std::lock_guard<std::mutex> lock(fabric_->mu);
+    return fabric_->post_recv(*qp_, wr, bad_wr);
+  }
+
+ private:
+  int modify(QpState to, const RcInitAttr* init, const RcRtrAttr* rtr, const RcRtsAttr* rts) {
+    std::lock_guard<std::mutex> lock(fabric_->mu);
+    return fabric_->modify(*qp_, to, init, rtr, rts);
+  }
+  std::shared_ptr<Fabric> fabric_;
+  std::shared_ptr<sim::Qp> qp_;
+};
+
+class SimProtectionDomain final : public ProtectionDomain {
+ public:
+  explicit SimProtectionDomain(std::shared_ptr<Fabric> fabric) : fabric_(std::move(fabric)) {
+    std::lock_guard<std::mutex> lock(fabric_->mu);
+    pd_ = fabric_->new_pd();
+  }
+  std::unique_ptr<MemoryRegion> reg_mr(void* addr, size_t length, uint32_t access) override {
+    // As ibv_reg_mr: remote write needs local write, and only the known flags are valid.
+    if (addr == nullptr || length == 0) throw VerbsError(EINVAL, "sim reg_mr: null address or zero length", StatusCode::kInvalidArgument);
+    if ((access & ~(kLocalWrite | kRemoteWrite | kRemoteRead)) != 0 ||
+        ((access & kRemoteWrite) && !(access & kLocalWrite))) {
+      throw VerbsError(EINVAL, fmt::format("sim reg_mr: invalid access flags {:#x} (remote write needs local write)", access),
+                       StatusCode::kInvalidArgument);
+    }
+    std::lock_guard<std::mutex> lock(fabric_->mu);
+    const sim::Mr& mr = fabric_->add_mr(reinterpret_cast<uint64_t>(addr), length, access, pd_);
+    return std::make_unique<SimMemoryRegion>(fabric_, mr);
+  }
+  std::unique_ptr<QueuePair> create_rc_qp(CompletionQueue& send_cq, CompletionQueue& recv_cq, const QpCaps& caps) override {
+    auto* scq = dynamic_cast<SimCompletionQueue*>(&send_cq);
+    auto* rcq = dynamic_cast<SimCompletionQueue*>(&recv_cq);
+    if (!scq || !rcq) throw VerbsError(EINVAL, "sim create_qp: the CQs are not the simulated device's", StatusCode::kInvalidArgument);
+    if (caps.max_send_wr > sim::kMaxQpWr || caps.max_recv_wr > sim::kMaxQpWr || caps.max_send_sge > sim::kMaxSge ||
+        caps.max_recv_sge > sim::kMaxSge || caps.max_inline_data > sim::kMaxInline) {
+      throw VerbsError(EINVAL,
+                       fmt::format("sim create_qp: caps beyond the device's (max_wr {}, max_sge {}, max_inline {})",
+                                   sim::kMaxQpWr, sim::kMaxSge, sim::kMaxInline),
+                       StatusCode::kInvalidArgument);
+    }
+    std::lock_guard<std::mutex> lock(fabric_->mu);
+    return std::make_unique<SimQueuePair>(fabric_, fabric_->add_qp(pd_, scq->cq(), rcq->cq(), caps));
+  }
+
+ private:
+  std::shared_ptr<Fabric> fabric_;
+  uint32_t pd_ = 0;
+};
+
+class SimContext final : public Context {
+ public:
+  SimContext() : fabric_(Fabric::acquire()) {}
+  const std::string& device_name() const override { return name_; }
+  PortAttr query_port(uint8_t port) override {
+    check_port(port);
+    PortAttr attr;
+    attr.state = PortState::kActive;
+    attr.link_layer = LinkLayer::kEthernet;
+    attr.active_mtu = sim::kActiveMtu;
+    attr.lid = 0;  // RoCE ports have no LID
+    attr.gid_table_len = 1;
+    return attr;
+  }
+  GidEntry query_gid(uint8_t port, int index) override {
+    check_port(port);
+    if (index != 0) throw VerbsError(EINVAL, fmt::format("sim_rdma0 port 1 has one GID (index 0), not index {}", index), StatusCode::kInvalidArgument);
+    return GidEntry{sim::device_gid(), GidType::kRoceV2};
+  }
+  std::unique_ptr<ProtectionDomain> alloc_pd() override { return std::make_unique<SimProtectionDomain>(fabric_); }
+  std::unique_ptr<CompletionQueue> create_cq(int depth) override {
+    if (depth < 1 || depth > sim::kMaxCqe) {
+      throw VerbsError(EINVAL, fmt::format("sim create_cq: depth {} outside 1..{}", depth, sim::kMaxCqe), StatusCode::kInvalidArgument);
+    }
+    return std::make_unique<SimCompletionQueue>(fabric_, depth);
+  }
+
+ private:
+  static void check_port(uint8_t port) {
+    if (port != sim::kPort) throw VerbsError(EINVAL, fmt::format("sim_rdma0 has port 1 only, not port {}", port), StatusCode::kInvalidArgument);
+  }
+  std::shared_ptr<Fabric> fabric_;
+  std::string name_ = sim::kDeviceName;
+};
+
+class SimProvider final : public Provider {
+ public:
+  const char* name() const override { return "sim"; }
+  std::vector<std::string> list_devices() override { return {sim::kDeviceName}; }
+  std::unique_ptr<Context> open(const std::string& device_name) override {
+    if (device_name != sim::kDeviceName) {
+      throw NotFoundError(fmt::format("no RDMA device '{}' (the simulated device is {})", device_name, sim::kDeviceName));
+    }
+    return std::make_unique<SimContext>();
+  }
+};
+
+}  // namespace
+
+Provider& sim_provider() {
+  static SimProvider instance;
+  return instance;
+}
+
+}  // namespace dlslime::rdma

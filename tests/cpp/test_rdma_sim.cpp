@@ -1,0 +1,647 @@
+// The verbs seam (src/rdma/verbs.h) on the strict simulated device (DLSLIME_RDMA_SIM=1):
+// every check a real RC NIC makes, asserted through the completions a user relies on.
+// Every wait has a deadline and goes through the completion channel, as on hardware.
+#include <poll.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/transport_registry.h"
+#include "dlslime/errors.h"
+#include "dlslime/transport.h"
+#include "rdma/sim_device.h"
+#include "rdma/verbs.h"
+
+namespace dlslime::rdma {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr auto kDeadline = 5s;
+
+// Waits for `n` completions on `cq` through its channel (poll, arm, poll again, wait on
+// the fd: the order verbs requires). Fails the test at the deadline.
+std::vector<WorkCompletion> wait_for(CompletionQueue& cq, size_t n, std::chrono::milliseconds deadline = kDeadline) {
+  std::vector<WorkCompletion> out;
+  const auto until = Clock::now() + deadline;
+  WorkCompletion wc[64];
+  while (out.size() < n) {
+    int got = cq.poll(static_cast<int>(std::min<size_t>(64, n - out.size())), wc);
+    if (got < 0) {
+      ADD_FAILURE() << "poll_cq failed: " << got;
+      return out;
+    }
+    out.insert(out.end(), wc, wc + got);
+    if (got > 0) continue;
+    EXPECT_EQ(cq.req_notify(), 0);
+    got = cq.poll(static_cast<int>(std::min<size_t>(64, n - out.size())), wc);
+    if (got > 0) {
+      out.insert(out.end(), wc, wc + got);
+      continue;
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+    if (left <= 0ms) {
+      ADD_FAILURE() << "timed out waiting for " << n << " completions (got " << out.size() << ")";
+      return out;
+    }
+    pollfd pfd{cq.channel_fd(), POLLIN, 0};
+    ::poll(&pfd, 1, static_cast<int>(left.count()) + 1);
+    cq.ack_events();
+  }
+  return out;
+}
+
+WorkCompletion wait_one(CompletionQueue& cq) {
+  auto v = wait_for(cq, 1);
+  return v.empty() ? WorkCompletion{0, WcStatus::kGeneralErr} : v[0];
+}
+
+struct Side {
+  std::unique_ptr<Context> ctx;
+  std::unique_ptr<ProtectionDomain> pd;
+  std::unique_ptr<CompletionQueue> scq;
+  std::unique_ptr<CompletionQueue> rcq;
+  std::unique_ptr<QueuePair> qp;
+  std::vector<uint8_t> buf;
+  std::unique_ptr<MemoryRegion> mr;
+
+  Sge sge(size_t offset, uint32_t length) const {
+    return Sge{reinterpret_cast<uint64_t>(buf.data()) + offset, length, mr->lkey()};
+  }
+  uint64_t addr(size_t offset) const { return reinterpret_cast<uint64_t>(buf.data()) + offset; }
+};
+
+struct Config {
+  QpCaps caps;
+  int cq_depth = 4096;
+  uint32_t mr_access = kLocalWrite | kRemoteWrite | kRemoteRead;
+  RcRtsAttr rts{0, 1, 2, 2, 16};  // short timeouts: error paths finish in milliseconds
+  uint8_t min_rnr_timer = 1;      // 10 us
+  size_t buf_size = 1 << 16;
+};
+
+class RdmaSim : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ::setenv("DLSLIME_RDMA_SIM", "1", 1);
+  }
+
+  Side make_side(const Config& cfg) {
+    Side s;
+    s.ctx = provider().open("sim_rdma0");
+    s.pd = s.ctx->alloc_pd();
+    s.scq = s.ctx->create_cq(cfg.cq_depth);
+    s.rcq = s.ctx->create_cq(cfg.cq_depth);
+    s.qp = s.pd->create_rc_qp(*s.scq, *s.rcq, cfg.caps);
+    s.buf.assign(cfg.buf_size, 0);
+    s.mr = s.pd->reg_mr(s.buf.data(), s.buf.size(), cfg.mr_access);
+    return s;
+  }
+
+  static void connect_one(Side& a, const Side& b, const Config& cfg) {
+    const GidEntry gid = b.ctx->query_gid(1, 0);
+    ASSERT_EQ(a.qp->modify_to_init(RcInitAttr{}), 0);
+    RcRtrAttr rtr;
+    rtr.remote_qpn = b.qp->qp_num();
+    rtr.rq_psn = 100 + b.qp->qp_num();
+    rtr.remote_gid = gid.gid;
+    rtr.min_rnr_timer = cfg.min_rnr_timer;
+    ASSERT_EQ(a.qp->modify_to_rtr(rtr), 0);
+    RcRtsAttr rts = cfg.rts;
+    rts.sq_psn = 100 + a.qp->qp_num();
+    ASSERT_EQ(a.qp->modify_to_rts(rts), 0);
+  }
+
+  void connect(const Config& cfg = {}) {
+    a_ = make_side(cfg);
+    b_ = make_side(cfg);
+    connect_one(a_, b_, cfg);
+    connect_one(b_, a_, cfg);
+  }
+
+  static int post(QueuePair& qp, SendWr wr) {
+    const SendWr* bad = nullptr;
+    return qp.post_send(&wr, &bad);
+  }
+  static int post_recv(QueuePair& qp, uint64_t wr_id, const Sge* sges, int n) {
+    RecvWr wr{wr_id, nullptr, sges, n};
+    const RecvWr* bad = nullptr;
+    return qp.post_recv(&wr, &bad);
+  }
+  static SendWr rdma(WrOpcode op, uint64_t wr_id, const Sge* sge, int n, uint64_t raddr, uint32_t rkey) {
+    SendWr wr;
+    wr.wr_id = wr_id;
+    wr.opcode = op;
+    wr.sg_list = sge;
+    wr.num_sge = n;
+    wr.remote_addr = raddr;
+    wr.rkey = rkey;
+    return wr;
+  }
+
+  static void fill(std::vector<uint8_t>& v, size_t off, size_t n, uint8_t seed) {
+    for (size_t i = 0; i < n; ++i) v[off + i] = static_cast<uint8_t>(seed + i * 7);
+  }
+
+  Side a_, b_;
+};
+
+TEST_F(RdmaSim, SelectedOnlyByTheVariableAndIsTheOnlyDevice) {
+  EXPECT_STREQ(provider().name(), "sim");
+  EXPECT_EQ(provider().list_devices(), std::vector<std::string>{"sim_rdma0"});
+  EXPECT_THROW(provider().open("mlx5_0"), NotFoundError);
+  ::unsetenv("DLSLIME_RDMA_SIM");
+  EXPECT_STREQ(provider().name(), "ibverbs");
+  // No NIC here: libibverbs lists nothing, without crashing, and the sim is not a fallback.
+  auto real = provider().list_devices();
+  EXPECT_EQ(std::count(real.begin(), real.end(), "sim_rdma0"), 0);
+  ::setenv("DLSLIME_RDMA_SIM", "0", 1);
+  EXPECT_STREQ(provider().name(), "ibverbs");
+}
+
+TEST_F(RdmaSim, PortIsActiveRoceWithAnIpv4MappedLoopbackGid) {
+  auto ctx = provider().open("sim_rdma0");
+  PortAttr port = ctx->query_port(1);
+  EXPECT_EQ(port.state, PortState::kActive);
+  EXPECT_EQ(port.link_layer, LinkLayer::kEthernet);
+  EXPECT_EQ(port.active_mtu, Mtu::k4096);
+  EXPECT_EQ(port.gid_table_len, 1);
+  GidEntry gid = ctx->query_gid(1, 0);
+  EXPECT_EQ(gid.type, GidType::kRoceV2);
+  EXPECT_EQ(gid_to_string(gid.gid), "0000:0000:0000:0000:0000:ffff:7f00:0001");
+  EXPECT_THROW(ctx->query_port(2), VerbsError);
+  EXPECT_THROW(ctx->query_gid(1, 1), VerbsError);
+}
+
+TEST_F(RdmaSim, TransportProbeListsTheDeviceAndSaysTheEndpointIsNotHereYet) {
+  const TransportEntry* entry = TransportRegistry::instance().find("rdma");
+  ASSERT_NE(entry, nullptr);
+  TransportProbe p = entry->probe();
+  EXPECT_FALSE(p.available);
+  EXPECT_EQ(p.devices, std::vector<std::string>{"sim_rdma0"});
+  EXPECT_EQ(p.reason, "RDMAEndpoint is not implemented in this version yet");
+  try {
+    make_endpoint("rdma", nlohmann::json::object());
+    FAIL() << "make_endpoint(rdma) did not throw";
+  } catch (const NotImplementedError& e) {
+    EXPECT_NE(std::string(e.what()).find("RDMAEndpoint is not implemented in this version yet"), std::string::npos)
+        << e.what();
+  }
+  ::unsetenv("DLSLIME_RDMA_SIM");
+  p = entry->probe();
+  EXPECT_FALSE(p.available);
+  if (p.devices.empty()) {
+    EXPECT_EQ(p.reason, kNoDeviceReason);
+  }
+}
+
+TEST_F(RdmaSim, WriteReadSendRecvAndWriteWithImmAreByteExact) {
+  connect();
+  // WRITE gathering two sges of a into one range of b.
+  fill(a_.buf, 0, 3000, 1);
+  fill(a_.buf, 5000, 1096, 2);
+  Sge two[2] = {a_.sge(0, 3000), a_.sge(5000, 1096)};
+  ASSERT_EQ(post(*a_.qp, rdma(WrOpcode::kRdmaWrite, 1, two, 2, b_.addr(8192), b_.mr->rkey())), 0);
+  WorkCompletion wc = wait_one(*a_.scq);
+  EXPECT_EQ(wc.status, WcStatus::kSuccess) << wc_status_name(wc.status);
+  EXPECT_EQ(wc.opcode, WcOpcode::kRdmaWrite);
+  EXPECT_EQ(wc.wr_id, 1u);
+  EXPECT_EQ(wc.qp_num, a_.qp->qp_num());
+  EXPECT_EQ(std::memcmp(b_.buf.data() + 8192, a_.buf.data(), 3000), 0);
+  EXPECT_EQ(std::memcmp(b_.buf.data() + 8192 + 3000, a_.buf.data() + 5000, 1096), 0);
+
+  // READ it back into a fresh range of a.
+  Sge dst = a_.sge(20000, 4096);
+  ASSERT_EQ(post(*a_.qp, rdma(WrOpcode::kRdmaRead, 2, &dst, 1, b_.addr(8192), b_.mr->rkey())), 0);
+  wc = wait_one(*a_.scq);
+  EXPECT_EQ(wc.status, WcStatus::kSuccess);
+  EXPECT_EQ(wc.opcode, WcOpcode::kRdmaRead);
+  EXPECT_EQ(wc.byte_len, 4096u);
+  EXPECT_EQ(std::memcmp(a_.buf.data() + 20000, b_.buf.data() + 8192, 4096), 0);
+
+  // SEND_WITH_IMM into a posted receive scattered over two sges.
+  Sge rs[2] = {b_.sge(30000, 100), b_.sge(40000, 1000)};
+  ASSERT_EQ(post_recv(*b_.qp, 77, rs, 2), 0);
+  fill(a_.buf, 100, 500, 9);
+  Sge src = a_.sge(100, 500);
+  SendWr send = rdma(WrOpcode::kSendWithImm, 3, &src, 1, 0, 0);
+  send.imm_data = 0xdeadbeef;
+  ASSERT_EQ(post(*a_.qp, send), 0);
+  WorkCompletion rwc = wait_one(*b_.rcq);
+  EXPECT_EQ(rwc.status, WcStatus::kSuccess);
+  EXPECT_EQ(rwc.opcode, WcOpcode::kRecv);
+  EXPECT_EQ(rwc.wr_id, 77u);
+  EXPECT_EQ(rwc.byte_len, 500u);
+  EXPECT_TRUE(rwc.has_imm);
+  EXPECT_EQ(rwc.imm_data, 0xdeadbeefu);
+  EXPECT_EQ(rwc.qp_num, b_.qp->qp_num());
+  EXPECT_EQ(std::memcmp(b_.buf.data() + 30000, a_.buf.data() + 100, 100), 0);
+  EXPECT_EQ(std::memcmp(b_.buf.data() + 40000, a_.buf.data() + 200, 400), 0);
+  wc = wait_one(*a_.scq);
+  EXPECT_EQ(wc.status, WcStatus::kSuccess);
+  EXPECT_EQ(wc.opcode, WcOpcode::kSend);
+
+  // WRITE_WITH_IMM: the data lands at the rkey's range and consumes a zero-sge receive.
+  ASSERT_EQ(post_recv(*b_.qp, 78, nullptr, 0), 0);
+  fill(a_.buf, 1000, 777, 5);
+  Sge w = a_.sge(1000, 777);
+  SendWr wimm = rdma(WrOpcode::kRdmaWriteWithImm, 4, &w, 1, b_.addr(50000), b_.mr->rkey());
+  wimm.imm_data = 42;
+  ASSERT_EQ(post(*a_.qp, wimm), 0);
+  rwc = wait_one(*b_.rcq);
+  EXPECT_EQ(rwc.status, WcStatus::kSuccess);
+  EXPECT_EQ(rwc.opcode, WcOpcode::kRecvRdmaWithImm);
+  EXPECT_EQ(rwc.wr_id, 78u);
+  EXPECT_EQ(rwc.byte_len, 777u);
+  EXPECT_TRUE(rwc.has_imm);
+  EXPECT_EQ(rwc.imm_data, 42u);
+  EXPECT_EQ(std::memcmp(b_.buf.data() + 50000, a_.buf.data() + 1000, 777), 0);
+  EXPECT_EQ(wait_one(*a_.scq).status, WcStatus::kSuccess);
+}
+
+TEST_F(RdmaSim, InlineDataIsCopiedAtPostTime) {
+  Config cfg;
+  cfg.caps.max_inline_data = 64;
+  connect(cfg);
+  std::vector<uint8_t> payload(64, 0xab);
+  Sge s{reinterpret_cast<uint64_t>(payload.data()), 64, 0};  // inline: no lkey needed
+  SendWr wr = rdma(WrOpcode::kRdmaWrite, 1, &s, 1, b_.addr(0), b_.mr->rkey());
+  wr.inline_data = true;
+  ASSERT_EQ(post(*a_.qp, wr), 0);
+  std::fill(payload.begin(), payload.end(), 0);  // reusing the buffer at once is allowed
+  EXPECT_EQ(wait_one(*a_.scq).status, WcStatus::kSuccess);
+  EXPECT_EQ(std::count(b_.buf.begin(), b_.buf.begin() + 64, 0xab), 64);
+  // Past the inline limit, or inline READ: EINVAL at post.
+  std::vector<uint8_t> big(65, 1);
+  Sge bs{reinterpret_cast<uint64_t>(big.data()), 65, 0};
+  wr.sg_list = &bs;
+  EXPECT_EQ(post(*a_.qp, wr), EINVAL);
+  wr.sg_list = &s;
+  wr.opcode = WrOpcode::kRdmaRead;
+  EXPECT_EQ(post(*a_.qp, wr), EINVAL);
+}
+
+TEST_F(RdmaSim, BadRkeyRangeOrFlagIsRemoteAccessErrorThenLaterWorkFlushes) {
+  struct Case {
+    const char* what;
+    WrOpcode op;
+    uint32_t access;  // b's MR
+    uint64_t offset;
+    uint32_t length;
+    bool wrong_key;
+  };
+  const Case cases[] = {
+      {"unknown rkey", WrOpcode::kRdmaWrite, kLocalWrite | kRemoteWrite | kRemoteRead, 0, 16, true},
+      {"past the end", WrOpcode::kRdmaWrite, kLocalWrite | kRemoteWrite | kRemoteRead, (1 << 16) - 8, 16, false},
+      {"write to a read-only MR", WrOpcode::kRdmaWrite, kLocalWrite | kRemoteRead, 0, 16, false},
+      {"read from a write-only MR", WrOpcode::kRdmaRead, kLocalWrite | kRemoteWrite, 0, 16, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    Config cfg;
+    cfg.mr_access = c.access;
+    connect(cfg);
+    fill(a_.buf, 0, 64, 1);
+    ASSERT_EQ(post_recv(*a_.qp, 500, nullptr, 0), 0);  // flushed with the QP
+    Sge s = a_.sge(0, c.length);
+    uint32_t rkey = c.wrong_key ? b_.mr->lkey() : b_.mr->rkey();  // an lkey is never an rkey
+    SendWr first = rdma(c.op, 1, &s, 1, b_.addr(c.offset), rkey);
+    SendWr second = rdma(WrOpcode::kRdmaWrite, 2, &s, 1, b_.addr(0), b_.mr->rkey());
+    second.signaled = false;  // flushed WRs complete even when unsignaled
+    first.next = &second;
+    const SendWr* bad = nullptr;
+    ASSERT_EQ(a_.qp->post_send(&first, &bad), 0);
+    auto wcs = wait_for(*a_.scq, 2);
+    ASSERT_EQ(wcs.size(), 2u);
+    EXPECT_EQ(wcs[0].wr_id, 1u);
+    EXPECT_EQ(wcs[0].status, WcStatus::kRemAccessErr) << wc_status_name(wcs[0].status);
+    EXPECT_EQ(wcs[1].wr_id, 2u);
+    EXPECT_EQ(wcs[1].status, WcStatus::kWrFlushErr);
+    EXPECT_EQ(a_.qp->state(), QpState::kErr);
+    WorkCompletion r = wait_one(*a_.rcq);
+    EXPECT_EQ(r.wr_id, 500u);
+    EXPECT_EQ(r.status, WcStatus::kWrFlushErr);
+    // Posting to a QP in ERR is accepted and flushed, as verbs does.
+    ASSERT_EQ(post(*a_.qp, rdma(WrOpcode::kRdmaWrite, 3, &s, 1, b_.addr(0), b_.mr->rkey())), 0);
+    EXPECT_EQ(wait_one(*a_.scq).status, WcStatus::kWrFlushErr);
+    EXPECT_EQ(std::count(b_.buf.begin(), b_.buf.end(), 0), static_cast<long>(b_.buf.size())) << "nothing landed";
+  }
+}
+
+TEST_F(RdmaSim, DeregisteredRemoteMrIsRemoteAccessError) {
+  connect();
+  uint32_t rkey = b_.mr->rkey();
+  b_.mr.reset();
+  Sge s = a_.sge(0, 8);
+  ASSERT_EQ(post(*a_.qp, rdma(WrOpcode::kRdmaWrite, 1, &s, 1, b_.addr(0), rkey)), 0);
+  EXPECT_EQ(wait_one(*a_.scq).status, WcStatus::kRemAccessErr);
+}
+
+TEST_F(RdmaSim, BadLkeyOrLocalRangeIsLocalProtectionError) {
+  connect();
+  Sge bad_key = a_.sge(0, 8);
+  bad_key.lkey = a_.mr->rkey();
+  ASSERT_EQ(post(*a_.qp, rdma(WrOpcode::kRdmaWrite, 1, &bad_key, 1, b_.addr(0), b_.mr->rkey())), 0);
+  WorkCompletion wc = wait_one(*a_.scq);
+  EXPECT_EQ(wc.status, WcStatus::kLocProtErr);
+  EXPECT_EQ(a_.qp->state(), QpState::kErr);
+
+  connect();
+  Sge past = a_.sge(a_.buf.size() - 4, 8);
+  ASSERT_EQ(post(*a_.qp, rdma(WrOpcode::kRdmaRead, 1, &past, 1, b_.addr(0), b_.mr->rkey())), 0);
+  EXPECT_EQ(wait_one(*a_.scq).status, WcStatus::kLocProtErr);
+
+  // An MR of another PD is not usable on this QP.
+  connect();
+  auto other_pd = a_.ctx->alloc_pd();
+  std::vector<uint8_t> other(64);
+  auto other_mr = other_pd->reg_mr(other.data(), other.size(), kLocalWrite);
+  Sge foreign{reinterpret_cast<uint64_t>(other.data()), 8, other_mr->lkey()};
+  ASSERT_EQ(post(*a_.qp, rdma(WrOpcode::kRdmaWrite, 1, &foreign, 1, b_.addr(0), b_.mr->rkey())), 0);
+  EXPECT_EQ(wait_one(*a_.scq).status, WcStatus::kLocProtErr);
+}
+
+TEST_F(RdmaSim, RegisteringRemoteWriteWithoutLocalWriteFails) {
+  auto ctx = provider().open("sim_rdma0");
+  auto pd = ctx->alloc_pd();
+  std::vector<uint8_t> buf(64);
+  EXPECT_THROW(pd->reg_mr(buf.data(), buf.size(), kRemoteWrite), VerbsError);
+  EXPECT_THROW(pd->reg_mr(buf.data(), 0, kLocalWrite), VerbsError);
+}
+
+TEST_F(RdmaSim, PostingInTheWrongStateFailsAndTransitionsAreChecked) {
+  Config cfg;
+  a_ = make_side(cfg);
+  b_ = make_side(cfg);
+  Sge s = a_.sge(0, 8);
+  SendWr wr = rdma(WrOpcode::kRdmaWrite, 1, &s, 1, b_.addr(0), b_.mr->rkey());
+  EXPECT_EQ(post(*a_.qp, wr), EINVAL);                 // RESET
+  EXPECT_EQ(post_recv(*a_.qp, 1, &s, 1), EINVAL);      // RESET: no receives either
+  EXPECT_EQ(a_.qp->modify_to_rts(RcRtsAttr{}), EINVAL);  // RESET -> RTS is not a transition
+  ASSERT_EQ(a_.qp->modify_to_init(RcInitAttr{}), 0);
+  EXPECT_EQ(post(*a_.qp, wr), EINVAL);  // INIT
+  EXPECT_EQ(post_recv(*a_.qp, 1, &s, 1), 0);
+  RcRtrAttr rtr;
+  rtr.remote_qpn = b_.qp->qp_num();
+  rtr.remote_gid = sim::device_gid();
+  rtr.use_gid = false;
+  EXPECT_EQ(a_.qp->modify_to_rtr(rtr), EINVAL);  // RoCE needs a GRH
+  rtr.use_gid = true;
+  rtr.path_mtu = static_cast<Mtu>(6);
+  EXPECT_EQ(a_.qp->modify_to_rtr(rtr), EINVAL);  // beyond the port's MTU
+  rtr.path_mtu = Mtu::k1024;
+  ASSERT_EQ(a_.qp->modify_to_rtr(rtr), 0);
+  EXPECT_EQ(post(*a_.qp, wr), EINVAL);  // RTR
+  EXPECT_EQ(a_.qp->state(), QpState::kRtr);
+  ASSERT_EQ(a_.qp->modify_to_rts(RcRtsAttr{}), 0);
+  EXPECT_EQ(a_.qp->state(), QpState::kRts);
+  EXPECT_EQ(a_.qp->modify_to_init(RcInitAttr{}), EINVAL);
+}
+
+TEST_F(RdmaSim, QueueAndSgeLimitsFailAsVerbsDoes) {
+  Config cfg;
+  cfg.caps = QpCaps{4, 2, 2, 1, 0};
+  connect(cfg);
+  Sge s[3] = {a_.sge(0, 8), a_.sge(8, 8), a_.sge(16, 8)};
+  // max_send_sge
+  EXPECT_EQ(post(*a_.qp, rdma(WrOpcode::kRdmaWrite, 1, s, 3, b_.addr(0), b_.mr->rkey())), EINVAL);
+  // max_recv_sge
+  EXPECT_EQ(post_recv(*a_.qp, 1, s, 2), EINVAL);
+  // max_recv_wr
+  ASSERT_EQ(post_recv(*a_.qp, 1, s, 1), 0);
+  ASSERT_EQ(post_recv(*a_.qp, 2, s, 1), 0);
+  EXPECT_EQ(post_recv(*a_.qp, 3, s, 1), ENOMEM);
+
+  // max_send_wr: unsignaled WRs hold their slots until a later completion is polled, as on
+  // hardware; a list that overflows posts its head and names the first WR not posted.
+  SendWr wrs[5];
+  for (int i = 0; i < 5; ++i) {
+    wrs[i] = rdma(WrOpcode::kRdmaWrite, 10 + i, s, 1, b_.addr(64 * i), b_.mr->rkey());
+    wrs[i].signaled = i == 3;
+    wrs[i].next = i + 1 < 5 ? &wrs[i + 1] : nullptr;
+  }
+  const SendWr* bad = nullptr;
+  EXPECT_EQ(a_.qp->post_send(&wrs[0], &bad), ENOMEM);
+  EXPECT_EQ(bad, &wrs[4]);
+  WorkCompletion wc = wait_one(*a_.scq);
+  EXPECT_EQ(wc.wr_id, 13u);
+  EXPECT_EQ(wc.status, WcStatus::kSuccess);
+  // Polling the signaled completion freed all four slots.
+  wrs[4].next = nullptr;
+  wrs[4].signaled = true;
+  EXPECT_EQ(a_.qp->post_send(&wrs[4], &bad), 0);
+  EXPECT_EQ(wait_one(*a_.scq).wr_id, 14u);
+
+  // Device limits at creation.
+  QpCaps huge;
+  huge.max_send_wr = sim::kMaxQpWr + 1;
+  EXPECT_THROW(a_.pd->create_rc_qp(*a_.scq, *a_.rcq, huge), VerbsError);
+}
+
+TEST_F(RdmaSim, ThousandWrListWithSelectiveSignallingCompletesInOrder) {
+  Config cfg;
+  cfg.caps.max_send_wr = 1000;
+  cfg.buf_size = 1000 * 64;
+  connect(cfg);
+  for (size_t i = 0; i < a_.buf.size(); ++i) a_.buf[i] = static_cast<uint8_t>(i * 31 + 7);
+  std::vector<Sge> sges(1000);
+  std::vector<SendWr> wrs(1000);
+  for (int i = 0; i < 1000; ++i) {
+    sges[i] = a_.sge(64 * i, 64);
+    wrs[i] = rdma(WrOpcode::kRdmaWrite, i, &sges[i], 1, b_.addr(64 * i), b_.mr->rkey());
+    wrs[i].signaled = i % 100 == 99;
+    wrs[i].next = i + 1 < 1000 ? &wrs[i + 1] : nullptr;
+  }
+  const SendWr* bad = nullptr;
+  ASSERT_EQ(a_.qp->post_send(wrs.data(), &bad), 0);
+  auto wcs = wait_for(*a_.scq, 10);
+  ASSERT_EQ(wcs.size(), 10u);
+  for (int k = 0; k < 10; ++k) {
+    EXPECT_EQ(wcs[k].wr_id, static_cast<uint64_t>(100 * k + 99));
+    EXPECT_EQ(wcs[k].status, WcStatus::kSuccess);
+  }
+  EXPECT_EQ(a_.buf, b_.buf);
+  WorkCompletion extra;
+  EXPECT_EQ(a_.scq->poll(1, &extra), 0) << "unsignaled WRs gave a completion";
+}
+
+TEST_F(RdmaSim, SendWithoutReceiveIsRnrRetriedThenFails) {
+  Config cfg;
+  cfg.rts.rnr_retry = 3;
+  connect(cfg);
+  Sge s = a_.sge(0, 16);
+  ASSERT_EQ(post(*a_.qp, rdma(WrOpcode::kSend, 1, &s, 1, 0, 0)), 0);
+  WorkCompletion wc = wait_one(*a_.scq);
+  EXPECT_EQ(wc.status, WcStatus::kRnrRetryExcErr) << wc_status_name(wc.status);
+  EXPECT_EQ(sim::rnr_naks(a_.qp->qp_num()), 4u);  // the first try and three retries
+  EXPECT_EQ(a_.qp->state(), QpState::kErr);
+}
+
+TEST_F(RdmaSim, RnrThenSuccessOnceAReceiveIsPostedWithinTheRetryWindow) {
+  Config cfg;
+  cfg.rts.rnr_retry = 7;  // infinite
+  connect(cfg);
+  fill(a_.buf, 0, 16, 3);
+  Sge s = a_.sge(0, 16);
+  SendWr wimm = rdma(WrOpcode::kRdmaWriteWithImm, 1, &s, 1, b_.addr(0), b_.mr->rkey());
+  wimm.imm_data = 7;
+  ASSERT_EQ(post(*a_.qp, wimm), 0);
+  const auto until = Clock::now() + kDeadline;
+  while (sim::rnr_naks(a_.qp->qp_num()) < 2 && Clock::now() < until) std::this_thread::yield();
+  ASSERT_GE(sim::rnr_naks(a_.qp->qp_num()), 2u) << "the sender was not RNR-retrying";
+  Sge r = b_.sge(0, 0);
+  ASSERT_EQ(post_recv(*b_.qp, 9, &r, 0), 0);
+  WorkCompletion rwc = wait_one(*b_.rcq);
+  EXPECT_EQ(rwc.status, WcStatus::kSuccess);
+  EXPECT_EQ(rwc.wr_id, 9u);
+  EXPECT_EQ(rwc.imm_data, 7u);
+  EXPECT_EQ(rwc.byte_len, 16u);
+  EXPECT_EQ(wait_one(*a_.scq).status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(a_.buf.data(), b_.buf.data(), 16), 0);
+}
+
+TEST_F(RdmaSim, MessageLongerThanTheReceiveFailsBothSides) {
+  connect();
+  Sge small = b_.sge(0, 8);
+  ASSERT_EQ(post_recv(*b_.qp, 4, &small, 1), 0);
+  ASSERT_EQ(post_recv(*b_.qp, 5, &small, 1), 0);  // flushed after the error
+  Sge s = a_.sge(0, 16);
+  ASSERT_EQ(post(*a_.qp, rdma(WrOpcode::kSend, 1, &s, 1, 0, 0)), 0);
+  auto r = wait_for(*b_.rcq, 2);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].wr_id, 4u);
+  EXPECT_EQ(r[0].status, WcStatus::kLocLenErr) << wc_status_name(r[0].status);
+  EXPECT_EQ(r[1].wr_id, 5u);
+  EXPECT_EQ(r[1].status, WcStatus::kWrFlushErr);
+  WorkCompletion wc = wait_one(*a_.scq);
+  EXPECT_EQ(wc.status, WcStatus::kRemInvReqErr) << wc_status_name(wc.status);
+  EXPECT_EQ(a_.qp->state(), QpState::kErr);
+  EXPECT_EQ(b_.qp->state(), QpState::kErr);
+}
+
+TEST_F(RdmaSim, CompletionQueueOverrunIsAnError) {
+  Config cfg;
+  cfg.cq_depth = 4;
+  connect(cfg);
+  Sge s = a_.sge(0, 8);
+  SendWr wrs[6];
+  for (int i = 0; i < 6; ++i) {
+    wrs[i] = rdma(WrOpcode::kRdmaWrite, i, &s, 1, b_.addr(0), b_.mr->rkey());
+    wrs[i].next = i + 1 < 6 ? &wrs[i + 1] : nullptr;
+  }
+  ASSERT_EQ(a_.qp->post_send(&wrs[0], nullptr), 0);
+  // The overrun wakes the channel even without req_notify, so no waiter hangs on it.
+  pollfd pfd{a_.scq->channel_fd(), POLLIN, 0};
+  ASSERT_EQ(::poll(&pfd, 1, 5000), 1);
+  WorkCompletion wc[8];
+  EXPECT_EQ(a_.scq->poll(8, wc), -EOVERFLOW);
+  EXPECT_EQ(a_.scq->req_notify(), EIO);
+}
+
+TEST_F(RdmaSim, ChannelFiresOnlyWhenArmed) {
+  connect();
+  Sge s = a_.sge(0, 8);
+  ASSERT_EQ(post(*a_.qp, rdma(WrOpcode::kRdmaWrite, 1, &s, 1, b_.addr(0), b_.mr->rkey())), 0);
+  ASSERT_EQ(a_.scq->req_notify(), 0);
+  pollfd pfd{a_.scq->channel_fd(), POLLIN, 0};
+  ASSERT_EQ(::poll(&pfd, 1, 5000), 1);
+  EXPECT_EQ(a_.scq->ack_events(), 1);
+  WorkCompletion wc;
+  ASSERT_EQ(a_.scq->poll(1, &wc), 1);
+  EXPECT_EQ(wc.status, WcStatus::kSuccess);
+  // Not armed: a completion arrives (seen by polling) and the fd stays quiet.
+  ASSERT_EQ(post(*a_.qp, rdma(WrOpcode::kRdmaWrite, 2, &s, 1, b_.addr(0), b_.mr->rkey())), 0);
+  const auto until = Clock::now() + kDeadline;
+  int n = 0;
+  while ((n = a_.scq->poll(1, &wc)) == 0 && Clock::now() < until) std::this_thread::yield();
+  ASSERT_EQ(n, 1);
+  EXPECT_EQ(::poll(&pfd, 1, 0), 0);
+}
+
+TEST_F(RdmaSim, UnreachablePeerIsRetryExceeded) {
+  connect();  // rts: timeout 1 (8 us), retry_cnt 2
+  b_.qp.reset();  // the peer's QP is gone: nothing acknowledges
+  Sge s = a_.sge(0, 8);
+  ASSERT_EQ(post(*a_.qp, rdma(WrOpcode::kRdmaWrite, 1, &s, 1, b_.addr(0), b_.mr->rkey())), 0);
+  EXPECT_EQ(wait_one(*a_.scq).status, WcStatus::kRetryExcErr);
+  EXPECT_EQ(a_.qp->state(), QpState::kErr);
+}
+
+TEST_F(RdmaSim, WrongPsnIsNeverAcknowledged) {
+  Config cfg;
+  a_ = make_side(cfg);
+  b_ = make_side(cfg);
+  connect_one(b_, a_, cfg);  // b expects PSN 100 + a's QPN
+  ASSERT_EQ(a_.qp->modify_to_init(RcInitAttr{}), 0);
+  RcRtrAttr rtr;
+  rtr.remote_qpn = b_.qp->qp_num();
+  rtr.rq_psn = 100 + b_.qp->qp_num();
+  rtr.remote_gid = sim::device_gid();
+  ASSERT_EQ(a_.qp->modify_to_rtr(rtr), 0);
+  RcRtsAttr rts = cfg.rts;
+  rts.sq_psn = 5;
+  ASSERT_EQ(a_.qp->modify_to_rts(rts), 0);
+  Sge s = a_.sge(0, 8);
+  ASSERT_EQ(post(*a_.qp, rdma(WrOpcode::kRdmaWrite, 1, &s, 1, b_.addr(0), b_.mr->rkey())), 0);
+  EXPECT_EQ(wait_one(*a_.scq).status, WcStatus::kRetryExcErr);
+}
+
+TEST_F(RdmaSim, FailQpFlushesItsOutstandingWork) {
+  connect();
+  Sge r = a_.sge(0, 8);
+  ASSERT_EQ(post_recv(*a_.qp, 1, &r, 1), 0);
+  ASSERT_EQ(post_recv(*a_.qp, 2, &r, 1), 0);
+  sim::fail_qp(a_.qp->qp_num());
+  auto wcs = wait_for(*a_.rcq, 2);
+  ASSERT_EQ(wcs.size(), 2u);
+  EXPECT_EQ(wcs[0].wr_id, 1u);
+  EXPECT_EQ(wcs[1].wr_id, 2u);
+  EXPECT_EQ(wcs[0].status, WcStatus::kWrFlushErr);
+  EXPECT_EQ(wcs[1].status, WcStatus::kWrFlushErr);
+  EXPECT_EQ(a_.qp->state(), QpState::kErr);
+  EXPECT_THROW(sim::fail_qp(0xffffff), NotFoundError);
+}
+
+TEST_F(RdmaSim, DelayedCompletionsArriveLateAndInOrder) {
+  connect();
+  sim::delay_completions(a_.qp->qp_num(), std::chrono::microseconds(30000));
+  Sge s = a_.sge(0, 8);
+  SendWr w1 = rdma(WrOpcode::kRdmaWrite, 1, &s, 1, b_.addr(0), b_.mr->rkey());
+  SendWr w2 = rdma(WrOpcode::kRdmaWrite, 2, &s, 1, b_.addr(8), b_.mr->rkey());
+  w1.next = &w2;
+  const auto t0 = Clock::now();
+  ASSERT_EQ(a_.qp->post_send(&w1, nullptr), 0);
+  auto wcs = wait_for(*a_.scq, 1);
+  EXPECT_GE(Clock::now() - t0, 30ms);
+  sim::delay_completions(a_.qp->qp_num(), std::chrono::microseconds(0));
+  auto rest = wait_for(*a_.scq, 1);
+  ASSERT_EQ(wcs.size() + rest.size(), 2u);
+  EXPECT_EQ(wcs[0].wr_id, 1u);
+  EXPECT_EQ(rest[0].wr_id, 2u);
+}
+
+TEST_F(RdmaSim, DroppedCompletionIsNeverDelivered) {
+  connect();
+  sim::drop_completions(a_.qp->qp_num(), 1);
+  Sge s = a_.sge(0, 8);
+  SendWr w1 = rdma(WrOpcode::kRdmaWrite, 1, &s, 1, b_.addr(0), b_.mr->rkey());
+  SendWr w2 = rdma(WrOpcode::kRdmaWrite, 2, &s, 1, b_.addr(8), b_.mr->rkey());
+  w1.next = &w2;
+  ASSERT_EQ(a_.qp->post_send(&w1, nullptr), 0);
+  // Completions are ordered per QP: once 2 is here, 1 would have been first.
+  WorkCompletion wc = wait_one(*a_.scq);
+  EXPECT_EQ(wc.wr_id, 2u);
+  EXPECT_EQ(a_.scq->poll(1, &wc), 0);
+}
+
+}  // namespace
+}  // namespace dlslime::rdma
