@@ -115,7 +115,11 @@ TcpOptions TcpOptions::from_json(const nlohmann::json& options, TcpOptions base)
     throw InvalidArgumentError(fmt::format("TcpEndpoint options must be a JSON object, not {}", options.type_name()));
   }
   TcpOptions& o = base;
-  for (const auto& [key, value] : options.items()) {
+  // Iterators, not structured bindings: the lambdas below capture the key and value,
+  // which clang before 16 does not allow for bindings.
+  for (auto it = options.begin(); it != options.end(); ++it) {
+    const std::string& key = it.key();
+    const nlohmann::json& value = it.value();
     const auto text = [&]() -> std::string {
       if (!value.is_string()) {
         throw InvalidArgumentError(fmt::format("TcpEndpoint option {} must be a string, not {}", key, value.dump()));
