@@ -140,3 +140,31 @@ def test_bench_reports_a_missing_binary(tmp_path):
     r = run_bench("--help", env=env)
     assert r.returncode == 127
     assert "DLSLIME_BENCH_BIN" in r.stderr
+
+
+def test_bench_reaches_transports_through_the_registry(tmp_path):
+    import dlslime
+
+    listed = run_bench("--list-transports")
+    assert listed.returncode == 0, listed.stderr
+    for t in dlslime.available_transports():
+        line = next(l for l in listed.stdout.splitlines() if l.split()[0] == t["name"])
+        assert ("available" in line) if t["available"] else (t["reason"] in line)
+
+    unknown = run_bench("--transport", "carrier-pigeon", *TINY)
+    assert unknown.returncode == 2 and "unknown transport" in unknown.stderr and "tcp" in unknown.stderr
+    for t in dlslime.available_transports():
+        if not t["available"]:
+            r = run_bench("--transport", t["name"], *TINY)
+            assert r.returncode == 2 and t["reason"] in r.stderr, r.stderr
+
+    # The transport's own options go to its factory: used, reported, and checked strictly.
+    out = tmp_path / "opts.json"
+    r = run_bench("--op", "write", *TINY, "--transport-options", '{"lanes": 3}', "--json", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    config = load_report(out)["config"]
+    assert config["lanes"] == 3 and config["transport_options"] == {"lanes": 3}
+    assert config["endpoint"]["transport"] == "tcp" and "mr_info" not in config["endpoint"]
+    bad = run_bench("--op", "write", *TINY, "--transport-options", '{"no_such_option": 1}')
+    assert bad.returncode != 0 and "unknown TcpEndpoint option 'no_such_option'" in bad.stderr
+    assert run_bench("--transport-options", "[1]", *TINY).returncode == 2
