@@ -134,9 +134,12 @@ TcpOptions TcpOptions::from_json(const nlohmann::json& options, TcpOptions base)
                             : value.is_number_integer() && value.get<int64_t>() >= int64_t{std::numeric_limits<T>::min()} &&
                                   value.get<int64_t>() <= static_cast<int64_t>(std::min<uint64_t>(
                                                               std::numeric_limits<T>::max(), INT64_MAX));
+      if (!value.is_number_integer()) {
+        throw InvalidArgumentError(fmt::format("TcpEndpoint option {} must be an integer, not {}", key, value.dump()));
+      }
       if (!fits) {
-        throw InvalidArgumentError(
-            fmt::format("TcpEndpoint option {} must be an integer in range, not {}", key, value.dump()));
+        throw InvalidArgumentError(fmt::format("TcpEndpoint option {}={} is out of range ({}..{})", key, value.dump(),
+                                               std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));
       }
       field = value.get<T>();
     };
