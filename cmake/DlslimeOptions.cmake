@@ -23,7 +23,16 @@ dlslime_option(BUILD_NANOCTRL "Build the NanoCtrl control plane and PeerAgent" O
 dlslime_option(BUILD_FUZZERS "Build the libFuzzer targets (tests/fuzz)" OFF)
 # The hardware transports (src/CMakeLists.txt lists every transport; one not built is
 # reported by available_transports() with the option that builds it).
-dlslime_option(BUILD_RDMA "Build the RDMA transport (libibverbs)" OFF)
+# RDMA is on wherever libibverbs (rdma-core's libibverbs-dev) is installed: its simulated
+# device (DLSLIME_RDMA_SIM=1) runs every RDMA path on hosts without a NIC.
+find_path(IBVERBS_INCLUDE_DIR infiniband/verbs.h)
+find_library(IBVERBS_LIBRARY ibverbs)
+if(IBVERBS_INCLUDE_DIR AND IBVERBS_LIBRARY)
+  set(_dlslime_rdma_default ON)
+else()
+  set(_dlslime_rdma_default OFF)
+endif()
+dlslime_option(BUILD_RDMA "Build the RDMA transport (libibverbs; default: on when it is found)" ${_dlslime_rdma_default})
 dlslime_option(BUILD_NVLINK "Build the NVLink transport (CUDA IPC)" OFF)
 dlslime_option(BUILD_ASCEND "Build the Ascend direct transport" OFF)
 

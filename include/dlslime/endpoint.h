@@ -54,6 +54,9 @@ struct Capabilities {
   bool imm_recv = false;
   bool host_memory = false;
   bool device_memory = false;
+
+  // Whether an op of this kind is among them (send and recv share send_recv).
+  DLSLIME_API bool supports(OpKind kind) const noexcept;
 };
 
 // The one interface every transport implements. Point to point: an endpoint talks to one

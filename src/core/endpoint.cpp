@@ -20,25 +20,21 @@ const char* op_kind_name(OpKind kind) noexcept {
 
 Endpoint::~Endpoint() = default;
 
-namespace {
-
-bool supported(const Capabilities& caps, OpKind kind) {
+bool Capabilities::supports(OpKind kind) const noexcept {
   switch (kind) {
-    case OpKind::kRead: return caps.read;
-    case OpKind::kWrite: return caps.write;
-    case OpKind::kWriteWithImm: return caps.write_with_imm;
+    case OpKind::kRead: return read;
+    case OpKind::kWrite: return write;
+    case OpKind::kWriteWithImm: return write_with_imm;
     case OpKind::kSend:
-    case OpKind::kRecv: return caps.send_recv;
-    case OpKind::kImmRecv: return caps.imm_recv;
+    case OpKind::kRecv: return send_recv;
+    case OpKind::kImmRecv: return imm_recv;
   }
   return false;
 }
 
-}  // namespace
-
 Future Endpoint::submit(OpRequest request) {
   const Capabilities caps = capabilities();
-  if (!supported(caps, request.kind)) {
+  if (!caps.supports(request.kind)) {
     throw NotImplementedError(fmt::format("{} is not supported by the {} transport", op_kind_name(request.kind),
                                           caps.transport));
   }

@@ -86,19 +86,6 @@ bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds tim
   return true;
 }
 
-// The capability an op kind needs, by the name Capabilities gives it.
-bool has(const Capabilities& caps, OpKind kind) {
-  switch (kind) {
-    case OpKind::kRead: return caps.read;
-    case OpKind::kWrite: return caps.write;
-    case OpKind::kWriteWithImm: return caps.write_with_imm;
-    case OpKind::kSend:
-    case OpKind::kRecv: return caps.send_recv;
-    case OpKind::kImmRecv: return caps.imm_recv;
-  }
-  return false;
-}
-
 const char* capability_name(OpKind kind) {
   switch (kind) {
     case OpKind::kSend:
@@ -110,7 +97,7 @@ const char* capability_name(OpKind kind) {
 // Skips the calling test (with the capability's name) if the transport cannot do `kind`.
 #define REQUIRE_CAPABILITY(kind)                                                                    \
   do {                                                                                              \
-    if (!has(caps_, kind)) GTEST_SKIP() << GetParam() << " lacks the capability " << capability_name(kind); \
+    if (!caps_.supports(kind)) GTEST_SKIP() << GetParam() << " lacks the capability " << capability_name(kind); \
   } while (0)
 
 class Conformance : public ::testing::TestWithParam<std::string> {
@@ -359,7 +346,7 @@ TEST_P(Conformance, OpsTheCapabilitiesExcludeThrowNotImplemented) {
   const std::vector<Assignment> item = {{0, 0, 0, 0, 1}};
   for (OpKind kind : {OpKind::kRead, OpKind::kWrite, OpKind::kWriteWithImm, OpKind::kSend, OpKind::kRecv,
                       OpKind::kImmRecv}) {
-    if (has(caps_, kind)) continue;
+    if (caps_.supports(kind)) continue;
     OpRequest req;
     req.kind = kind;
     req.assignments = item;
