@@ -580,7 +580,7 @@ def test_peer_killed_mid_transfer_fails_pending_futures(spawn_ctx):
         assert time.monotonic() - t0 < 15
         assert statuses[0] == PEER_CLOSED  # the recv can only fail
         assert any(s == PEER_CLOSED for s in statuses[1:])
-        assert all(s in (OK, PEER_CLOSED) for s in statuses)
+        assert all(s in (OK, PEER_CLOSED) for s in statuses), statuses
         failed = [f for f in futures if f.status != OK]
         assert all("connection" in f.message for f in failed)
         # The survivor can connect to a new peer.
