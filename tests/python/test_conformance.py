@@ -22,6 +22,7 @@ OUT_OF_BOUNDS = int(dlslime.StatusCode.OUT_OF_BOUNDS)
 UNKNOWN_HANDLE = int(dlslime.StatusCode.UNKNOWN_HANDLE)
 CANCELLED = int(dlslime.StatusCode.CANCELLED)
 PEER_CLOSED = int(dlslime.StatusCode.PEER_CLOSED)
+NOT_CONNECTED = int(dlslime.StatusCode.NOT_CONNECTED)
 TOO_LARGE = int(dlslime.StatusCode.MESSAGE_TOO_LARGE)
 
 DEADLINE = 20  # seconds, any single op in this file on a loaded 2-core CI box
@@ -353,8 +354,9 @@ def test_peer_process_killed_mid_transfer_fails_pending_futures(transport, spawn
         assert None not in statuses, f"a future hung after the peer died: {statuses}"
         assert time.monotonic() - t0 < 15
         assert statuses[0] == PEER_CLOSED, futures[0].message
-        assert all(s in (OK, PEER_CLOSED) for s in statuses), statuses
-        assert PEER_CLOSED in statuses[1:], "every 64 MiB transfer finished before the kill"
+        # Submission may reach the transport after it has seen the loss: NOT_CONNECTED then.
+        assert all(s in (OK, PEER_CLOSED, NOT_CONNECTED) for s in statuses), statuses
+        assert any(s != OK for s in statuses[1:]), "every 64 MiB transfer finished before the kill"
         # The survivor notices, and connects to a new peer.
         wait_until(lambda: not ep.is_connected(), 10, what="the dead peer to be noticed")
         other = make(transport)

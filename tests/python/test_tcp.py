@@ -579,8 +579,10 @@ def test_peer_killed_mid_transfer_fails_pending_futures(spawn_ctx):
         assert None not in statuses, "a future hung after the peer died"
         assert time.monotonic() - t0 < 15
         assert statuses[0] == PEER_CLOSED  # the recv can only fail
-        assert any(s == PEER_CLOSED for s in statuses[1:])
-        assert all(s in (OK, PEER_CLOSED) for s in statuses), statuses
+        assert any(s != OK for s in statuses[1:])
+        # Submission is handed to the I/O thread asynchronously: an op it takes up after it
+        # has seen the loss fails NOT_CONNECTED (naming the loss) instead of PEER_CLOSED.
+        assert all(s in (OK, PEER_CLOSED, NOT_CONNECTED) for s in statuses), statuses
         failed = [f for f in futures if f.status != OK]
         assert all("connection" in f.message for f in failed)
         # The survivor can connect to a new peer.
