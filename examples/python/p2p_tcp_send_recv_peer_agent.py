@@ -19,7 +19,10 @@ def target(ctrl_url, me, peer):
         ok = fut.wait() == 0 and buf.raw[: fut.nbytes] == b"hello over tcp"
         print(f"[{me}] received {buf.raw[:fut.nbytes]!r}")
         reply = ctypes.create_string_buffer(b"hi back", 7)
-        ok = ok and agent.send(peer, (ctypes.addressof(reply), 0, 7)).wait() == 0
+        sent = agent.send(peer, (ctypes.addressof(reply), 0, 7))
+        if sent.wait() != 0:
+            print(f"[{me}] reply failed: {sent.status} {sent.message}", file=sys.stderr)
+        ok = ok and sent.status == 0
     sys.exit(0 if ok else 1)
 
 
