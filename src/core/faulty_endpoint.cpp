@@ -172,7 +172,10 @@ struct FaultyEndpoint::Timer {
       }
       const auto now = Clock::now();
       if (heap.front()->due > now) {
-        cv.wait_until(lock, heap.front()->due);
+        // Copy the deadline: stop() may swap the heap out and free its op while we wait,
+        // and wait_until reads the time point again after waking.
+        const Clock::time_point next = heap.front()->due;
+        cv.wait_until(lock, next);
         continue;
       }
       std::vector<std::shared_ptr<HeldOp>> due;
