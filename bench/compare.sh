@@ -16,7 +16,8 @@
 #   -b BUILD_DIR  where bench/dlslime-bench and bench/tcp_pingpong were built
 #   -k            keep the raw JSON/text results (their directory is printed)
 # environment: DLSLIME_BENCH_BIN, TCP_PINGPONG_BIN (binaries), BIG_ITERS (default 20) and
-# SMALL_ITERS (default 500) timed batches, IPERF_TIME (default 5 s), IPERF3 (default iperf3).
+# SMALL_ITERS (default 500) timed batches, IPERF_TIME (default 5 s), IPERF3 (default iperf3),
+# COMPARE_JSON (also write the medians there as JSON; bench/ab.sh uses it).
 set -euo pipefail
 
 RUNS=3
@@ -94,7 +95,7 @@ for run in $(seq "$RUNS"); do
   bench "$OUT/send-8-$run.json" --op send --size 8 --batch 256 --iters "$SMALL_ITERS" --warmup 20
 done
 
-python3 - "$OUT" "$RUNS" "$IPERF_TIME" "$BIG_ITERS" "$SMALL_ITERS" "${EXTRA[*]:-}" <<'EOF'
+COMPARE_JSON=${COMPARE_JSON:-} python3 - "$OUT" "$RUNS" "$IPERF_TIME" "$BIG_ITERS" "$SMALL_ITERS" "${EXTRA[*]:-}" <<'EOF'
 import json, os, platform, re, statistics, sys
 
 out, runs, iperf_time, big_iters, small_iters, extra = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
@@ -137,6 +138,9 @@ series = {
     "read  1 MiB one slot, GB per CPU-s": [row(f"read-1m-hot-{r}.json")["bytes_per_cpu_s"] / 1e9 for r in R],
 }
 med = {k: statistics.median(v) for k, v in series.items()}
+if os.environ.get("COMPARE_JSON"):
+    with open(os.environ["COMPARE_JSON"], "w") as f:
+        json.dump(med, f)
 cfg = load("write-1m-1.json")["config"]
 iperf_bw, rtt = med["iperf3 -l 1M, 1 stream (GB/s)"], med["TCP ping-pong RTT, 8 B (us)"]
 
