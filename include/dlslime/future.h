@@ -37,6 +37,8 @@ class DLSLIME_API Future {
   Status result() const;
   // Bytes that arrived (recv: the message length, read: bytes placed) or were moved.
   uint64_t nbytes() const;
+  // imm_recv: the immediate value of the write_with_imm that completed it (0 otherwise).
+  uint32_t imm_data() const;
 
   bool valid() const noexcept { return state_ != nullptr; }
   const std::shared_ptr<OpState>& state() const noexcept { return state_; }

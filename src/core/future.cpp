@@ -35,4 +35,6 @@ Status Future::result() const {
 
 uint64_t Future::nbytes() const { return checked(state_).nbytes(); }
 
+uint32_t Future::imm_data() const { return checked(state_).imm_data(); }
+
 }  // namespace dlslime

@@ -41,6 +41,9 @@ class OpState : public std::enable_shared_from_this<OpState> {
   // Valid once done().
   const Status& status() const noexcept { return status_; }
   uint64_t nbytes() const noexcept { return nbytes_.load(std::memory_order_relaxed); }
+  // imm_recv: the immediate value that arrived. Set before complete(), which publishes it.
+  void set_imm_data(uint32_t imm) noexcept { imm_data_.store(imm, std::memory_order_relaxed); }
+  uint32_t imm_data() const noexcept { return imm_data_.load(std::memory_order_relaxed); }
 
   // Runs `fn` once the op completes (at once if it already has), on the completing thread;
   // inside a CompletionScope, when that scope closes.
@@ -56,6 +59,7 @@ class OpState : public std::enable_shared_from_this<OpState> {
   std::atomic<uint32_t> done_{0};             // 0 -> 1 once; the futex word waiters sleep on
   mutable std::atomic<uint32_t> waiters_{0};  // threads in block(): complete() wakes only if > 0
   std::atomic<uint64_t> nbytes_{0};
+  std::atomic<uint32_t> imm_data_{0};
   mutable std::mutex mu_;  // first_error_, status_ and continuation_; never held while waiting
   Status first_error_;  // guarded by mu_
   Status status_;       // written once under mu_ before done_ is released

@@ -1,30 +1,35 @@
 // The RDMA transport's entry in the transport registry (core/transport_registry.h).
-// The probe is real (the selected provider's devices); RDMAEndpoint itself is not in this
-// version yet, so the entry says so and the factory refuses with the same reason.
+// The probe is the selected provider's device list (DLSLIME_RDMA_SIM=1: the simulated
+// device); the factory builds an RDMAEndpoint from RdmaOptions' keys.
+#include <nlohmann/json.hpp>
+
 #include "core/transport_registry.h"
 #include "dlslime/errors.h"
+#include "dlslime/rdma_endpoint.h"
 #include "rdma/verbs.h"
 
 namespace dlslime {
-namespace {
 
-constexpr const char* kNotImplementedReason = "RDMAEndpoint is not implemented in this version yet";
+struct RdmaTransport {
+  static std::shared_ptr<Endpoint> make(const nlohmann::json& options, std::shared_ptr<MemoryRegistry> memory) {
+    return std::shared_ptr<Endpoint>(new RDMAEndpoint(RdmaOptions::from_json(options), std::move(memory)));
+  }
+};
+
+namespace {
 
 TransportProbe probe_rdma() {
   TransportProbe probe;
   probe.devices = rdma::provider().list_devices();
-  probe.available = false;
-  probe.reason = probe.devices.empty() ? rdma::kNoDeviceReason : kNotImplementedReason;
+  probe.available = !probe.devices.empty();
+  if (!probe.available) probe.reason = rdma::kNoDeviceReason;
   return probe;
 }
 
 }  // namespace
 
 void register_rdma_transport(TransportRegistry& registry) {
-  registry.add({"rdma", &probe_rdma,
-                [](const nlohmann::json&, std::shared_ptr<MemoryRegistry>) -> std::shared_ptr<Endpoint> {
-                  throw NotImplementedError(probe_rdma().reason);
-                }});
+  registry.add({"rdma", &probe_rdma, &RdmaTransport::make});
 }
 
 }  // namespace dlslime

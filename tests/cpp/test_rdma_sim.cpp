@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "core/transport_registry.h"
 #include "dlslime/errors.h"
@@ -182,24 +183,22 @@ TEST_F(RdmaSim, PortIsActiveRoceWithAnIpv4MappedLoopbackGid) {
   EXPECT_THROW(ctx->query_gid(1, 1), VerbsError);
 }
 
-TEST_F(RdmaSim, TransportProbeListsTheDeviceAndSaysTheEndpointIsNotHereYet) {
+TEST_F(RdmaSim, TransportProbeListsTheDeviceAndTheFactoryMakesAnEndpoint) {
   const TransportEntry* entry = TransportRegistry::instance().find("rdma");
   ASSERT_NE(entry, nullptr);
   TransportProbe p = entry->probe();
-  EXPECT_FALSE(p.available);
+  EXPECT_TRUE(p.available) << p.reason;
   EXPECT_EQ(p.devices, std::vector<std::string>{"sim_rdma0"});
-  EXPECT_EQ(p.reason, "RDMAEndpoint is not implemented in this version yet");
-  try {
-    make_endpoint("rdma", nlohmann::json::object());
-    FAIL() << "make_endpoint(rdma) did not throw";
-  } catch (const NotImplementedError& e) {
-    EXPECT_NE(std::string(e.what()).find("RDMAEndpoint is not implemented in this version yet"), std::string::npos)
-        << e.what();
-  }
+  EXPECT_EQ(p.reason, "");
+  auto ep = make_endpoint("rdma", nlohmann::json::object());
+  ASSERT_NE(ep, nullptr);
+  EXPECT_EQ(std::string(ep->capabilities().transport), "rdma");
+  ep->shutdown();
+  EXPECT_THROW(make_endpoint("rdma", {{"no_such_option", 1}}), InvalidArgumentError);
   ::unsetenv("DLSLIME_RDMA_SIM");
   p = entry->probe();
-  EXPECT_FALSE(p.available);
   if (p.devices.empty()) {
+    EXPECT_FALSE(p.available);
     EXPECT_EQ(p.reason, kNoDeviceReason);
   }
 }

@@ -1,0 +1,155 @@
+// Device selection, GID selection and the RDMA memory domain (rdma_device.h).
+#include "rdma/rdma_device.h"
+
+#include <strings.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "dlslime/errors.h"
+#include "dlslime/rdma_endpoint.h"
+
+namespace dlslime::rdma {
+
+LinkLayer parse_link_type(const std::string& link_type) {
+  if (strcasecmp(link_type.c_str(), "auto") == 0) return LinkLayer::kUnspecified;
+  if (strcasecmp(link_type.c_str(), "roce") == 0 || strcasecmp(link_type.c_str(), "ethernet") == 0) {
+    return LinkLayer::kEthernet;
+  }
+  if (strcasecmp(link_type.c_str(), "ib") == 0 || strcasecmp(link_type.c_str(), "infiniband") == 0) {
+    return LinkLayer::kInfiniBand;
+  }
+  throw InvalidArgumentError(
+      fmt::format("RDMAEndpoint option link_type='{}' is not one of auto, RoCE, IB", link_type));
+}
+
+namespace {
+
+bool ipv4_mapped(const GidBytes& g) {
+  for (int i = 0; i < 10; ++i) {
+    if (g[i] != 0) return false;
+  }
+  return g[10] == 0xff && g[11] == 0xff;
+}
+
+// Automatic GID choice: on RoCE, a RoCE v2 GID with an IPv4-mapped address (routable,
+// what RoCE fabrics are configured for), then any RoCE v2, then any non-empty one; on IB,
+// the first non-empty one (index 0, the port GID). -1 when the table has none.
+int pick_gid(Context& ctx, uint8_t port, const PortAttr& attr) {
+  int best = -1, best_rank = 0;
+  for (int i = 0; i < attr.gid_table_len; ++i) {
+    GidEntry e;
+    try {
+      e = ctx.query_gid(port, i);
+    } catch (const VerbsError&) {
+      continue;  // a slot the kernel cannot report (e.g. a removed address)
+    }
+    if (e.empty()) continue;
+    int rank = 1;
+    if (attr.link_layer == LinkLayer::kEthernet && e.type == GidType::kRoceV2) rank = ipv4_mapped(e.gid) ? 3 : 2;
+    if (rank > best_rank) {
+      best = i;
+      best_rank = rank;
+    }
+    if (attr.link_layer != LinkLayer::kEthernet || rank == 3) break;
+  }
+  return best;
+}
+
+}  // namespace
+
+std::shared_ptr<Device> open_device(const RdmaOptions& options) {
+  Provider& prov = provider();
+  const LinkLayer wanted = parse_link_type(options.link_type);
+  std::vector<std::string> names;
+  if (options.device_name.empty()) {
+    names = prov.list_devices();
+    if (names.empty()) throw ConnectionError(kNoDeviceReason);
+  } else {
+    names = {options.device_name};
+  }
+  auto dev = std::make_shared<Device>();
+  std::string why;  // the reasons devices were passed over, for the error
+  for (const std::string& name : names) {
+    std::unique_ptr<Context> ctx = prov.open(name);  // NotFoundError for an unknown name
+    PortAttr attr;
+    try {
+      attr = ctx->query_port(options.ib_port);
+    } catch (const VerbsError& e) {
+      why += fmt::format("; {}: port {}: {}", name, options.ib_port, e.what());
+      continue;
+    }
+    if (attr.state != PortState::kActive) {
+      why += fmt::format("; {} port {} is {}", name, options.ib_port, port_state_name(attr.state));
+      continue;
+    }
+    if (wanted != LinkLayer::kUnspecified && attr.link_layer != wanted) {
+      why += fmt::format("; {} port {} is {}, not {} (link_type='{}')", name, options.ib_port,
+                         link_layer_name(attr.link_layer), link_layer_name(wanted), options.link_type);
+      continue;
+    }
+    int index = options.gid_index;
+    if (index < 0) {
+      index = pick_gid(*ctx, options.ib_port, attr);
+      if (index < 0) {
+        why += fmt::format("; {} port {} has no GID configured", name, options.ib_port);
+        continue;
+      }
+    }
+    GidEntry gid;
+    try {
+      gid = ctx->query_gid(options.ib_port, index);
+    } catch (const VerbsError& e) {
+      why += fmt::format("; {} port {}: GID index {}: {}", name, options.ib_port, index, e.what());
+      continue;
+    }
+    if (gid.empty()) {
+      why += fmt::format("; {} port {}: GID index {} is empty", name, options.ib_port, index);
+      continue;
+    }
+    dev->port = options.ib_port;
+    dev->port_attr = attr;
+    dev->gid_index = index;
+    dev->gid = gid;
+    dev->pd = ctx->alloc_pd();
+    dev->ctx = std::move(ctx);
+    return dev;
+  }
+  throw ConnectionError(fmt::format("no usable RDMA device{}", why));
+}
+
+void RdmaMemoryDomain::region_added(int32_t handle, const LocalRegion& region) {
+  if (region.kind != MemoryKind::kHost || region.length == 0) return;  // nothing to register
+  auto mr = device_->pd->reg_mr(reinterpret_cast<void*>(region.addr), region.length,
+                                kLocalWrite | kRemoteWrite | kRemoteRead);
+  std::lock_guard lock(mu_);
+  mrs_[handle] = std::move(mr);
+}
+
+void RdmaMemoryDomain::region_removed(int32_t handle, const LocalRegion&) {
+  std::unique_ptr<MemoryRegion> mr;
+  {
+    std::lock_guard lock(mu_);
+    auto it = mrs_.find(handle);
+    if (it == mrs_.end()) return;
+    mr = std::move(it->second);
+    mrs_.erase(it);
+  }
+  // Deregistered here, outside the lock: from now on the rkey is invalid at the NIC.
+}
+
+nlohmann::json RdmaMemoryDomain::describe(int32_t handle, const LocalRegion& region) const {
+  nlohmann::json entry = {{"handle", handle}, {"addr", region.addr}, {"length", region.length}};
+  std::lock_guard lock(mu_);
+  if (auto it = mrs_.find(handle); it != mrs_.end()) entry["rkey"] = it->second->rkey();
+  return entry;
+}
+
+std::optional<uint32_t> RdmaMemoryDomain::lkey(int32_t handle) const {
+  std::lock_guard lock(mu_);
+  auto it = mrs_.find(handle);
+  if (it == mrs_.end()) return std::nullopt;
+  return it->second->lkey();
+}
+
+}  // namespace dlslime::rdma

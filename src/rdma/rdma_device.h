@@ -1,0 +1,63 @@
+// What an RDMAEndpoint opens before it has QPs: the device (chosen by name or as the first
+// with an active port), its port and GID, the protection domain, and the memory domain
+// that registers every region of the agent's MemoryRegistry as an MR of that PD.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "core/memory_registry.h"
+#include "rdma/verbs.h"
+
+namespace dlslime {
+struct RdmaOptions;
+}
+
+namespace dlslime::rdma {
+
+// "auto" -> kUnspecified, "RoCE" -> kEthernet, "IB" -> kInfiniBand (case-insensitive);
+// InvalidArgumentError otherwise.
+LinkLayer parse_link_type(const std::string& link_type);
+
+// An open device and PD. The MRs of the memory domain and the endpoint's CQ and QPs hold
+// it alive: they must be destroyed before it (declaration order below: pd before ctx).
+struct Device {
+  std::unique_ptr<Context> ctx;
+  std::unique_ptr<ProtectionDomain> pd;
+  uint8_t port = 1;
+  PortAttr port_attr;
+  int gid_index = 0;
+  GidEntry gid;
+};
+
+// Opens the device the options name (or the first with an active port), checks the port
+// (active, the link layer asked for) and picks the GID (docs/rdma.md "GID selection").
+// NotFoundError for an unknown device, ConnectionError for a port that is down, of another
+// link layer, or without a usable GID.
+std::shared_ptr<Device> open_device(const RdmaOptions& options);
+
+// The RDMA memory domain: one MR per host region (local write, remote read and write),
+// published as {addr, rkey, length, handle}. Device memory is not registered (this
+// transport moves host memory only); its entry then has no rkey and a peer cannot
+// address it.
+class RdmaMemoryDomain final : public MemoryDomain {
+ public:
+  explicit RdmaMemoryDomain(std::shared_ptr<Device> device) : device_(std::move(device)) {}
+  void region_added(int32_t handle, const LocalRegion& region) override;
+  void region_removed(int32_t handle, const LocalRegion& region) override;
+  nlohmann::json describe(int32_t handle, const LocalRegion& region) const override;
+  // The lkey of region `handle`'s MR; nullopt when it has none.
+  std::optional<uint32_t> lkey(int32_t handle) const;
+
+ private:
+  std::shared_ptr<Device> device_;  // declared first: destroyed after the MRs
+  mutable std::mutex mu_;
+  // By handle (a registry never reuses one).
+  std::unordered_map<int32_t, std::unique_ptr<MemoryRegion>> mrs_;
+};
+
+}  // namespace dlslime::rdma

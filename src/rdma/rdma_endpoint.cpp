@@ -1,0 +1,746 @@
+// RDMAEndpoint over the verbs seam (rdma_endpoint.h, docs/rdma.md).
+#include "rdma/rdma_endpoint.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "dlslime/errors.h"
+
+namespace dlslime {
+
+using namespace rdma;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr auto kShutdownDrain = std::chrono::seconds(2);
+
+uint32_t random_psn() {
+  static thread_local std::mt19937 gen(std::random_device{}());
+  return gen() & 0xffffff;
+}
+
+GidBytes parse_gid(const std::string& text) {
+  GidBytes out{};
+  std::string hex;
+  for (char c : text) {
+    if (c != ':') hex += c;
+  }
+  if (hex.size() != 32) throw ConnectionError(fmt::format("peer endpoint_info: malformed gid '{}'", text));
+  for (size_t i = 0; i < 16; ++i) {
+    unsigned v = 0;
+    if (std::sscanf(hex.c_str() + 2 * i, "%2x", &v) != 1) {
+      throw ConnectionError(fmt::format("peer endpoint_info: malformed gid '{}'", text));
+    }
+    out[i] = static_cast<uint8_t>(v);
+  }
+  return out;
+}
+
+// An integer in 0..max (JSON made from a signed int holds a signed number).
+bool nonnegative_at_most(const nlohmann::json& v, uint64_t max) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>() <= max;
+  return v.is_number_integer() && v.get<int64_t>() >= 0 && static_cast<uint64_t>(v.get<int64_t>()) <= max;
+}
+
+const nlohmann::json& field(const nlohmann::json& j, const char* key, const char* what) {
+  if (!j.is_object() || !j.contains(key)) {
+    throw ConnectionError(fmt::format("peer endpoint_info: {} lacks '{}' (is it an rdma endpoint's info?)", what, key));
+  }
+  return j[key];
+}
+
+uint64_t unsigned_field(const nlohmann::json& j, const char* key, const char* what, uint64_t max) {
+  const nlohmann::json& v = field(j, key, what);
+  if (!nonnegative_at_most(v, max)) {
+    throw ConnectionError(fmt::format("peer endpoint_info: {} '{}' must be an integer in 0..{}, not {}", what, key,
+                                      max, v.dump()));
+  }
+  return v.get<uint64_t>();
+}
+
+Mtu mtu_of_bytes(uint64_t bytes) {
+  for (Mtu m : {Mtu::k4096, Mtu::k2048, Mtu::k1024, Mtu::k512, Mtu::k256}) {
+    if (static_cast<uint64_t>(mtu_bytes(m)) <= bytes) return m;
+  }
+  return Mtu::k256;
+}
+
+}  // namespace
+
+RdmaEndpointImpl::RdmaEndpointImpl(RdmaOptions opts, std::shared_ptr<MemoryRegistry> regs)
+    : options(std::move(opts)), regions(std::move(regs)) {
+  options.validate();
+  device_ = open_device(options);
+  domain_ = std::make_shared<RdmaMemoryDomain>(device_);
+  // Enough CQEs for every send and receive WR that can be outstanding: no overrun.
+  const int depth = static_cast<int>(options.num_qp * (options.max_send_wr + options.max_recv_wr));
+  cq_ = device_->ctx->create_cq(depth);
+  QpCaps caps;
+  caps.max_send_wr = options.max_send_wr;
+  caps.max_recv_wr = options.max_recv_wr;
+  caps.max_send_sge = 1;
+  caps.max_recv_sge = 1;
+  caps.max_inline_data = options.max_inline_data;
+  lanes_.resize(options.num_qp);
+  RcInitAttr init;
+  init.port = device_->port;
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    Lane& lane = lanes_[i];
+    lane.qp = device_->pd->create_rc_qp(*cq_, *cq_, caps);
+    lane.psn = random_psn();
+    if (int rc = lane.qp->modify_to_init(init); rc != 0) {
+      throw ConnectionError(fmt::format("RDMA QP {} (lane {}): RESET->INIT failed: {}", lane.qp->qp_num(), i,
+                                        std::strerror(rc)));
+    }
+  }
+  max_inline_ = lanes_[0].qp->caps().max_inline_data;
+  // write_with_imm always travels on lane 0 (its order with the batch's writes is the
+  // QP's), so only lane 0 needs receives; they carry no buffer.
+  post_recvs(options.max_recv_wr);
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) throw Error(StatusCode::kFailed, fmt::format("eventfd failed: {}", std::strerror(errno)));
+}
+
+void RdmaEndpointImpl::start() {
+  regions->attach(domain_);
+  regions->watch(std::static_pointer_cast<RegionRevoker>(shared_from_this()));
+  // The thread holds the endpoint alive: if a continuation drops the last reference on it,
+  // the destructor detaches instead of joining itself.
+  thread_ = std::thread([self = shared_from_this()] { self->run(); });
+}
+
+RdmaEndpointImpl::~RdmaEndpointImpl() {
+  stop_ = true;
+  wake();
+  if (thread_.joinable()) {
+    if (thread_.get_id() == std::this_thread::get_id()) {
+      thread_.detach();
+    } else {
+      thread_.join();
+    }
+  }
+  // QPs before the CQ before the device (declaration order would destroy the CQ first).
+  lanes_.clear();
+  cq_.reset();
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+void RdmaEndpointImpl::post_recvs(uint32_t count) {
+  std::vector<RecvWr> wrs(count);
+  for (uint32_t i = 0; i < count; ++i) wrs[i].next = i + 1 < count ? &wrs[i + 1] : nullptr;
+  const RecvWr* bad = nullptr;
+  if (count > 0) {
+    if (int rc = lanes_[0].qp->post_recv(wrs.data(), &bad); rc != 0) {
+      DLSLIME_WARN("RDMA QP {}: post_recv failed: {}", lanes_[0].qp->qp_num(), std::strerror(rc));
+    }
+  }
+}
+
+std::vector<uint32_t> RdmaEndpointImpl::qp_nums() const {
+  std::vector<uint32_t> out;
+  for (const Lane& lane : lanes_) out.push_back(lane.qp->qp_num());
+  return out;
+}
+
+nlohmann::json RdmaEndpointImpl::endpoint_info() const {
+  nlohmann::json qps = nlohmann::json::array();
+  const int mtu = mtu_bytes(device_->port_attr.active_mtu);
+  for (const Lane& lane : lanes_) {
+    qps.push_back({{"gid", gid_to_string(device_->gid.gid)},
+                   {"lid", device_->port_attr.lid},
+                   {"qpn", lane.qp->qp_num()},
+                   {"psn", lane.psn},
+                   {"mtu", mtu}});
+  }
+  return {{"transport", "rdma"},
+          {"device", device_->ctx->device_name()},
+          {"ib_port", device_->port},
+          {"gid_index", device_->gid_index},
+          {"link_layer", link_layer_name(device_->port_attr.link_layer)},
+          {"num_qp", lanes_.size()},
+          {"qp_info", qps},
+          {"mr_info", mr_info()}};
+}
+
+nlohmann::json RdmaEndpointImpl::mr_info() const { return regions->mr_info(*domain_); }
+
+void RdmaEndpointImpl::connect(const nlohmann::json& peer) {
+  std::lock_guard lock(mu_);
+  if (closed_) throw ConnectionError("RDMAEndpoint is shut down");
+  if (connected_) throw ConnectionError("RDMAEndpoint is already connected (an endpoint connects to one peer once)");
+  if (peer.contains("transport") && peer["transport"] != "rdma") {
+    throw ConnectionError(fmt::format("peer endpoint_info is of transport {}, not rdma", peer["transport"].dump()));
+  }
+  const nlohmann::json& layer = field(peer, "link_layer", "endpoint_info");
+  const std::string own_layer = link_layer_name(device_->port_attr.link_layer);
+  if (!layer.is_string() || layer.get<std::string>() != own_layer) {
+    throw ConnectionError(
+        fmt::format("link layer mismatch: this endpoint's port is {}, the peer's {}", own_layer, layer.dump()));
+  }
+  const uint64_t peer_qps = unsigned_field(peer, "num_qp", "endpoint_info", 1 << 16);
+  const nlohmann::json& qp_info = field(peer, "qp_info", "endpoint_info");
+  if (peer_qps != lanes_.size() || !qp_info.is_array() || qp_info.size() != lanes_.size()) {
+    throw ConnectionError(fmt::format("num_qp mismatch: this endpoint has {} QPs, the peer {} (both sides must use the "
+                                      "same num_qp)",
+                                      lanes_.size(), qp_info.is_array() ? qp_info.size() : peer_qps));
+  }
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    const nlohmann::json& q = qp_info[i];
+    const nlohmann::json& gid = field(q, "gid", "qp_info entry");
+    if (!gid.is_string()) throw ConnectionError("peer endpoint_info: qp_info gid must be a string");
+    RcRtrAttr rtr;
+    rtr.remote_qpn = static_cast<uint32_t>(unsigned_field(q, "qpn", "qp_info entry", 0xffffff));
+    rtr.rq_psn = static_cast<uint32_t>(unsigned_field(q, "psn", "qp_info entry", 0xffffff));
+    rtr.remote_lid = static_cast<uint16_t>(unsigned_field(q, "lid", "qp_info entry", 0xffff));
+    const uint64_t peer_mtu = unsigned_field(q, "mtu", "qp_info entry", 1 << 20);
+    rtr.path_mtu = std::min(device_->port_attr.active_mtu, mtu_of_bytes(peer_mtu));
+    rtr.remote_gid = parse_gid(gid.get<std::string>());
+    rtr.use_gid = true;
+    rtr.sgid_index = static_cast<uint8_t>(device_->gid_index);
+    Lane& lane = lanes_[i];
+    if (int rc = lane.qp->modify_to_rtr(rtr); rc != 0) {
+      throw ConnectionError(fmt::format("RDMA QP {} (lane {}): INIT->RTR to peer QP {} failed: {} (state {})",
+                                        lane.qp->qp_num(), i, rtr.remote_qpn, std::strerror(rc),
+                                        qp_state_name(lane.qp->state())));
+    }
+    RcRtsAttr rts;
+    rts.sq_psn = lane.psn;
+    rts.timeout = static_cast<uint8_t>(options.ack_timeout);
+    rts.retry_cnt = static_cast<uint8_t>(options.retry_cnt);
+    rts.rnr_retry = static_cast<uint8_t>(options.rnr_retry);
+    if (int rc = lane.qp->modify_to_rts(rts); rc != 0) {
+      throw ConnectionError(fmt::format("RDMA QP {} (lane {}): RTR->RTS failed: {} (state {})", lane.qp->qp_num(), i,
+                                        std::strerror(rc), qp_state_name(lane.qp->state())));
+    }
+  }
+  connected_ = true;
+}
+
+bool RdmaEndpointImpl::is_connected() const {
+  std::lock_guard lock(mu_);
+  if (!connected_ || closed_) return false;
+  return std::none_of(lanes_.begin(), lanes_.end(), [](const Lane& l) { return l.failed; });
+}
+
+int32_t RdmaEndpointImpl::register_remote(const std::string& name, const nlohmann::json& entry) {
+  auto get = [&](const char* key, uint64_t max, bool required) -> uint64_t {
+    if (!entry.is_object() || !entry.contains(key)) {
+      if (!required) return 0;
+      throw InvalidArgumentError(fmt::format("remote memory region '{}': mr_info entry needs an integer '{}' (got {}){}",
+                                             name, key, entry.dump(),
+                                             std::strcmp(key, "rkey") == 0
+                                                 ? "; the peer did not register it with RDMA (device memory?)"
+                                                 : ""));
+    }
+    const nlohmann::json& v = entry[key];
+    if (!nonnegative_at_most(v, max)) {
+      throw InvalidArgumentError(
+          fmt::format("remote memory region '{}': '{}' must be an integer in 0..{}, not {}", name, key, max, v.dump()));
+    }
+    return v.get<uint64_t>();
+  };
+  const uint64_t length = get("length", UINT64_MAX, true);
+  const uint64_t addr = get("addr", UINT64_MAX, true);
+  const uint64_t rkey = get("rkey", UINT32_MAX, length > 0);
+  if (length > UINT64_MAX - addr) {
+    throw InvalidArgumentError(fmt::format("remote memory region '{}': addr + length overflows", name));
+  }
+  return remote_.add(name, length, RdmaRemoteKey{addr, static_cast<uint32_t>(rkey)});
+}
+
+// What a new op gets once a lane has failed: the endpoint is no longer connected.
+Status RdmaEndpointImpl::lane_failed_status(const Lane& lane, size_t index) const {
+  return Status::not_connected(fmt::format("RDMA QP {} (lane {}) is in the error state ({}); the endpoint is no "
+                                           "longer connected",
+                                           lane.qp->qp_num(), index, lane.cause.message()));
+}
+
+Future RdmaEndpointImpl::submit(OpRequest request) {
+  auto state = std::make_shared<OpState>(request.kind);
+  Future future(state);
+  std::vector<Done> done;
+  auto fail = [&](Status status) {
+    state->complete(std::move(status));
+    return future;
+  };
+  std::unique_lock lock(mu_);
+  if (closed_) return lock.unlock(), fail(Status::cancelled("RDMAEndpoint is shut down"));
+  if (request.kind == OpKind::kImmRecv) {
+    if (!imm_events_.empty()) {
+      const ImmEvent ev = imm_events_.front();
+      imm_events_.pop_front();
+      lock.unlock();
+      state->set_imm_data(ev.imm);
+      state->complete(Status::ok(), ev.byte_len);
+      return future;
+    }
+    imm_waiters_.push_back(state);
+    return future;
+  }
+  if (request.kind != OpKind::kRead && request.kind != OpKind::kWrite && request.kind != OpKind::kWriteWithImm) {
+    return lock.unlock(), fail(Status(StatusCode::kNotImplemented, "send/recv is not supported by the rdma transport"));
+  }
+  if (!connected_) return lock.unlock(), fail(Status::not_connected("RDMAEndpoint is not connected"));
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    if (lanes_[i].failed) return lock.unlock(), fail(lane_failed_status(lanes_[i], i));
+  }
+
+  // Resolve every item first: a bad one fails the whole op before anything is posted.
+  const auto& items = request.assignments;
+  struct Resolved {
+    uint64_t local = 0, remote = 0;
+    uint32_t lkey = 0, rkey = 0;
+  };
+  std::vector<Resolved> resolved(items.size());
+  Op op;
+  op.state = state;
+  ResolveCache cache;
+  RemoteRegions<RdmaRemoteKey>::Cache remote_cache;
+  int32_t lkey_handle = -1;
+  uint32_t lkey = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Assignment& a = items[i];
+    uintptr_t local = 0;
+    if (Status st = regions->resolve(a.local_handle, a.source_offset, a.length, &local, cache); !st) {
+      return lock.unlock(), fail(std::move(st));
+    }
+    op.uses.hold(cache);
+    if (a.local_handle != lkey_handle) {
+      auto key = domain_->lkey(a.local_handle);
+      if (!key) {
+        return lock.unlock(),
+               fail(Status::invalid_argument(fmt::format(
+                   "local region {} has no RDMA memory registration (device memory, or zero length)", a.local_handle)));
+      }
+      lkey_handle = a.local_handle;
+      lkey = *key;
+    }
+    RdmaRemoteKey rk;
+    if (Status st = remote_.resolve(a.remote_handle, a.target_offset, a.length, &rk, remote_cache); !st) {
+      return lock.unlock(), fail(std::move(st));
+    }
+    resolved[i] = {local, rk.addr + a.target_offset, lkey, rk.rkey};
+  }
+
+  // write_with_imm stays on lane 0: the immediate must arrive after every byte of the batch,
+  // which only one QP's order guarantees.
+  const bool imm = request.kind == OpKind::kWriteWithImm;
+  BatchPlanConfig config;
+  config.chunk_size = options.chunk_size;
+  config.lanes = imm ? 1 : static_cast<uint16_t>(lanes_.size());
+  config.piece_overhead = 4096;  // a WR costs about what a few KiB of wire time does
+  config.stripe_min_bytes = 64 << 10;
+  plan_batch(items, config, plan_);
+  const uint64_t op_id = next_op_id_++;
+  const auto deadline = options.op_timeout.count() > 0 ? Clock::now() + options.op_timeout : PendingOps<Op>::kNever;
+  const WrOpcode opcode = request.kind == OpKind::kRead ? WrOpcode::kRdmaRead : WrOpcode::kRdmaWrite;
+  std::vector<size_t> touched;
+  for (uint16_t l = 0; l < plan_.lanes.size(); ++l) {
+    auto pieces = plan_.lane(l);
+    if (pieces.empty()) continue;
+    Lane& lane = lanes_[l];
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      const PlannedPiece& p = pieces[k];
+      const Resolved& r = resolved[p.item];
+      lane.waiting.push_back({op_id, opcode, r.local + p.offset, static_cast<uint32_t>(p.length), r.lkey,
+                              r.remote + p.offset, r.rkey, 0, k + 1 == pieces.size()});
+    }
+    op.wrs_left += pieces.size();
+    op.lanes |= uint64_t(1) << l;
+    touched.push_back(l);
+  }
+  if (imm) {
+    if (op.wrs_left == 0) {  // nothing to write: the immediate alone
+      lanes_[0].waiting.push_back({op_id, WrOpcode::kRdmaWriteWithImm, 0, 0, 0, 0, 0, request.imm_data, true});
+      op.wrs_left = 1;
+      op.lanes = 1;
+      touched.push_back(0);
+    } else {
+      lanes_[0].waiting.back().opcode = WrOpcode::kRdmaWriteWithImm;
+      lanes_[0].waiting.back().imm = request.imm_data;
+    }
+  }
+  if (op.wrs_left == 0) return lock.unlock(), fail(Status::ok());  // only zero-length items
+  ops_.insert(op_id, std::move(op), deadline);
+  for (size_t l : touched) pump(lanes_[l], l, done);
+  plan_.trim(1 << 16);
+  const bool earlier = deadline != PendingOps<Op>::kNever &&
+                       deadline.time_since_epoch().count() < sleep_until_ns_.load(std::memory_order_relaxed);
+  lock.unlock();
+  if (earlier) wake();
+  complete_all(done);
+  return future;
+}
+
+void RdmaEndpointImpl::pump(Lane& lane, size_t index, std::vector<Done>& done) {
+  if (lane.failed) return;
+  const uint32_t depth = options.max_send_wr;
+  // Signal at least every half queue, so that a queue of unsignaled WRs never fills up
+  // without a completion that frees it (and the op's last WR, so the op learns its end).
+  const uint32_t interval = std::max<uint32_t>(1, depth / 2);
+  std::vector<SendWr> wrs;
+  std::vector<Sge> sges;
+  const size_t room = depth - lane.posted.size();
+  const size_t n = std::min(room, lane.waiting.size());
+  if (n == 0) return;
+  wrs.resize(n);
+  sges.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const QueuedWr& q = lane.waiting[i];
+    SendWr& wr = wrs[i];
+    sges[i] = {q.local_addr, q.length, q.lkey};
+    wr.wr_id = lane.next_seq + i;
+    wr.next = i + 1 < n ? &wrs[i + 1] : nullptr;
+    wr.sg_list = &sges[i];
+    wr.num_sge = q.length > 0 ? 1 : 0;
+    wr.opcode = q.opcode;
+    wr.imm_data = q.imm;
+    wr.remote_addr = q.remote_addr;
+    wr.rkey = q.rkey;
+    wr.inline_data = q.opcode != WrOpcode::kRdmaRead && q.length > 0 && q.length <= max_inline_;
+    wr.signaled = q.last_of_op || ++lane.since_signal >= interval;
+    if (wr.signaled) lane.since_signal = 0;
+  }
+  const SendWr* bad = nullptr;
+  const int rc = lane.qp->post_send(wrs.data(), &bad);
+  const size_t posted = rc == 0 ? n : static_cast<size_t>(bad - wrs.data());
+  for (size_t i = 0; i < posted; ++i) {
+    const QueuedWr& q = lane.waiting.front();
+    lane.posted.push_back({lane.next_seq++, q.op_id, q.length});
+    lane.waiting.pop_front();
+  }
+  if (rc != 0) {
+    fail_lane(lane, index, Status::failed(fmt::format("post_send failed: {}", std::strerror(rc))), done);
+  }
+}
+
+void RdmaEndpointImpl::fail_lane(Lane& lane, size_t index, Status cause, std::vector<Done>& done) {
+  if (!lane.failed) {
+    lane.failed = true;
+    lane.cause = std::move(cause);
+    if (lane.qp->state() != QpState::kErr) lane.qp->modify_to_err();  // posted WRs come back flushed
+    if (!closed_) {
+      DLSLIME_WARN("RDMA QP {} (lane {}) is in the error state: {}", lane.qp->qp_num(), index, lane.cause.message());
+    }
+  }
+  const Status st = flushed_status(lane, index);
+  while (!lane.waiting.empty()) {
+    const QueuedWr q = lane.waiting.front();
+    lane.waiting.pop_front();
+    finish_wr(q.op_id, 0, st, done);
+  }
+}
+
+void RdmaEndpointImpl::finish_wr(uint64_t op_id, uint32_t length, const Status& status, std::vector<Done>& done) {
+  Op* op = ops_.find(op_id);
+  if (op == nullptr) return;
+  if (!status && op->error.is_ok()) op->error = status;
+  op->nbytes += status ? length : 0;
+  if (--op->wrs_left > 0) return;
+  Op finished = std::move(*ops_.take(op_id));
+  finished.uses.clear();  // the memory is no longer referenced: drop the uses before completing
+  done.push_back({std::move(finished.state), std::move(finished.error), finished.nbytes});
+}
+
+Status RdmaEndpointImpl::wc_status(const Lane& lane, size_t index, const WorkCompletion& wc) const {
+  const uint32_t qpn = lane.qp->qp_num();
+  switch (wc.status) {
+    case WcStatus::kSuccess: return Status::ok();
+    case WcStatus::kWrFlushErr: return flushed_status(lane, index);
+    case WcStatus::kRemAccessErr:
+      return Status::unknown_handle(fmt::format(
+          "RDMA QP {} (lane {}): the peer refused the access (REM_ACCESS_ERR): its region is no longer registered "
+          "or the rkey/range is not valid there; the QP is now in the error state",
+          qpn, index));
+    case WcStatus::kRetryExcErr:
+    case WcStatus::kRnrRetryExcErr:
+      return Status::peer_closed(fmt::format("RDMA QP {} (lane {}): the peer did not answer within the retry bound "
+                                             "({}): it is dead or disconnected",
+                                             qpn, index, wc_status_name(wc.status)));
+    default:
+      return Status::failed(fmt::format("RDMA QP {} (lane {}): work completion error {}", qpn, index,
+                                        wc_status_name(wc.status)));
+  }
+}
+
+// A WR the device flushed (or that never got posted) once its lane failed: the cause's code.
+Status RdmaEndpointImpl::flushed_status(const Lane& lane, size_t index) const {
+  if (closed_) return Status::cancelled("RDMAEndpoint was shut down");
+  if (!lane.failed) {
+    return Status::failed(fmt::format("RDMA QP {} (lane {}): work request flushed (WR_FLUSH_ERR)", lane.qp->qp_num(),
+                                      index));
+  }
+  return Status(lane.cause.code(), fmt::format("RDMA QP {} (lane {}): work request flushed after: {}",
+                                               lane.qp->qp_num(), index, lane.cause.message()));
+}
+
+void RdmaEndpointImpl::on_send_completion(Lane& lane, size_t index, const WorkCompletion& wc,
+                                          std::vector<Done>& done) {
+  const Status status = wc_status(lane, index, wc);
+  // RC completes in order: every WR posted before this one has completed successfully
+  // (a failed one would have reported itself first).
+  while (!lane.posted.empty() && lane.posted.front().seq <= wc.wr_id) {
+    const PostedWr p = lane.posted.front();
+    lane.posted.pop_front();
+    finish_wr(p.op_id, p.length, p.seq == wc.wr_id ? status : Status::ok(), done);
+  }
+  if (!status) {
+    if (!lane.failed) fail_lane(lane, index, status, done);
+    return;
+  }
+  pump(lane, index, done);
+}
+
+void RdmaEndpointImpl::on_recv_completion(const WorkCompletion& wc, std::vector<Done>& done) {
+  if (wc.status != WcStatus::kSuccess) return;  // flushed with its QP: the lane reports why
+  if (!closed_) post_recvs(1);
+  if (wc.opcode != WcOpcode::kRecvRdmaWithImm) return;
+  if (!imm_waiters_.empty()) {
+    auto state = std::move(imm_waiters_.front());
+    imm_waiters_.pop_front();
+    state->set_imm_data(wc.imm_data);
+    done.push_back({std::move(state), Status::ok(), wc.byte_len});
+    return;
+  }
+  imm_events_.push_back({wc.imm_data, wc.byte_len});
+}
+
+void RdmaEndpointImpl::poll_cq(std::vector<Done>& done) {
+  WorkCompletion wcs[64];
+  for (;;) {
+    const int n = cq_->poll(64, wcs);
+    if (n < 0) {
+      // A CQ overrun cannot happen with the depth chosen above; if the device reports one,
+      // no completion can be trusted any more.
+      std::lock_guard lock(mu_);
+      for (size_t i = 0; i < lanes_.size(); ++i) {
+        fail_lane(lanes_[i], i, Status::failed(fmt::format("completion queue error: {}", std::strerror(-n))), done);
+      }
+      std::vector<uint64_t> ids;
+      ops_.for_each([&](uint64_t id, const Op&) { ids.push_back(id); });
+      for (uint64_t id : ids) {
+        Op op = std::move(*ops_.take(id));
+        op.uses.clear();
+        done.push_back({std::move(op.state), Status::failed("RDMA completion queue error"), 0});
+      }
+      stop_ = true;
+      return;
+    }
+    if (n == 0) return;
+    std::lock_guard lock(mu_);
+    for (int i = 0; i < n; ++i) {
+      const WorkCompletion& wc = wcs[i];
+      size_t index = lanes_.size();
+      for (size_t l = 0; l < lanes_.size(); ++l) {
+        if (lanes_[l].qp->qp_num() == wc.qp_num) index = l;
+      }
+      if (index == lanes_.size()) continue;
+      const bool is_recv = wc.status == WcStatus::kSuccess
+                               ? (wc.opcode == WcOpcode::kRecv || wc.opcode == WcOpcode::kRecvRdmaWithImm)
+                               : wc.wr_id == 0;  // receives carry wr_id 0; send WRs count from 1
+      if (is_recv) {
+        on_recv_completion(wc, done);
+      } else {
+        on_send_completion(lanes_[index], index, wc, done);
+      }
+    }
+  }
+}
+
+void RdmaEndpointImpl::expire(std::vector<Done>& done) {
+  std::lock_guard lock(mu_);
+  const auto now = Clock::now();
+  std::vector<std::pair<uint64_t, Op>> expired;
+  ops_.expire(now, [&](uint64_t id, Op&& op) { expired.emplace_back(id, std::move(op)); });
+  for (auto& [id, op] : expired) {
+    // Posted work cannot be taken back from a QP except by moving it to the error state;
+    // the op completes (TIMEOUT) once its WRs are flushed, never while the NIC may still
+    // touch its memory.
+    if (op.error.is_ok()) {
+      op.error = Status::timeout(fmt::format("the op's deadline ({} ms) passed before it completed",
+                                             options.op_timeout.count()));
+    }
+    const uint64_t lanes = op.lanes;
+    ops_.insert(id, std::move(op));
+    for (size_t l = 0; l < lanes_.size(); ++l) {
+      if (lanes & (uint64_t(1) << l)) {
+        fail_lane(lanes_[l], l,
+                  Status::failed(fmt::format("an op's deadline ({} ms) passed: the QP was moved to the error state "
+                                             "to take back its work requests",
+                                             options.op_timeout.count())),
+                  done);
+      }
+    }
+  }
+}
+
+void RdmaEndpointImpl::wake() {
+  if (wake_fd_ < 0) return;
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof(one));
+}
+
+void RdmaEndpointImpl::complete_all(std::vector<Done>& done) {
+  for (Done& d : done) d.state->complete(std::move(d.status), d.nbytes);
+  done.clear();
+}
+
+void RdmaEndpointImpl::run() {
+  std::vector<Done> done;
+  while (!stop_) {
+    {
+      CompletionScope scope;  // continuations run after this turn's bookkeeping
+      poll_cq(done);
+      expire(done);
+      complete_all(done);
+    }
+    if (stop_) break;
+    if (cq_->req_notify() != 0) {
+      // The CQ is in error; poll_cq reports it.
+      CompletionScope scope;
+      poll_cq(done);
+      complete_all(done);
+      break;
+    }
+    {
+      CompletionScope scope;
+      poll_cq(done);  // what arrived before the arm
+      complete_all(done);
+    }
+    int timeout_ms = -1;
+    {
+      std::lock_guard lock(mu_);
+      const auto next = ops_.next_deadline();
+      sleep_until_ns_.store(next.time_since_epoch().count(), std::memory_order_relaxed);  // kNever: INT64_MAX
+      if (next != PendingOps<Op>::kNever) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(next - Clock::now()).count();
+        timeout_ms = static_cast<int>(std::clamp<int64_t>(left, 0, 1 << 30));
+      }
+    }
+    pollfd fds[2] = {{cq_->channel_fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    ::poll(fds, 2, timeout_ms);
+    cq_->ack_events();
+    uint64_t count = 0;
+    [[maybe_unused]] ssize_t n = ::read(wake_fd_, &count, sizeof(count));
+  }
+}
+
+void RdmaEndpointImpl::shutdown() {
+  std::vector<Done> done;
+  std::vector<std::shared_ptr<OpState>> waiters;
+  {
+    std::lock_guard lock(mu_);
+    if (closed_) return;
+    closed_ = true;
+    for (size_t i = 0; i < lanes_.size(); ++i) fail_lane(lanes_[i], i, Status::cancelled("RDMAEndpoint was shut down"), done);
+    waiters.assign(imm_waiters_.begin(), imm_waiters_.end());
+    imm_waiters_.clear();
+  }
+  {
+    CompletionScope scope;
+    complete_all(done);
+    for (auto& w : waiters) w->complete(Status::cancelled("RDMAEndpoint was shut down"));
+  }
+  // The flushed WRs complete the ops (CANCELLED) on the completion thread. Wait for that,
+  // unless this is that thread (a continuation shutting down): it completes them itself.
+  if (!on_own_thread()) {
+    const auto until = Clock::now() + kShutdownDrain;
+    for (;;) {
+      {
+        std::lock_guard lock(mu_);
+        if (ops_.empty()) break;
+      }
+      if (Clock::now() > until) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  // What the device never flushed (a dropped completion): the QPs are in ERR, so the NIC no
+  // longer touches the memory; complete them here.
+  {
+    std::lock_guard lock(mu_);
+    std::vector<uint64_t> ids;
+    ops_.for_each([&](uint64_t id, const Op&) { ids.push_back(id); });
+    for (uint64_t id : ids) {
+      Op op = std::move(*ops_.take(id));
+      op.uses.clear();
+      done.push_back({std::move(op.state), Status::cancelled("RDMAEndpoint was shut down"), 0});
+    }
+  }
+  CompletionScope scope;
+  complete_all(done);
+  stop_ = true;
+  wake();
+}
+
+void RdmaEndpointImpl::revoke_region(const RegionLifetime& lifetime) {
+  std::vector<Done> done;
+  {
+    std::lock_guard lock(mu_);
+    uint64_t lanes = 0;
+    ops_.for_each([&](uint64_t, const Op& op) {
+      if (op.uses.holds(&lifetime)) lanes |= op.lanes;
+    });
+    for (size_t l = 0; l < lanes_.size(); ++l) {
+      if (lanes & (uint64_t(1) << l)) {
+        fail_lane(lanes_[l], l,
+                  Status::failed(fmt::format("region '{}' was unregistered while in use (revoked)", lifetime.name())),
+                  done);
+      }
+    }
+  }
+  CompletionScope scope;
+  complete_all(done);
+}
+
+bool RdmaEndpointImpl::on_own_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
+
+// --- RDMAEndpoint ------------------------------------------------------------------------
+
+RDMAEndpoint::RDMAEndpoint(RdmaOptions options) : RDMAEndpoint(std::move(options), std::make_shared<MemoryRegistry>()) {}
+
+RDMAEndpoint::RDMAEndpoint(RdmaOptions options, std::shared_ptr<MemoryRegistry> regions)
+    : impl_(std::make_shared<RdmaEndpointImpl>(std::move(options), std::move(regions))) {
+  impl_->start();
+}
+
+RDMAEndpoint::~RDMAEndpoint() { impl_->shutdown(); }
+
+nlohmann::json RDMAEndpoint::endpoint_info() const { return impl_->endpoint_info(); }
+void RDMAEndpoint::connect(const nlohmann::json& peer_info) { impl_->connect(peer_info); }
+bool RDMAEndpoint::is_connected() const { return impl_->is_connected(); }
+
+int32_t RDMAEndpoint::register_memory_region(const std::string& name, uintptr_t addr, uint64_t offset,
+                                             uint64_t length) {
+  return impl_->regions->add(name, addr, offset, length);
+}
+int32_t RDMAEndpoint::register_remote_memory_region(const std::string& name, const nlohmann::json& entry) {
+  return impl_->register_remote(name, entry);
+}
+void RDMAEndpoint::unregister_memory_region(const std::string& name) { impl_->regions->remove(name); }
+void RDMAEndpoint::unregister_memory_region(int32_t handle) { impl_->regions->remove(handle); }
+nlohmann::json RDMAEndpoint::mr_info() const { return impl_->mr_info(); }
+
+Capabilities RDMAEndpoint::capabilities() const {
+  Capabilities caps;
+  caps.transport = "rdma";
+  caps.read = caps.write = caps.write_with_imm = caps.imm_recv = true;
+  caps.host_memory = true;
+  return caps;
+}
+
+void RDMAEndpoint::shutdown() { impl_->shutdown(); }
+Future RDMAEndpoint::do_submit(OpRequest request) { return impl_->submit(std::move(request)); }
+const RdmaOptions& RDMAEndpoint::options() const { return impl_->options; }
+std::vector<uint32_t> RDMAEndpoint::qp_nums() const { return impl_->qp_nums(); }
+
+}  // namespace dlslime

@@ -1,0 +1,143 @@
+// RDMAEndpoint's implementation (docs/rdma.md): RC queue pairs over the verbs seam, one CQ
+// polled by the endpoint's completion thread, software send queues, and the op table.
+//
+// Threads: any thread submits (under mu_); the completion thread polls the CQ, posts what
+// waits in the software queues, and expires deadlines. Futures complete outside mu_, inside
+// a CompletionScope, after the op's region uses are dropped.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/batch_planner.h"
+#include "core/memory_registry.h"
+#include "core/op_state.h"
+#include "core/pending_ops.h"
+#include "core/remote_regions.h"
+#include "dlslime/rdma_endpoint.h"
+#include "rdma/rdma_device.h"
+#include "rdma/verbs.h"
+
+namespace dlslime {
+
+// How an initiator addresses a peer's region: the peer's virtual address and rkey.
+struct RdmaRemoteKey {
+  uint64_t addr = 0;
+  uint32_t rkey = 0;
+};
+
+class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_from_this<RdmaEndpointImpl> {
+ public:
+  RdmaEndpointImpl(RdmaOptions options, std::shared_ptr<MemoryRegistry> regions);
+  ~RdmaEndpointImpl() override;
+  void start();  // attaches the memory domain and starts the completion thread
+
+  nlohmann::json endpoint_info() const;
+  void connect(const nlohmann::json& peer_info);
+  bool is_connected() const;
+  int32_t register_remote(const std::string& name, const nlohmann::json& entry);
+  nlohmann::json mr_info() const;
+  Future submit(OpRequest request);
+  void shutdown();
+  std::vector<uint32_t> qp_nums() const;
+
+  const RdmaOptions options;
+  const std::shared_ptr<MemoryRegistry> regions;
+
+  // RegionRevoker
+  void revoke_region(const RegionLifetime& lifetime) override;
+  bool on_own_thread() const override;
+
+ private:
+  // One work request waiting for a send-queue slot.
+  struct QueuedWr {
+    uint64_t op_id = 0;
+    rdma::WrOpcode opcode = rdma::WrOpcode::kRdmaWrite;
+    uint64_t local_addr = 0;
+    uint32_t length = 0;
+    uint32_t lkey = 0;
+    uint64_t remote_addr = 0;
+    uint32_t rkey = 0;
+    uint32_t imm = 0;
+    bool last_of_op = false;  // the op's last WR on this lane: always signaled
+  };
+  // A posted WR not yet known to be complete (wr_id = seq).
+  struct PostedWr {
+    uint64_t seq = 0;
+    uint64_t op_id = 0;
+    uint32_t length = 0;
+  };
+  struct Lane {
+    std::unique_ptr<rdma::QueuePair> qp;
+    uint32_t psn = 0;
+    uint64_t next_seq = 1;
+    std::deque<PostedWr> posted;   // in the send queue, oldest first
+    std::deque<QueuedWr> waiting;  // the software queue: beyond the send queue's depth
+    uint32_t since_signal = 0;     // unsignaled WRs posted since the last signaled one
+    bool failed = false;
+    Status cause;  // why the QP went to error; its flushed WRs fail with this code
+  };
+  struct Op {
+    std::shared_ptr<OpState> state;
+    RegionUses uses;
+    uint64_t wrs_left = 0;
+    uint64_t nbytes = 0;
+    uint64_t lanes = 0;  // bitmask of the lanes carrying its WRs
+    Status error;
+  };
+  struct Done {
+    std::shared_ptr<OpState> state;
+    Status status;
+    uint64_t nbytes = 0;
+  };
+  struct ImmEvent {
+    uint32_t imm = 0;
+    uint32_t byte_len = 0;
+  };
+
+  void run();
+  void poll_cq(std::vector<Done>& done);
+  void on_send_completion(Lane& lane, size_t index, const rdma::WorkCompletion& wc, std::vector<Done>& done);
+  void on_recv_completion(const rdma::WorkCompletion& wc, std::vector<Done>& done);
+  void finish_wr(uint64_t op_id, uint32_t length, const Status& status, std::vector<Done>& done);
+  void pump(Lane& lane, size_t index, std::vector<Done>& done);
+  // Moves the lane's QP to ERR (its posted WRs come back flushed) and fails what waits.
+  void fail_lane(Lane& lane, size_t index, Status cause, std::vector<Done>& done);
+  void expire(std::vector<Done>& done);
+  void post_recvs(uint32_t count);
+  Status wc_status(const Lane& lane, size_t index, const rdma::WorkCompletion& wc) const;
+  Status lane_failed_status(const Lane& lane, size_t index) const;
+  Status flushed_status(const Lane& lane, size_t index) const;
+  void wake();
+  static void complete_all(std::vector<Done>& done);
+
+  std::shared_ptr<rdma::Device> device_;
+  std::shared_ptr<rdma::RdmaMemoryDomain> domain_;
+  std::unique_ptr<rdma::CompletionQueue> cq_;
+  std::vector<Lane> lanes_;  // fixed size; guarded by mu_ (the QPs themselves are thread-safe)
+  uint32_t max_inline_ = 0;
+  int wake_fd_ = -1;
+
+  mutable std::mutex mu_;
+  bool connected_ = false;
+  bool closed_ = false;
+  uint64_t next_op_id_ = 1;
+  PendingOps<Op> ops_;
+  std::deque<ImmEvent> imm_events_;                  // arrived, no imm_recv yet
+  std::deque<std::shared_ptr<OpState>> imm_waiters_;  // imm_recv ops, no event yet
+  BatchPlan plan_;
+  std::atomic<int64_t> sleep_until_ns_{INT64_MAX};  // the completion thread's wake-up time
+
+  RemoteRegions<RdmaRemoteKey> remote_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace dlslime

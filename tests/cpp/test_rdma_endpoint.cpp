@@ -1,0 +1,359 @@
+// RDMAEndpoint on the strict simulated device (DLSLIME_RDMA_SIM=1): what a user relies on
+// (bytes that arrived, the status an op ends with and its reason, futures that never hang),
+// including the faults a NIC produces (bad rkey, QP error, dead peer, deadline).
+#include <stdlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "dlslime/errors.h"
+#include "dlslime/rdma_endpoint.h"
+#include "dlslime/transport.h"
+#include "rdma/sim_device.h"
+
+namespace dlslime {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+constexpr auto kDeadline = 10s;
+
+int status_within(const Future& f, std::chrono::nanoseconds t = kDeadline) { return f.wait_for(t).value_or(-1); }
+constexpr int code(StatusCode c) { return static_cast<int>(c); }
+uintptr_t addr_of(std::vector<uint8_t>& v) { return reinterpret_cast<uintptr_t>(v.data()); }
+std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(i * 131 + seed);
+  return v;
+}
+
+class RdmaEndpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ::setenv("DLSLIME_RDMA_SIM", "1", 1); }
+  void TearDown() override {
+    if (a_) a_->shutdown();
+    if (b_) b_->shutdown();
+  }
+  void make(RdmaOptions options = RdmaOptions()) {
+    a_ = std::make_unique<RDMAEndpoint>(options);
+    b_ = std::make_unique<RDMAEndpoint>(options);
+  }
+  void connect() {
+    a_->connect(b_->endpoint_info());
+    b_->connect(a_->endpoint_info());
+  }
+  int32_t remote(const std::string& name) {
+    return a_->register_remote_memory_region(name, b_->endpoint_info()["mr_info"][name]);
+  }
+  std::unique_ptr<RDMAEndpoint> a_, b_;
+};
+
+TEST_F(RdmaEndpointTest, EndpointInfoHasEveryQpAndEveryRegionsRkey) {
+  RdmaOptions o;
+  o.num_qp = 3;
+  make(o);
+  std::vector<uint8_t> buf(4096);
+  a_->register_memory_region("buf", addr_of(buf), 16, 1000);
+  const json info = a_->endpoint_info();
+  EXPECT_EQ(info["transport"], "rdma");
+  EXPECT_EQ(info["link_layer"], "Ethernet");
+  EXPECT_EQ(info["num_qp"], 3);
+  ASSERT_EQ(info["qp_info"].size(), 3u);
+  std::vector<uint32_t> qpns;
+  for (const auto& q : info["qp_info"]) {
+    EXPECT_EQ(q["gid"], "0000:0000:0000:0000:0000:ffff:7f00:0001");
+    EXPECT_EQ(q["lid"], 0);
+    EXPECT_EQ(q["mtu"], 4096);
+    EXPECT_LE(q["psn"].get<uint32_t>(), 0xffffffu);
+    qpns.push_back(q["qpn"].get<uint32_t>());
+  }
+  EXPECT_EQ(qpns, a_->qp_nums());
+  const json& mr = info["mr_info"]["buf"];
+  EXPECT_EQ(mr["addr"].get<uint64_t>(), addr_of(buf) + 16);
+  EXPECT_EQ(mr["length"], 1000);
+  EXPECT_TRUE(mr.contains("rkey"));
+}
+
+TEST_F(RdmaEndpointTest, ConnectRefusesTwiceAMismatchAndBadOptionsWithClearErrors) {
+  make();
+  RdmaOptions two;
+  two.num_qp = 2;
+  RDMAEndpoint c(two);
+  try {
+    a_->connect(c.endpoint_info());
+    FAIL() << "num_qp mismatch accepted";
+  } catch (const ConnectionError& e) {
+    EXPECT_NE(std::string(e.what()).find("num_qp mismatch"), std::string::npos) << e.what();
+  }
+  json ib = b_->endpoint_info();
+  ib["link_layer"] = "InfiniBand";
+  try {
+    a_->connect(ib);
+    FAIL() << "link-layer mismatch accepted";
+  } catch (const ConnectionError& e) {
+    EXPECT_NE(std::string(e.what()).find("link layer mismatch"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(a_->connect(json{{"transport", "rdma"}}), ConnectionError);
+  EXPECT_FALSE(a_->is_connected());
+  connect();
+  EXPECT_TRUE(a_->is_connected());
+  try {
+    a_->connect(b_->endpoint_info());
+    FAIL() << "second connect accepted";
+  } catch (const ConnectionError& e) {
+    EXPECT_NE(std::string(e.what()).find("already connected"), std::string::npos) << e.what();
+  }
+  c.shutdown();
+
+  RdmaOptions bad;
+  bad.device_name = "mlx5_nope";
+  EXPECT_THROW(RDMAEndpoint{bad}, NotFoundError);
+  bad = RdmaOptions();
+  bad.link_type = "IB";
+  try {
+    RDMAEndpoint ep(bad);
+    FAIL() << "an Ethernet port was taken for link_type=IB";
+  } catch (const ConnectionError& e) {
+    EXPECT_NE(std::string(e.what()).find("not InfiniBand"), std::string::npos) << e.what();
+  }
+  bad = RdmaOptions();
+  bad.ib_port = 2;
+  EXPECT_THROW(RDMAEndpoint{bad}, ConnectionError);
+  EXPECT_THROW(RdmaOptions::from_json({{"num_qp", 0}}), InvalidArgumentError);
+  EXPECT_THROW(RdmaOptions::from_json({{"link_type", "token-ring"}}), InvalidArgumentError);
+  EXPECT_THROW(RdmaOptions::from_json({{"qp_num", 2}}), InvalidArgumentError);
+}
+
+TEST_F(RdmaEndpointTest, WritesAndReadsStripedOverQpsAreByteExact) {
+  RdmaOptions o;
+  o.num_qp = 4;
+  o.chunk_size = 4096;
+  make(o);
+  constexpr size_t n = 1 << 20;
+  auto src = pattern(n, 3);
+  std::vector<uint8_t> dst(n + 8192, 0), back(n, 0);
+  const int32_t h_src = a_->register_memory_region("src", addr_of(src), 0, n);
+  const int32_t h_back = a_->register_memory_region("back", addr_of(back), 0, n);
+  b_->register_memory_region("dst", addr_of(dst), 4096, n);
+  connect();
+  const int32_t h_dst = remote("dst");
+  auto w = a_->write({{h_src, h_dst, 0, 0, n}});
+  ASSERT_EQ(status_within(w), 0) << w.message();
+  EXPECT_EQ(w.nbytes(), n);
+  EXPECT_TRUE(std::equal(src.begin(), src.end(), dst.begin() + 4096));
+  EXPECT_TRUE(std::all_of(dst.begin(), dst.begin() + 4096, [](uint8_t v) { return v == 0; }));
+  EXPECT_TRUE(std::all_of(dst.end() - 4096, dst.end(), [](uint8_t v) { return v == 0; }));
+  auto r = a_->read({{h_back, h_dst, 0, 0, n}});
+  ASSERT_EQ(status_within(r), 0) << r.message();
+  EXPECT_EQ(r.nbytes(), n);
+  EXPECT_EQ(back, src);
+  // Small items stay inline and exact too.
+  auto small = a_->write({{h_src, h_dst, 7, 100, 9}});
+  ASSERT_EQ(status_within(small), 0) << small.message();
+  EXPECT_TRUE(std::equal(src.begin() + 100, src.begin() + 109, dst.begin() + 4096 + 7));
+}
+
+TEST_F(RdmaEndpointTest, BatchLargerThanTheSendQueueIsQueuedNotFailed) {
+  RdmaOptions o;
+  o.max_send_wr = 8;
+  o.num_qp = 2;
+  make(o);
+  constexpr size_t items = 1000, item = 64;
+  auto src = pattern(items * item, 5);
+  std::vector<uint8_t> dst(items * item, 0), back(items * item, 0);
+  const int32_t h_src = a_->register_memory_region("src", addr_of(src), 0, src.size());
+  const int32_t h_back = a_->register_memory_region("back", addr_of(back), 0, back.size());
+  b_->register_memory_region("dst", addr_of(dst), 0, dst.size());
+  connect();
+  const int32_t h_dst = remote("dst");
+  std::vector<Assignment> wb, rb;
+  for (size_t i = 0; i < items; ++i) {
+    // Reversed on the remote side, so each item's placement is checked.
+    wb.push_back({h_src, h_dst, (items - 1 - i) * item, i * item, item});
+    rb.push_back({h_back, h_dst, (items - 1 - i) * item, i * item, item});
+  }
+  std::vector<Future> writes;
+  for (int k = 0; k < 3; ++k) writes.push_back(a_->write(wb));
+  for (auto& w : writes) ASSERT_EQ(status_within(w), 0) << w.message();
+  for (size_t i = 0; i < items; ++i) {
+    ASSERT_TRUE(std::equal(src.begin() + i * item, src.begin() + (i + 1) * item,
+                           dst.begin() + (items - 1 - i) * item))
+        << i;
+  }
+  auto r = a_->read(rb);
+  ASSERT_EQ(status_within(r), 0) << r.message();
+  EXPECT_EQ(back, src);
+}
+
+TEST_F(RdmaEndpointTest, OutOfRangeAndUnknownHandlesFailThatOpAlone) {
+  make();
+  auto src = pattern(256, 1);
+  std::vector<uint8_t> dst(256, 0);
+  const int32_t h_src = a_->register_memory_region("src", addr_of(src), 0, src.size());
+  b_->register_memory_region("dst", addr_of(dst), 0, dst.size());
+  connect();
+  const int32_t h_dst = remote("dst");
+  auto f = a_->write({{h_src, h_dst, 0, 0, 8}, {h_src, h_dst, 250, 0, 8}});
+  EXPECT_EQ(status_within(f), code(StatusCode::kOutOfBounds)) << f.message();
+  EXPECT_TRUE(std::all_of(dst.begin(), dst.end(), [](uint8_t v) { return v == 0; })) << "a refused batch wrote bytes";
+  f = a_->read({{h_src, h_dst, 0, 250, 8}});
+  EXPECT_EQ(status_within(f), code(StatusCode::kOutOfBounds)) << f.message();
+  f = a_->write({{h_src + 9, h_dst, 0, 0, 8}});
+  EXPECT_EQ(status_within(f), code(StatusCode::kUnknownHandle)) << f.message();
+  f = a_->write({{h_src, h_dst + 9, 0, 0, 8}});
+  EXPECT_EQ(status_within(f), code(StatusCode::kUnknownHandle)) << f.message();
+  auto ok = a_->write({{h_src, h_dst, 0, 0, 256}});
+  ASSERT_EQ(status_within(ok), 0) << ok.message();
+  EXPECT_EQ(dst, src);
+  EXPECT_TRUE(a_->is_connected());
+}
+
+TEST_F(RdmaEndpointTest, AStaleRkeyIsARemoteAccessErrorThatNamesItsCause) {
+  make();
+  auto src = pattern(256, 1);
+  std::vector<uint8_t> dst(256, 0);
+  const int32_t h_src = a_->register_memory_region("src", addr_of(src), 0, src.size());
+  b_->register_memory_region("dst", addr_of(dst), 0, dst.size());
+  connect();
+  const int32_t h_dst = remote("dst");
+  b_->unregister_memory_region("dst");  // the peer's rkey is now invalid at its NIC
+  auto f = a_->write({{h_src, h_dst, 0, 0, 64}});
+  EXPECT_EQ(status_within(f), code(StatusCode::kUnknownHandle)) << f.message();
+  EXPECT_NE(f.message().find("REM_ACCESS_ERR"), std::string::npos) << f.message();
+  EXPECT_TRUE(std::all_of(dst.begin(), dst.end(), [](uint8_t v) { return v == 0; }));
+  // An RC QP does not survive a remote access error: the endpoint says so, later ops too.
+  EXPECT_FALSE(a_->is_connected());
+  auto later = a_->write({{h_src, h_dst, 0, 0, 8}});
+  EXPECT_EQ(status_within(later), code(StatusCode::kNotConnected)) << later.message();
+  EXPECT_NE(later.message().find("REM_ACCESS_ERR"), std::string::npos) << later.message();
+}
+
+// Endpoints whose peer stops answering: b is shut down (its QPs in ERR), so a's work is
+// retried for the ACK timeout.
+class RdmaSilentPeer : public RdmaEndpointTest {
+ protected:
+  void start(RdmaOptions o) {
+    make(o);
+    src_ = pattern(1 << 16, 2);
+    dst_.assign(1 << 16, 0);
+    h_src_ = a_->register_memory_region("src", addr_of(src_), 0, src_.size());
+    b_->register_memory_region("dst", addr_of(dst_), 0, dst_.size());
+    connect();
+    h_dst_ = remote("dst");
+    b_->shutdown();
+  }
+  std::vector<uint8_t> src_, dst_;
+  int32_t h_src_ = -1, h_dst_ = -1;
+};
+
+TEST_F(RdmaSilentPeer, QpFailureFailsEveryPendingFutureWithItsCause) {
+  RdmaOptions o;
+  o.ack_timeout = 22;  // 17 s per retry: nothing completes unless the QP fails
+  o.op_timeout = 0ms;
+  start(o);
+  std::vector<Future> pending;
+  for (int i = 0; i < 5; ++i) pending.push_back(a_->write({{h_src_, h_dst_, 0, 0, 4096}}));
+  pending.push_back(a_->read({{h_src_, h_dst_, 0, 0, 4096}}));
+  for (auto& f : pending) EXPECT_EQ(f.wait_for(20ms), std::nullopt);
+  rdma::sim::fail_qp(a_->qp_nums()[0]);
+  for (auto& f : pending) {
+    EXPECT_EQ(status_within(f), code(StatusCode::kFailed)) << f.message();
+    EXPECT_NE(f.message().find("WR_FLUSH_ERR"), std::string::npos) << f.message();
+  }
+  EXPECT_FALSE(a_->is_connected());
+}
+
+TEST_F(RdmaSilentPeer, ADeadPeerFailsPendingFuturesWithinTheRetryBound) {
+  RdmaOptions o;
+  o.ack_timeout = 8;  // 1 ms
+  o.retry_cnt = 2;
+  start(o);
+  auto f = a_->write({{h_src_, h_dst_, 0, 0, 4096}});
+  EXPECT_EQ(status_within(f, 5s), code(StatusCode::kPeerClosed)) << f.message();
+  EXPECT_NE(f.message().find("RETRY_EXC_ERR"), std::string::npos) << f.message();
+}
+
+TEST_F(RdmaSilentPeer, DeadlineFailsTheOpWithTimeout) {
+  RdmaOptions o;
+  o.ack_timeout = 22;
+  o.op_timeout = 100ms;
+  start(o);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto f = a_->write({{h_src_, h_dst_, 0, 0, 4096}});
+  EXPECT_EQ(status_within(f, 5s), code(StatusCode::kTimeout)) << f.message();
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 90ms);
+  EXPECT_NE(f.message().find("deadline"), std::string::npos) << f.message();
+  EXPECT_FALSE(a_->is_connected());
+}
+
+TEST_F(RdmaEndpointTest, WriteWithImmGivesOneImmRecvEventPerWriteInOrder) {
+  RdmaOptions o;
+  o.num_qp = 2;
+  make(o);
+  auto src = pattern(8192, 4);
+  std::vector<uint8_t> dst(8192, 0);
+  const int32_t h_src = a_->register_memory_region("src", addr_of(src), 0, src.size());
+  b_->register_memory_region("dst", addr_of(dst), 0, dst.size());
+  connect();
+  const int32_t h_dst = remote("dst");
+  auto early = b_->imm_recv();  // posted before the event
+  auto w1 = a_->write_with_imm({{h_src, h_dst, 0, 0, 4096}, {h_src, h_dst, 4096, 4096, 4096}}, 0xabcd);
+  ASSERT_EQ(status_within(w1), 0) << w1.message();
+  ASSERT_EQ(status_within(early), 0) << early.message();
+  EXPECT_EQ(early.imm_data(), 0xabcdu);
+  EXPECT_EQ(dst, src) << "the immediate arrived before the batch's bytes";
+  // Events that arrive first wait for their imm_recv, in order.
+  std::vector<Future> writes;
+  for (uint32_t i = 1; i <= 5; ++i) writes.push_back(a_->write_with_imm({{h_src, h_dst, 0, 0, 16 * i}}, i));
+  for (auto& w : writes) ASSERT_EQ(status_within(w), 0) << w.message();
+  for (uint32_t i = 1; i <= 5; ++i) {
+    auto r = b_->imm_recv();
+    ASSERT_EQ(status_within(r), 0) << r.message();
+    EXPECT_EQ(r.imm_data(), i);
+  }
+  auto pending = b_->imm_recv();
+  EXPECT_EQ(pending.wait_for(20ms), std::nullopt);
+  b_->shutdown();
+  EXPECT_EQ(status_within(pending), code(StatusCode::kCancelled)) << pending.message();
+}
+
+TEST_F(RdmaEndpointTest, ShutdownCancelsPendingOpsAndLaterOnes) {
+  RdmaOptions o;
+  o.ack_timeout = 22;
+  make(o);
+  auto src = pattern(4096, 1);
+  std::vector<uint8_t> dst(4096, 0);
+  const int32_t h_src = a_->register_memory_region("src", addr_of(src), 0, src.size());
+  b_->register_memory_region("dst", addr_of(dst), 0, dst.size());
+  connect();
+  const int32_t h_dst = remote("dst");
+  b_->shutdown();  // a's writes now wait for ACKs that never come
+  auto w = a_->write({{h_src, h_dst, 0, 0, 4096}});
+  EXPECT_EQ(w.wait_for(20ms), std::nullopt);
+  a_->shutdown();
+  a_->shutdown();
+  EXPECT_EQ(status_within(w), code(StatusCode::kCancelled)) << w.message();
+  EXPECT_EQ(status_within(a_->write({{h_src, h_dst, 0, 0, 8}})), code(StatusCode::kCancelled));
+  EXPECT_THROW(a_->connect(b_->endpoint_info()), ConnectionError);
+}
+
+TEST_F(RdmaEndpointTest, MakeEndpointBuildsItFromJsonOptions) {
+  auto ep = make_endpoint("rdma", {{"num_qp", 2}, {"max_send_wr", 32}, {"link_type", "RoCE"}});
+  auto* rdma = dynamic_cast<RDMAEndpoint*>(ep.get());
+  ASSERT_NE(rdma, nullptr);
+  EXPECT_EQ(rdma->options().num_qp, 2u);
+  EXPECT_EQ(rdma->options().max_send_wr, 32u);
+  EXPECT_EQ(ep->endpoint_info()["qp_info"].size(), 2u);
+  EXPECT_THROW(make_endpoint("rdma", {{"num_qp", "two"}}), InvalidArgumentError);
+  ep->shutdown();
+}
+
+}  // namespace
+}  // namespace dlslime
