@@ -104,9 +104,9 @@ RdmaEndpointImpl::RdmaEndpointImpl(RdmaOptions opts, std::shared_ptr<MemoryRegis
     }
   }
   max_inline_ = lanes_[0].qp->caps().max_inline_data;
-  // write_with_imm always travels on lane 0 (its order with the batch's writes is the
-  // QP's), so only lane 0 needs receives; they carry no buffer.
-  post_recvs(options.max_recv_wr);
+  // Lane 0 carries write_with_imm (its order with the batch's writes is the QP's) and the
+  // two-sided messages, so only it has receives: the eager buffers.
+  setup_messages();
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw Error(StatusCode::kFailed, fmt::format("eventfd failed: {}", std::strerror(errno)));
 }
@@ -133,17 +133,6 @@ RdmaEndpointImpl::~RdmaEndpointImpl() {
   lanes_.clear();
   cq_.reset();
   if (wake_fd_ >= 0) ::close(wake_fd_);
-}
-
-void RdmaEndpointImpl::post_recvs(uint32_t count) {
-  std::vector<RecvWr> wrs(count);
-  for (uint32_t i = 0; i < count; ++i) wrs[i].next = i + 1 < count ? &wrs[i + 1] : nullptr;
-  const RecvWr* bad = nullptr;
-  if (count > 0) {
-    if (int rc = lanes_[0].qp->post_recv(wrs.data(), &bad); rc != 0) {
-      DLSLIME_WARN("RDMA QP {}: post_recv failed: {}", lanes_[0].qp->qp_num(), std::strerror(rc));
-    }
-  }
 }
 
 std::vector<uint32_t> RdmaEndpointImpl::qp_nums() const {
@@ -287,13 +276,14 @@ Future RdmaEndpointImpl::submit(OpRequest request) {
     imm_waiters_.push_back(state);
     return future;
   }
-  if (request.kind != OpKind::kRead && request.kind != OpKind::kWrite && request.kind != OpKind::kWriteWithImm) {
-    return lock.unlock(), fail(Status(StatusCode::kNotImplemented, "send/recv is not supported by the rdma transport"));
-  }
+  if (request.kind == OpKind::kRecv && !lanes_[0].failed) return submit_recv(request.chunk, state, lock);
   if (!connected_) return lock.unlock(), fail(Status::not_connected("RDMAEndpoint is not connected"));
   for (size_t i = 0; i < lanes_.size(); ++i) {
-    if (lanes_[i].failed) return lock.unlock(), fail(lane_failed_status(lanes_[i], i));
+    if (!lanes_[i].failed) continue;
+    if (peer_closed_) return lock.unlock(), fail(Status::peer_closed("the peer shut its endpoint down"));
+    return lock.unlock(), fail(lane_failed_status(lanes_[i], i));
   }
+  if (request.kind == OpKind::kSend) return submit_send(request.chunk, state, lock);
 
   // Resolve every item first: a bad one fails the whole op before anything is posted.
   const auto& items = request.assignments;
@@ -416,7 +406,7 @@ void RdmaEndpointImpl::pump(Lane& lane, size_t index, std::vector<Done>& done) {
   const size_t posted = rc == 0 ? n : static_cast<size_t>(bad - wrs.data());
   for (size_t i = 0; i < posted; ++i) {
     const QueuedWr& q = lane.waiting.front();
-    lane.posted.push_back({lane.next_seq++, q.op_id, q.length});
+    lane.posted.push_back({lane.next_seq++, q.op_id, q.length, q.slot});
     lane.waiting.pop_front();
   }
   if (rc != 0) {
@@ -429,7 +419,7 @@ void RdmaEndpointImpl::fail_lane(Lane& lane, size_t index, Status cause, std::ve
     lane.failed = true;
     lane.cause = std::move(cause);
     if (lane.qp->state() != QpState::kErr) lane.qp->modify_to_err();  // posted WRs come back flushed
-    if (!closed_) {
+    if (!closed_ && !peer_closed_) {  // a shutdown on either side is no surprise
       DLSLIME_WARN("RDMA QP {} (lane {}) is in the error state: {}", lane.qp->qp_num(), index, lane.cause.message());
     }
   }
@@ -437,8 +427,10 @@ void RdmaEndpointImpl::fail_lane(Lane& lane, size_t index, Status cause, std::ve
   while (!lane.waiting.empty()) {
     const QueuedWr q = lane.waiting.front();
     lane.waiting.pop_front();
+    if (q.slot >= 0) free_slots_.push_back(q.slot);
     finish_wr(q.op_id, 0, st, done);
   }
+  if (index == 0) fail_messages(lane.cause, done);
 }
 
 void RdmaEndpointImpl::finish_wr(uint64_t op_id, uint32_t length, const Status& status, std::vector<Done>& done) {
@@ -448,7 +440,9 @@ void RdmaEndpointImpl::finish_wr(uint64_t op_id, uint32_t length, const Status& 
   op->nbytes += status ? length : 0;
   if (--op->wrs_left > 0) return;
   Op finished = std::move(*ops_.take(op_id));
+  if (finished.is_recv) on_recv_op_finished(finished, finished.error, done);  // answer the sender
   finished.uses.clear();  // the memory is no longer referenced: drop the uses before completing
+  finished.temp_mr.reset();
   done.push_back({std::move(finished.state), std::move(finished.error), finished.nbytes});
 }
 
@@ -492,6 +486,7 @@ void RdmaEndpointImpl::on_send_completion(Lane& lane, size_t index, const WorkCo
   while (!lane.posted.empty() && lane.posted.front().seq <= wc.wr_id) {
     const PostedWr p = lane.posted.front();
     lane.posted.pop_front();
+    if (p.slot >= 0) free_slots_.push_back(p.slot);
     finish_wr(p.op_id, p.length, p.seq == wc.wr_id ? status : Status::ok(), done);
   }
   if (!status) {
@@ -502,17 +497,26 @@ void RdmaEndpointImpl::on_send_completion(Lane& lane, size_t index, const WorkCo
 }
 
 void RdmaEndpointImpl::on_recv_completion(const WorkCompletion& wc, std::vector<Done>& done) {
-  if (wc.status != WcStatus::kSuccess) return;  // flushed with its QP: the lane reports why
-  if (!closed_) post_recvs(1);
-  if (wc.opcode != WcOpcode::kRecvRdmaWithImm) return;
-  if (!imm_waiters_.empty()) {
-    auto state = std::move(imm_waiters_.front());
-    imm_waiters_.pop_front();
-    state->set_imm_data(wc.imm_data);
-    done.push_back({std::move(state), Status::ok(), wc.byte_len});
+  if (wc.status != WcStatus::kSuccess) {
+    // The QP went to error with nothing of ours on its send queue (e.g. a fatal device
+    // error): the receive's flush is the only sign of it.
+    if (!lanes_[0].failed) fail_lane(lanes_[0], 0, wc_status(lanes_[0], 0, wc), done);
     return;
   }
-  imm_events_.push_back({wc.imm_data, wc.byte_len});
+  const auto slot = static_cast<uint32_t>(wc.wr_id & ~kRecvWrFlag);
+  if (wc.opcode == WcOpcode::kRecv) {
+    on_message(recv_pool_.data() + size_t(slot) * kEagerBuffer, wc.byte_len, done);  // copies what it keeps
+  } else if (wc.opcode == WcOpcode::kRecvRdmaWithImm) {
+    if (!imm_waiters_.empty()) {
+      auto state = std::move(imm_waiters_.front());
+      imm_waiters_.pop_front();
+      state->set_imm_data(wc.imm_data);
+      done.push_back({std::move(state), Status::ok(), wc.byte_len});
+    } else {
+      imm_events_.push_back({wc.imm_data, wc.byte_len});
+    }
+  }
+  if (!closed_ && !lanes_[0].failed) post_recv_slot(slot);
 }
 
 void RdmaEndpointImpl::poll_cq(std::vector<Done>& done) {
@@ -545,10 +549,7 @@ void RdmaEndpointImpl::poll_cq(std::vector<Done>& done) {
         if (lanes_[l].qp->qp_num() == wc.qp_num) index = l;
       }
       if (index == lanes_.size()) continue;
-      const bool is_recv = wc.status == WcStatus::kSuccess
-                               ? (wc.opcode == WcOpcode::kRecv || wc.opcode == WcOpcode::kRecvRdmaWithImm)
-                               : wc.wr_id == 0;  // receives carry wr_id 0; send WRs count from 1
-      if (is_recv) {
+      if (wc.wr_id & kRecvWrFlag) {
         on_recv_completion(wc, done);
       } else {
         on_send_completion(lanes_[index], index, wc, done);
@@ -571,6 +572,13 @@ void RdmaEndpointImpl::expire(std::vector<Done>& done) {
                                              options.op_timeout.count()));
     }
     const uint64_t lanes = op.lanes;
+    if (lanes == 0) {
+      // A send whose bytes were copied (eager) or never left: nothing refers to its memory.
+      awaiting_done_.erase(op.msg_seq);
+      op.uses.clear();
+      done.push_back({std::move(op.state), std::move(op.error), 0});
+      continue;
+    }
     ops_.insert(id, std::move(op));
     for (size_t l = 0; l < lanes_.size(); ++l) {
       if (lanes & (uint64_t(1) << l)) {
@@ -636,11 +644,17 @@ void RdmaEndpointImpl::run() {
 }
 
 void RdmaEndpointImpl::shutdown() {
+  {
+    std::lock_guard lock(mu_);
+    if (closing_) return;
+    closing_ = true;
+  }
+  // Tell the peer first, so its posted recvs fail PEER_CLOSED instead of waiting.
+  say_bye();
   std::vector<Done> done;
   std::vector<std::shared_ptr<OpState>> waiters;
   {
     std::lock_guard lock(mu_);
-    if (closed_) return;
     closed_ = true;
     for (size_t i = 0; i < lanes_.size(); ++i) fail_lane(lanes_[i], i, Status::cancelled("RDMAEndpoint was shut down"), done);
     waiters.assign(imm_waiters_.begin(), imm_waiters_.end());
@@ -733,7 +747,7 @@ nlohmann::json RDMAEndpoint::mr_info() const { return impl_->mr_info(); }
 Capabilities RDMAEndpoint::capabilities() const {
   Capabilities caps;
   caps.transport = "rdma";
-  caps.read = caps.write = caps.write_with_imm = caps.imm_recv = true;
+  caps.read = caps.write = caps.write_with_imm = caps.imm_recv = caps.send_recv = true;
   caps.host_memory = true;
   return caps;
 }

@@ -10,8 +10,10 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -49,6 +51,10 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
   std::vector<uint32_t> qp_nums() const;
 
   const RdmaOptions options;
+  // Receive WRs carry this bit and their buffer slot; send WRs count up from 1.
+  static constexpr uint64_t kRecvWrFlag = uint64_t(1) << 63;
+  // The size of each eager receive buffer; every SEND this endpoint posts fits one.
+  static constexpr uint32_t kEagerBuffer = 8192;
   const std::shared_ptr<MemoryRegistry> regions;
 
   // RegionRevoker
@@ -67,12 +73,14 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
     uint32_t rkey = 0;
     uint32_t imm = 0;
     bool last_of_op = false;  // the op's last WR on this lane: always signaled
+    int32_t slot = -1;        // a control message's send slot, freed when the WR completes
   };
   // A posted WR not yet known to be complete (wr_id = seq).
   struct PostedWr {
     uint64_t seq = 0;
     uint64_t op_id = 0;
     uint32_t length = 0;
+    int32_t slot = -1;
   };
   struct Lane {
     std::unique_ptr<rdma::QueuePair> qp;
@@ -91,6 +99,11 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
     uint64_t nbytes = 0;
     uint64_t lanes = 0;  // bitmask of the lanes carrying its WRs
     Status error;
+    // Two-sided (rdma_messages.cpp): a send waiting for the receiver's DONE, or a recv
+    // reading a rendezvous message, which answers DONE(seq) when it ends.
+    bool is_recv = false;
+    uint64_t msg_seq = 0;
+    std::unique_ptr<rdma::MemoryRegion> temp_mr;  // a buffer outside registered memory
   };
   struct Done {
     std::shared_ptr<OpState> state;
@@ -111,7 +124,55 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
   // Moves the lane's QP to ERR (its posted WRs come back flushed) and fails what waits.
   void fail_lane(Lane& lane, size_t index, Status cause, std::vector<Done>& done);
   void expire(std::vector<Done>& done);
-  void post_recvs(uint32_t count);
+  void post_recv_slot(uint32_t slot);
+
+  // --- two-sided messages (rdma_messages.cpp) ---
+  // Eager messages are copied through fixed receive buffers; larger ones are read by the
+  // receiver from the sender's buffer (rendezvous). All of it travels on lane 0 as SENDs.
+  struct PostedRecv {
+    std::shared_ptr<OpState> state;
+    uint64_t addr = 0;
+    uint64_t length = 0;
+  };
+  struct Unexpected {
+    uint32_t type = 0;
+    uint64_t seq = 0;
+    uint64_t length = 0;
+    uint64_t addr = 0;  // rendezvous: the sender's buffer
+    uint32_t rkey = 0;
+    std::vector<uint8_t> payload;  // eager: the bytes, copied out of the receive buffer
+  };
+  void setup_messages();
+  Future submit_send(const Chunk& chunk, std::shared_ptr<OpState> state, std::unique_lock<std::mutex>& lock);
+  Future submit_recv(const Chunk& chunk, std::shared_ptr<OpState> state, std::unique_lock<std::mutex>& lock);
+  // Queues a control message on lane 0 (header + payload copied into a send slot).
+  bool post_control(uint32_t type, uint32_t status, uint64_t seq, uint64_t length, uint64_t addr, uint32_t rkey,
+                    const void* payload, size_t payload_len, std::vector<Done>& done);
+  void start_pending_sends(std::vector<Done>& done);
+  void on_message(const uint8_t* buf, uint32_t len, std::vector<Done>& done);
+  // Matches the oldest unexpected message with the oldest posted recv while both exist.
+  void match(std::vector<Done>& done);
+  void deliver(PostedRecv recv, Unexpected msg, std::vector<Done>& done);
+  void fail_messages(const Status& cause, std::vector<Done>& done);
+  void on_recv_op_finished(Op& op, const Status& status, std::vector<Done>& done);
+  std::optional<uint32_t> lkey_for(uint64_t addr, uint64_t length, std::unique_ptr<rdma::MemoryRegion>& temp,
+                                   uint32_t access, RegionUses& uses);
+  void say_bye();
+
+  std::unique_ptr<rdma::MemoryRegion> recv_mr_, send_mr_;
+  std::vector<uint8_t> recv_pool_, send_pool_;
+  std::vector<int32_t> free_slots_;
+  uint32_t credit_ = 0;                   // most of our messages the peer has not answered yet
+  uint64_t next_msg_seq_ = 1;
+  std::unordered_map<uint64_t, uint64_t> awaiting_done_;  // message seq -> send op id
+  struct PendingSend {
+    uint64_t op_id = 0;
+    Chunk chunk;
+  };
+  std::deque<PendingSend> pending_sends_;  // beyond the credit
+  std::deque<PostedRecv> recvs_;
+  std::deque<Unexpected> unexpected_;
+  bool peer_closed_ = false;
   Status wc_status(const Lane& lane, size_t index, const rdma::WorkCompletion& wc) const;
   Status lane_failed_status(const Lane& lane, size_t index) const;
   Status flushed_status(const Lane& lane, size_t index) const;
@@ -128,6 +189,7 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
   mutable std::mutex mu_;
   bool connected_ = false;
   bool closed_ = false;
+  bool closing_ = false;  // shutdown() began (it says BYE before closing)
   uint64_t next_op_id_ = 1;
   PendingOps<Op> ops_;
   std::deque<ImmEvent> imm_events_;                  // arrived, no imm_recv yet

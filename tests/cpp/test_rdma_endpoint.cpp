@@ -235,8 +235,12 @@ TEST_F(RdmaEndpointTest, AStaleRkeyIsARemoteAccessErrorThatNamesItsCause) {
   EXPECT_NE(later.message().find("REM_ACCESS_ERR"), std::string::npos) << later.message();
 }
 
-// Endpoints whose peer stops answering: b is shut down (its QPs in ERR), so a's work is
-// retried for the ACK timeout.
+// Endpoints whose peer stops answering without a word (no BYE): b's QPs are failed, so
+// a's work is retried for the ACK timeout, as with a peer that lost power.
+void silence(RDMAEndpoint& ep) {
+  for (uint32_t qpn : ep.qp_nums()) rdma::sim::fail_qp(qpn);
+}
+
 class RdmaSilentPeer : public RdmaEndpointTest {
  protected:
   void start(RdmaOptions o) {
@@ -247,7 +251,7 @@ class RdmaSilentPeer : public RdmaEndpointTest {
     b_->register_memory_region("dst", addr_of(dst_), 0, dst_.size());
     connect();
     h_dst_ = remote("dst");
-    b_->shutdown();
+    silence(*b_);
   }
   std::vector<uint8_t> src_, dst_;
   int32_t h_src_ = -1, h_dst_ = -1;
@@ -334,7 +338,7 @@ TEST_F(RdmaEndpointTest, ShutdownCancelsPendingOpsAndLaterOnes) {
   b_->register_memory_region("dst", addr_of(dst), 0, dst.size());
   connect();
   const int32_t h_dst = remote("dst");
-  b_->shutdown();  // a's writes now wait for ACKs that never come
+  silence(*b_);  // a's writes now wait for ACKs that never come
   auto w = a_->write({{h_src, h_dst, 0, 0, 4096}});
   EXPECT_EQ(w.wait_for(20ms), std::nullopt);
   a_->shutdown();
@@ -353,6 +357,112 @@ TEST_F(RdmaEndpointTest, MakeEndpointBuildsItFromJsonOptions) {
   EXPECT_EQ(ep->endpoint_info()["qp_info"].size(), 2u);
   EXPECT_THROW(make_endpoint("rdma", {{"num_qp", "two"}}), InvalidArgumentError);
   ep->shutdown();
+}
+
+// --- send / recv ---------------------------------------------------------------------
+
+TEST_F(RdmaEndpointTest, EagerAndRendezvousMessagesAreByteExactInFifoOrder) {
+  make();
+  connect();
+  // Sizes on both sides of the eager limit; the large ones in registered memory and not.
+  auto big = pattern(1 << 20, 6);
+  std::vector<uint8_t> big_box(1 << 20, 0);
+  a_->register_memory_region("big", addr_of(big), 0, big.size());
+  std::vector<std::vector<uint8_t>> msgs = {pattern(1, 1), pattern(8000, 2), pattern(9000, 3), pattern(300000, 4)};
+  std::vector<std::vector<uint8_t>> boxes;
+  for (auto& m : msgs) boxes.emplace_back(m.size() + 16, 0xAA);
+  std::vector<Future> recvs, sends;
+  for (auto& box : boxes) recvs.push_back(b_->recv({addr_of(box), 8, box.size() - 8}));
+  recvs.push_back(b_->recv({addr_of(big_box), 0, big_box.size()}));
+  for (auto& m : msgs) sends.push_back(a_->send({addr_of(m), 0, m.size()}));
+  sends.push_back(a_->send({addr_of(big), 0, big.size()}));
+  for (size_t i = 0; i < sends.size(); ++i) {
+    ASSERT_EQ(status_within(sends[i]), 0) << i << ": " << sends[i].message();
+    ASSERT_EQ(status_within(recvs[i]), 0) << i << ": " << recvs[i].message();
+  }
+  for (size_t i = 0; i < msgs.size(); ++i) {
+    EXPECT_EQ(recvs[i].nbytes(), msgs[i].size()) << i;
+    EXPECT_TRUE(std::equal(msgs[i].begin(), msgs[i].end(), boxes[i].begin() + 8)) << i;
+    EXPECT_TRUE(std::all_of(boxes[i].begin(), boxes[i].begin() + 8, [](uint8_t v) { return v == 0xAA; })) << i;
+    EXPECT_TRUE(std::all_of(boxes[i].begin() + 8 + msgs[i].size(), boxes[i].end(), [](uint8_t v) { return v == 0xAA; }))
+        << i;
+  }
+  EXPECT_EQ(big_box, big);
+}
+
+TEST_F(RdmaEndpointTest, AMessageThatArrivesFirstWaitsForItsRecv) {
+  make();
+  connect();
+  auto small = pattern(100, 1), large = pattern(50000, 2);
+  auto s1 = a_->send({addr_of(small), 0, small.size()});
+  auto s2 = a_->send({addr_of(large), 0, large.size()});
+  // Neither can complete before its recv exists: the receiver answers each one.
+  EXPECT_EQ(s1.wait_for(30ms), std::nullopt);
+  std::vector<uint8_t> b1(100, 0), b2(50000, 0);
+  auto r1 = b_->recv({addr_of(b1), 0, b1.size()});
+  auto r2 = b_->recv({addr_of(b2), 0, b2.size()});
+  ASSERT_EQ(status_within(r1), 0) << r1.message();
+  ASSERT_EQ(status_within(r2), 0) << r2.message();
+  ASSERT_EQ(status_within(s1), 0) << s1.message();
+  ASSERT_EQ(status_within(s2), 0) << s2.message();
+  EXPECT_EQ(b1, small);
+  EXPECT_EQ(b2, large);
+}
+
+TEST_F(RdmaEndpointTest, AMessageLongerThanItsRecvFailsThatRecvAloneAndNeverTheQp) {
+  make();
+  connect();
+  for (size_t len : {size_t(40), size_t(100000)}) {  // eager, rendezvous
+    auto msg = pattern(len, 3);
+    std::vector<uint8_t> box(len, 0xAA);
+    auto rv = b_->recv({addr_of(box), 0, len / 2});
+    auto sd = a_->send({addr_of(msg), 0, len});
+    EXPECT_EQ(status_within(rv), code(StatusCode::kMessageTooLarge)) << rv.message();
+    EXPECT_EQ(status_within(sd), code(StatusCode::kMessageTooLarge)) << sd.message();
+    EXPECT_TRUE(std::all_of(box.begin(), box.end(), [](uint8_t v) { return v == 0xAA; }));
+    EXPECT_TRUE(a_->is_connected());
+    EXPECT_TRUE(b_->is_connected());
+    auto rv2 = b_->recv({addr_of(box), 0, len});
+    auto sd2 = a_->send({addr_of(msg), 0, len});
+    ASSERT_EQ(status_within(sd2), 0) << sd2.message();
+    ASSERT_EQ(status_within(rv2), 0) << rv2.message();
+    EXPECT_EQ(box, msg);
+  }
+}
+
+TEST_F(RdmaEndpointTest, MoreSendsThanTheCreditWaitInOrder) {
+  RdmaOptions o;
+  o.max_recv_wr = 8;  // a credit of 2 messages
+  make(o);
+  connect();
+  constexpr int n = 40;
+  std::vector<std::vector<uint8_t>> msgs, boxes;
+  std::vector<Future> sends, recvs;
+  for (int i = 0; i < n; ++i) {
+    msgs.push_back(pattern(16 + i, uint8_t(i)));
+    sends.push_back(a_->send({addr_of(msgs.back()), 0, msgs.back().size()}));
+  }
+  for (int i = 0; i < n; ++i) {
+    boxes.emplace_back(64, 0);
+    recvs.push_back(b_->recv({addr_of(boxes.back()), 0, 64}));
+  }
+  for (int i = 0; i < n; ++i) {
+    ASSERT_EQ(status_within(recvs[i]), 0) << i << ": " << recvs[i].message();
+    ASSERT_EQ(status_within(sends[i]), 0) << i << ": " << sends[i].message();
+    ASSERT_EQ(recvs[i].nbytes(), msgs[i].size()) << i;
+    EXPECT_TRUE(std::equal(msgs[i].begin(), msgs[i].end(), boxes[i].begin())) << i;
+  }
+}
+
+TEST_F(RdmaEndpointTest, APeerShutdownFailsPostedRecvsWithPeerClosed) {
+  make();
+  connect();
+  std::vector<uint8_t> box(16, 0);
+  auto rv = a_->recv({addr_of(box), 0, box.size()});
+  b_->shutdown();
+  EXPECT_EQ(status_within(rv), code(StatusCode::kPeerClosed)) << rv.message();
+  EXPECT_FALSE(a_->is_connected());
+  EXPECT_EQ(status_within(a_->send({addr_of(box), 0, 4})), code(StatusCode::kPeerClosed));
 }
 
 }  // namespace

@@ -1,0 +1,350 @@
+// RDMAEndpoint's two-sided messages (send/recv), built so that no size mismatch or late
+// recv can ever put a QP into the error state (docs/rdma.md, "send and recv"):
+//
+// - Both sides keep max_recv_wr fixed receive buffers of kEagerBuffer bytes posted on lane
+//   0; every SEND this endpoint posts fits one, so the NIC never sees a too-long SEND.
+// - A message of at most kEagerPayload bytes travels in its EAGER SEND and is copied out;
+//   a larger one sends RTS (address, rkey, length) and the receiver READs the sender's
+//   buffer once a recv matches it (rendezvous).
+// - Messages match posted recvs in FIFO order. One that arrives first waits, copied out
+//   (eager) or as its RTS, for its recv. A sender has at most `credit_` messages that the
+//   receiver has not answered, so what waits is bounded (credit x kEagerBuffer bytes).
+// - The receiver answers every message with DONE(seq, status): the send completes with
+//   it (MESSAGE_TOO_LARGE when the recv was too short, which fails that recv alone).
+// - shutdown() says BYE first, so the peer's posted recvs fail PEER_CLOSED.
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "dlslime/errors.h"
+#include "rdma/rdma_endpoint.h"
+
+namespace dlslime {
+
+using namespace rdma;
+
+namespace {
+
+enum MsgType : uint32_t { kEager = 1, kRts = 2, kDone = 3, kBye = 4 };
+
+struct MsgHeader {
+  uint32_t type;
+  int32_t status;  // DONE: a StatusCode
+  uint64_t seq;
+  uint64_t length;
+  uint64_t addr;
+  uint32_t rkey;
+  uint32_t pad;
+};
+constexpr uint32_t kEagerPayload = RdmaEndpointImpl::kEagerBuffer - sizeof(MsgHeader);
+
+}  // namespace
+
+void RdmaEndpointImpl::setup_messages() {
+  credit_ = std::max<uint32_t>(1, options.max_recv_wr / 4);
+  recv_pool_.assign(size_t(options.max_recv_wr) * kEagerBuffer, 0);
+  recv_mr_ = device_->pd->reg_mr(recv_pool_.data(), recv_pool_.size(), kLocalWrite);
+  // Our messages (<= credit) plus our DONEs for the peer's (<= its credit) plus BYE.
+  const uint32_t slots = 2 * credit_ + 2;
+  send_pool_.assign(size_t(slots) * kEagerBuffer, 0);
+  send_mr_ = device_->pd->reg_mr(send_pool_.data(), send_pool_.size(), kLocalWrite);
+  for (uint32_t i = slots; i-- > 0;) free_slots_.push_back(static_cast<int32_t>(i));
+  for (uint32_t i = 0; i < options.max_recv_wr; ++i) post_recv_slot(i);
+}
+
+void RdmaEndpointImpl::post_recv_slot(uint32_t slot) {
+  Sge sge{reinterpret_cast<uint64_t>(recv_pool_.data()) + uint64_t(slot) * kEagerBuffer, kEagerBuffer,
+          recv_mr_->lkey()};
+  RecvWr wr;
+  wr.wr_id = kRecvWrFlag | slot;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  const RecvWr* bad = nullptr;
+  if (int rc = lanes_[0].qp->post_recv(&wr, &bad); rc != 0) {
+    DLSLIME_WARN("RDMA QP {}: post_recv failed: {}", lanes_[0].qp->qp_num(), std::strerror(rc));
+  }
+}
+
+std::optional<uint32_t> RdmaEndpointImpl::lkey_for(uint64_t addr, uint64_t length,
+                                                   std::unique_ptr<MemoryRegion>& temp, uint32_t access,
+                                                   RegionUses& uses) {
+  if (auto match = regions->find_containing(addr, length)) {
+    ResolveCache cache;
+    uintptr_t resolved = 0;
+    if (regions->resolve(match->handle, match->offset, length, &resolved, cache)) {
+      if (auto key = domain_->lkey(match->handle)) {
+        uses.hold(cache);
+        return key;
+      }
+    }
+  }
+  // Not in registered memory: a registration for this op alone (costly; documented).
+  try {
+    temp = device_->pd->reg_mr(reinterpret_cast<void*>(addr), length, access);
+  } catch (const VerbsError& e) {
+    DLSLIME_WARN("RDMA: cannot register a message buffer of {} bytes: {}", length, e.what());
+    return std::nullopt;
+  }
+  return temp->lkey();
+}
+
+bool RdmaEndpointImpl::post_control(uint32_t type, uint32_t status, uint64_t seq, uint64_t length, uint64_t addr,
+                                    uint32_t rkey, const void* payload, size_t payload_len,
+                                    std::vector<Done>& done) {
+  Lane& lane = lanes_[0];
+  if (lane.failed) return false;
+  if (free_slots_.empty()) {
+    // Only a peer that ignores its credit gets here.
+    fail_lane(lane, 0, Status::protocol_error("the peer sent more messages than its credit allows"), done);
+    return false;
+  }
+  const int32_t slot = free_slots_.back();
+  free_slots_.pop_back();
+  uint8_t* buf = send_pool_.data() + size_t(slot) * kEagerBuffer;
+  const MsgHeader h{type, static_cast<int32_t>(status), seq, length, addr, rkey, 0};
+  std::memcpy(buf, &h, sizeof h);
+  if (payload_len > 0) std::memcpy(buf + sizeof h, payload, payload_len);
+  QueuedWr q;
+  q.op_id = 0;  // control: no op ends with this WR
+  q.opcode = WrOpcode::kSend;
+  q.local_addr = reinterpret_cast<uint64_t>(buf);
+  q.length = static_cast<uint32_t>(sizeof h + payload_len);
+  q.lkey = send_mr_->lkey();
+  q.last_of_op = true;
+  q.slot = slot;
+  lane.waiting.push_back(q);
+  pump(lane, 0, done);
+  return true;
+}
+
+Future RdmaEndpointImpl::submit_send(const Chunk& chunk, std::shared_ptr<OpState> state,
+                                     std::unique_lock<std::mutex>& lock) {
+  Future future(state);
+  const uint64_t op_id = next_op_id_++;
+  Op op;
+  op.state = std::move(state);
+  op.wrs_left = 1;  // the receiver's DONE
+  op.nbytes = 0;
+  const auto deadline = options.op_timeout.count() > 0 ? std::chrono::steady_clock::now() + options.op_timeout
+                                                         : PendingOps<Op>::kNever;
+  ops_.insert(op_id, std::move(op), deadline);
+  pending_sends_.push_back({op_id, chunk});
+  std::vector<Done> done;
+  start_pending_sends(done);
+  const bool earlier = deadline != PendingOps<Op>::kNever &&
+                       deadline.time_since_epoch().count() < sleep_until_ns_.load(std::memory_order_relaxed);
+  lock.unlock();
+  if (earlier) wake();
+  complete_all(done);
+  return future;
+}
+
+void RdmaEndpointImpl::start_pending_sends(std::vector<Done>& done) {
+  while (!pending_sends_.empty() && awaiting_done_.size() < credit_ && !lanes_[0].failed) {
+    const PendingSend ps = pending_sends_.front();
+    pending_sends_.pop_front();
+    Op* op = ops_.find(ps.op_id);
+    if (op == nullptr) continue;  // its deadline passed while it waited
+    const uint64_t seq = next_msg_seq_++;
+    const uint64_t addr = ps.chunk.addr + ps.chunk.offset;
+    const uint64_t len = ps.chunk.length;
+    if (len <= kEagerPayload) {
+      if (!post_control(kEager, 0, seq, len, 0, 0, reinterpret_cast<const void*>(addr), len, done)) break;
+    } else {
+      // Rendezvous: the peer reads the bytes; they must stay registered until its DONE.
+      std::unique_ptr<MemoryRegion> temp;
+      auto key = lkey_for(addr, len, temp, kLocalWrite | kRemoteRead, op->uses);
+      if (!key) {
+        finish_wr(ps.op_id, 0, Status::invalid_argument(fmt::format("send: cannot register the {}-byte buffer", len)),
+                  done);
+        continue;
+      }
+      uint32_t rkey = 0;
+      if (temp) {
+        rkey = temp->rkey();
+        op->temp_mr = std::move(temp);
+      } else {
+        auto match = regions->find_containing(addr, len);
+        const auto region = match ? regions->get(match->handle) : std::nullopt;
+        const nlohmann::json entry = region ? domain_->describe(match->handle, *region) : nlohmann::json();
+        if (!entry.contains("rkey")) {
+          finish_wr(ps.op_id, 0, Status::failed("send: the buffer's region was unregistered"), done);
+          continue;
+        }
+        rkey = entry["rkey"].get<uint32_t>();
+      }
+      op->lanes = 1;  // the peer may read the buffer: a deadline must stop lane 0 first
+      if (!post_control(kRts, 0, seq, len, addr, rkey, nullptr, 0, done)) break;
+    }
+    awaiting_done_.emplace(seq, ps.op_id);
+    if (Op* o = ops_.find(ps.op_id)) {
+      o->msg_seq = seq;
+      o->nbytes = 0;
+    }
+  }
+}
+
+Future RdmaEndpointImpl::submit_recv(const Chunk& chunk, std::shared_ptr<OpState> state,
+                                     std::unique_lock<std::mutex>& lock) {
+  Future future(state);
+  recvs_.push_back({std::move(state), chunk.addr + chunk.offset, chunk.length});
+  std::vector<Done> done;
+  match(done);
+  lock.unlock();
+  complete_all(done);
+  return future;
+}
+
+void RdmaEndpointImpl::on_message(const uint8_t* buf, uint32_t len, std::vector<Done>& done) {
+  MsgHeader h;
+  if (len < sizeof h) {
+    fail_lane(lanes_[0], 0, Status::protocol_error(fmt::format("a {}-byte message from the peer", len)), done);
+    return;
+  }
+  std::memcpy(&h, buf, sizeof h);
+  switch (h.type) {
+    case kEager:
+    case kRts: {
+      if (h.type == kEager && h.length != len - sizeof h) {
+        fail_lane(lanes_[0], 0, Status::protocol_error("an eager message whose length is not its payload's"), done);
+        return;
+      }
+      Unexpected m{h.type, h.seq, h.length, h.addr, h.rkey, {}};
+      if (h.type == kEager) m.payload.assign(buf + sizeof h, buf + len);
+      unexpected_.push_back(std::move(m));
+      match(done);
+      return;
+    }
+    case kDone: {
+      auto it = awaiting_done_.find(h.seq);
+      if (it == awaiting_done_.end()) return;  // its send already ended (deadline)
+      const uint64_t op_id = it->second;
+      awaiting_done_.erase(it);
+      Status st;
+      if (h.status == static_cast<int32_t>(StatusCode::kMessageTooLarge)) {
+        st = Status(StatusCode::kMessageTooLarge, "the message is longer than the buffer of the recv it matched");
+      } else if (h.status != 0) {
+        st = Status(StatusCode::kFailed, fmt::format("the receiver failed the message (status {})", h.status));
+      }
+      if (Op* op = ops_.find(op_id); op && st.is_ok()) op->nbytes = h.length;
+      finish_wr(op_id, 0, st, done);
+      start_pending_sends(done);
+      return;
+    }
+    case kBye:
+      peer_closed_ = true;
+      for (size_t i = 0; i < lanes_.size(); ++i) {
+        fail_lane(lanes_[i], i, Status::peer_closed("the peer shut its endpoint down"), done);
+      }
+      return;
+    default:
+      fail_lane(lanes_[0], 0, Status::protocol_error(fmt::format("a message of unknown type {}", h.type)), done);
+  }
+}
+
+void RdmaEndpointImpl::match(std::vector<Done>& done) {
+  while (!recvs_.empty() && !unexpected_.empty()) {
+    PostedRecv r = std::move(recvs_.front());
+    recvs_.pop_front();
+    Unexpected m = std::move(unexpected_.front());
+    unexpected_.pop_front();
+    deliver(std::move(r), std::move(m), done);
+  }
+}
+
+void RdmaEndpointImpl::deliver(PostedRecv r, Unexpected m, std::vector<Done>& done) {
+  if (m.length > r.length) {
+    done.push_back({std::move(r.state),
+                    Status(StatusCode::kMessageTooLarge,
+                           fmt::format("a {}-byte message arrived for a {}-byte recv buffer", m.length, r.length)),
+                    0});
+    post_control(kDone, static_cast<uint32_t>(StatusCode::kMessageTooLarge), m.seq, m.length, 0, 0, nullptr, 0, done);
+    return;
+  }
+  if (m.type == kEager) {
+    if (m.length > 0) std::memcpy(reinterpret_cast<void*>(r.addr), m.payload.data(), m.length);
+    done.push_back({std::move(r.state), Status::ok(), m.length});
+    post_control(kDone, 0, m.seq, m.length, 0, 0, nullptr, 0, done);
+    return;
+  }
+  // Rendezvous: READ the sender's buffer into the recv's, then answer DONE.
+  Op op;
+  op.state = std::move(r.state);
+  op.is_recv = true;
+  op.msg_seq = m.seq;
+  auto key = lkey_for(r.addr, m.length, op.temp_mr, kLocalWrite, op.uses);
+  if (!key) {
+    done.push_back({std::move(op.state), Status::invalid_argument("recv: cannot register the buffer"), 0});
+    post_control(kDone, static_cast<uint32_t>(StatusCode::kFailed), m.seq, m.length, 0, 0, nullptr, 0, done);
+    return;
+  }
+  const uint64_t op_id = next_op_id_++;
+  op.wrs_left = 0;
+  op.lanes = 1;
+  uint64_t pieces = 0;
+  for (uint64_t off = 0; off < m.length; off += options.chunk_size) {
+    const uint64_t n = std::min<uint64_t>(options.chunk_size, m.length - off);
+    QueuedWr q;
+    q.op_id = op_id;
+    q.opcode = WrOpcode::kRdmaRead;
+    q.local_addr = r.addr + off;
+    q.length = static_cast<uint32_t>(n);
+    q.lkey = *key;
+    q.remote_addr = m.addr + off;
+    q.rkey = m.rkey;
+    q.last_of_op = off + n >= m.length;
+    lanes_[0].waiting.push_back(q);
+    ++pieces;
+  }
+  op.wrs_left = pieces;
+  ops_.insert(op_id, std::move(op));  // no deadline: a recv waits as long as its message takes
+  pump(lanes_[0], 0, done);
+}
+
+void RdmaEndpointImpl::on_recv_op_finished(Op& op, const Status& status, std::vector<Done>& done) {
+  post_control(kDone, status ? 0 : static_cast<uint32_t>(StatusCode::kFailed), op.msg_seq, op.nbytes, 0, 0, nullptr, 0,
+               done);
+}
+
+void RdmaEndpointImpl::fail_messages(const Status& cause, std::vector<Done>& done) {
+  const Status recv_status = closed_ ? Status::cancelled("RDMAEndpoint was shut down")
+                             : cause.code() == StatusCode::kPeerClosed
+                                 ? cause
+                                 : Status::peer_closed(fmt::format("the connection failed: {}", cause.message()));
+  for (auto& r : recvs_) done.push_back({std::move(r.state), recv_status, 0});
+  recvs_.clear();
+  unexpected_.clear();
+  const Status send_status = closed_ ? Status::cancelled("RDMAEndpoint was shut down") : cause;
+  for (const auto& [seq, op_id] : awaiting_done_) finish_wr(op_id, 0, send_status, done);
+  awaiting_done_.clear();
+  while (!pending_sends_.empty()) {
+    const uint64_t op_id = pending_sends_.front().op_id;
+    pending_sends_.pop_front();
+    finish_wr(op_id, 0, send_status, done);
+  }
+}
+
+void RdmaEndpointImpl::say_bye() {
+  if (on_own_thread()) return;  // only this thread could see the BYE acknowledged
+  std::vector<Done> done;
+  std::unique_lock lock(mu_);
+  if (!connected_ || lanes_[0].failed || peer_closed_) return;
+  const uint64_t bye_seq = lanes_[0].next_seq + lanes_[0].waiting.size();
+  if (!post_control(kBye, 0, 0, 0, 0, 0, nullptr, 0, done)) return;
+  lock.unlock();
+  complete_all(done);
+  // Bounded: the BYE is acknowledged within microseconds by a live peer; a dead one is
+  // about to be cut off anyway.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  while (std::chrono::steady_clock::now() < until) {
+    lock.lock();
+    const Lane& lane = lanes_[0];
+    const bool acked = lane.failed || (lane.waiting.empty() && (lane.posted.empty() || lane.posted.front().seq > bye_seq));
+    lock.unlock();
+    if (acked) return;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+}  // namespace dlslime
