@@ -135,6 +135,7 @@ void RdmaMemoryDomain::region_removed(int32_t handle, const LocalRegion&) {
     mr = std::move(it->second);
     mrs_.erase(it);
   }
+  if (before_deregister) before_deregister(mr->rkey());
   // Deregistered here, outside the lock: from now on the rkey is invalid at the NIC.
 }
 

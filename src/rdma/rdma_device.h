@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -52,6 +53,10 @@ class RdmaMemoryDomain final : public MemoryDomain {
   nlohmann::json describe(int32_t handle, const LocalRegion& region) const override;
   // The lkey of region `handle`'s MR; nullopt when it has none.
   std::optional<uint32_t> lkey(int32_t handle) const;
+  // Called with a region's rkey just before its MR is deregistered (the endpoint tells its
+  // peer and waits until nothing the peer has in flight can still reach it). Set once,
+  // before the domain is attached.
+  std::function<void(uint32_t rkey)> before_deregister;
 
  private:
   std::shared_ptr<Device> device_;  // declared first: destroyed after the MRs

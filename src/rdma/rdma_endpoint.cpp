@@ -112,6 +112,9 @@ RdmaEndpointImpl::RdmaEndpointImpl(RdmaOptions opts, std::shared_ptr<MemoryRegis
 }
 
 void RdmaEndpointImpl::start() {
+  domain_->before_deregister = [weak = weak_from_this()](uint32_t rkey) {
+    if (auto self = weak.lock()) self->revoke_remote_access(rkey);
+  };
   regions->attach(domain_);
   regions->watch(std::static_pointer_cast<RegionRevoker>(shared_from_this()));
   // The thread holds the endpoint alive: if a continuation drops the last reference on it,
@@ -244,6 +247,10 @@ int32_t RdmaEndpointImpl::register_remote(const std::string& name, const nlohman
   if (length > UINT64_MAX - addr) {
     throw InvalidArgumentError(fmt::format("remote memory region '{}': addr + length overflows", name));
   }
+  {
+    std::lock_guard lock(mu_);
+    revoked_rkeys_.erase(static_cast<uint32_t>(rkey));  // a device may reuse a key for a new MR
+  }
   return remote_.add(name, length, RdmaRemoteKey{addr, static_cast<uint32_t>(rkey)});
 }
 
@@ -294,6 +301,7 @@ Future RdmaEndpointImpl::submit(OpRequest request) {
   std::vector<Resolved> resolved(items.size());
   Op op;
   op.state = state;
+  op.one_sided = true;
   ResolveCache cache;
   RemoteRegions<RdmaRemoteKey>::Cache remote_cache;
   int32_t lkey_handle = -1;
@@ -318,6 +326,10 @@ Future RdmaEndpointImpl::submit(OpRequest request) {
     RdmaRemoteKey rk;
     if (Status st = remote_.resolve(a.remote_handle, a.target_offset, a.length, &rk, remote_cache); !st) {
       return lock.unlock(), fail(std::move(st));
+    }
+    if (!revoked_rkeys_.empty() && revoked_rkeys_.count(rk.rkey) != 0) {
+      return lock.unlock(), fail(Status::unknown_handle(fmt::format(
+                                "remote memory region {} was unregistered by the peer", a.remote_handle)));
     }
     resolved[i] = {local, rk.addr + a.target_offset, lkey, rk.rkey};
   }
@@ -430,7 +442,10 @@ void RdmaEndpointImpl::fail_lane(Lane& lane, size_t index, Status cause, std::ve
     if (q.slot >= 0) free_slots_.push_back(q.slot);
     finish_wr(q.op_id, 0, st, done);
   }
-  if (index == 0) fail_messages(lane.cause, done);
+  if (index == 0) {
+    fail_messages(lane.cause, done);
+    revoke_cv_.notify_all();
+  }
 }
 
 void RdmaEndpointImpl::finish_wr(uint64_t op_id, uint32_t length, const Status& status, std::vector<Done>& done) {
@@ -444,6 +459,7 @@ void RdmaEndpointImpl::finish_wr(uint64_t op_id, uint32_t length, const Status& 
   finished.uses.clear();  // the memory is no longer referenced: drop the uses before completing
   finished.temp_mr.reset();
   done.push_back({std::move(finished.state), std::move(finished.error), finished.nbytes});
+  if (finished.one_sided) check_revokes(done);
 }
 
 Status RdmaEndpointImpl::wc_status(const Lane& lane, size_t index, const WorkCompletion& wc) const {

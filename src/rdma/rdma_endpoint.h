@@ -14,6 +14,8 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
+#include <condition_variable>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -102,6 +104,7 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
     // Two-sided (rdma_messages.cpp): a send waiting for the receiver's DONE, or a recv
     // reading a rendezvous message, which answers DONE(seq) when it ends.
     bool is_recv = false;
+    bool one_sided = false;  // read, write, write_with_imm: it reaches the peer's regions
     uint64_t msg_seq = 0;
     std::unique_ptr<rdma::MemoryRegion> temp_mr;  // a buffer outside registered memory
   };
@@ -158,6 +161,11 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
   std::optional<uint32_t> lkey_for(uint64_t addr, uint64_t length, std::unique_ptr<rdma::MemoryRegion>& temp,
                                    uint32_t access, RegionUses& uses);
   void say_bye();
+  // Unregistration at the owner (docs/rdma.md): REVOKE(rkey) to the peer, which stops new
+  // ops on it and answers REVOKED once its earlier one-sided ops have ended; only then is
+  // the MR deregistered, so an op in flight never meets a dead rkey (a QP error).
+  void revoke_remote_access(uint32_t rkey);
+  void check_revokes(std::vector<Done>& done);
 
   std::unique_ptr<rdma::MemoryRegion> recv_mr_, send_mr_;
   std::vector<uint8_t> recv_pool_, send_pool_;
@@ -173,6 +181,19 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
   std::deque<PostedRecv> recvs_;
   std::deque<Unexpected> unexpected_;
   bool peer_closed_ = false;
+  // Owner side: REVOKEs sent and not yet answered; revoke_cv_ wakes their waiters.
+  uint64_t next_revoke_seq_ = 1;
+  std::unordered_set<uint64_t> revokes_waiting_;
+  std::condition_variable revoke_cv_;
+  // Initiator side: rkeys the peer revoked, and the answers owed once every op older than
+  // the watermark (an op id) has ended.
+  std::unordered_set<uint32_t> revoked_rkeys_;
+  struct OwedRevoke {
+    uint64_t seq = 0;
+    uint64_t watermark = 0;
+  };
+  std::vector<OwedRevoke> owed_revokes_;
+  bool checking_revokes_ = false;
   Status wc_status(const Lane& lane, size_t index, const rdma::WorkCompletion& wc) const;
   Status lane_failed_status(const Lane& lane, size_t index) const;
   Status flushed_status(const Lane& lane, size_t index) const;

@@ -26,7 +26,7 @@ using namespace rdma;
 
 namespace {
 
-enum MsgType : uint32_t { kEager = 1, kRts = 2, kDone = 3, kBye = 4 };
+enum MsgType : uint32_t { kEager = 1, kRts = 2, kDone = 3, kBye = 4, kRevoke = 5, kRevoked = 6 };
 
 struct MsgHeader {
   uint32_t type;
@@ -232,6 +232,15 @@ void RdmaEndpointImpl::on_message(const uint8_t* buf, uint32_t len, std::vector<
       start_pending_sends(done);
       return;
     }
+    case kRevoke:
+      revoked_rkeys_.insert(h.rkey);
+      owed_revokes_.push_back({h.seq, next_op_id_});
+      check_revokes(done);
+      return;
+    case kRevoked:
+      revokes_waiting_.erase(h.seq);
+      revoke_cv_.notify_all();
+      return;
     case kBye:
       peer_closed_ = true;
       for (size_t i = 0; i < lanes_.size(); ++i) {
@@ -323,6 +332,44 @@ void RdmaEndpointImpl::fail_messages(const Status& cause, std::vector<Done>& don
     pending_sends_.pop_front();
     finish_wr(op_id, 0, send_status, done);
   }
+}
+
+void RdmaEndpointImpl::revoke_remote_access(uint32_t rkey) {
+  std::vector<Done> done;
+  std::unique_lock lock(mu_);
+  // From a completion callback nobody could process the answer: deregister at once (an op
+  // of the peer's still in flight then fails with REM_ACCESS_ERR, as without this).
+  if (!connected_ || closed_ || lanes_[0].failed || on_own_thread()) return;
+  const uint64_t seq = next_revoke_seq_++;
+  revokes_waiting_.insert(seq);
+  if (post_control(kRevoke, 0, seq, 0, 0, rkey, nullptr, 0, done)) {
+    lock.unlock();
+    complete_all(done);
+    lock.lock();
+    // Bounded: a live peer answers as soon as its earlier ops end.
+    revoke_cv_.wait_for(lock, std::chrono::seconds(5),
+                        [&] { return revokes_waiting_.count(seq) == 0 || lanes_[0].failed || closed_; });
+  }
+  revokes_waiting_.erase(seq);
+  lock.unlock();
+  complete_all(done);
+}
+
+void RdmaEndpointImpl::check_revokes(std::vector<Done>& done) {
+  if (owed_revokes_.empty() || checking_revokes_) return;
+  checking_revokes_ = true;
+  uint64_t oldest = UINT64_MAX;  // the oldest one-sided op still running
+  ops_.for_each([&](uint64_t id, const Op& op) {
+    if (op.one_sided) oldest = std::min(oldest, id);
+  });
+  std::vector<uint64_t> answer;
+  std::erase_if(owed_revokes_, [&](const OwedRevoke& r) {
+    if (oldest < r.watermark) return false;
+    answer.push_back(r.seq);
+    return true;
+  });
+  for (uint64_t seq : answer) post_control(kRevoked, 0, seq, 0, 0, 0, nullptr, 0, done);
+  checking_revokes_ = false;
 }
 
 void RdmaEndpointImpl::say_bye() {

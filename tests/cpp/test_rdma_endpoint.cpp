@@ -215,22 +215,45 @@ TEST_F(RdmaEndpointTest, OutOfRangeAndUnknownHandlesFailThatOpAlone) {
   EXPECT_TRUE(a_->is_connected());
 }
 
-TEST_F(RdmaEndpointTest, AStaleRkeyIsARemoteAccessErrorThatNamesItsCause) {
+TEST_F(RdmaEndpointTest, AnUnregisteredPeerRegionFailsLaterOpsAloneAndTheQpLives) {
+  make();
+  auto src = pattern(256, 1);
+  std::vector<uint8_t> dst(256, 0), other(256, 0);
+  const int32_t h_src = a_->register_memory_region("src", addr_of(src), 0, src.size());
+  b_->register_memory_region("dst", addr_of(dst), 0, dst.size());
+  connect();
+  const int32_t h_dst = remote("dst");
+  // The owner revokes the rkey with the initiator before deregistering it, so no op meets a
+  // dead rkey: later ones fail locally and the QP stays up.
+  b_->unregister_memory_region("dst");
+  auto f = a_->write({{h_src, h_dst, 0, 0, 64}});
+  EXPECT_EQ(status_within(f), code(StatusCode::kUnknownHandle)) << f.message();
+  EXPECT_NE(f.message().find("unregistered by the peer"), std::string::npos) << f.message();
+  EXPECT_TRUE(std::all_of(dst.begin(), dst.end(), [](uint8_t v) { return v == 0; }));
+  EXPECT_TRUE(a_->is_connected());
+  b_->register_memory_region("other", addr_of(other), 0, other.size());
+  auto ok = a_->write({{h_src, remote("other"), 0, 0, 256}});
+  ASSERT_EQ(status_within(ok), 0) << ok.message();
+  EXPECT_EQ(other, src);
+}
+
+TEST_F(RdmaEndpointTest, AWrongRkeyIsARemoteAccessErrorThatNamesItsCause) {
   make();
   auto src = pattern(256, 1);
   std::vector<uint8_t> dst(256, 0);
   const int32_t h_src = a_->register_memory_region("src", addr_of(src), 0, src.size());
   b_->register_memory_region("dst", addr_of(dst), 0, dst.size());
   connect();
-  const int32_t h_dst = remote("dst");
-  b_->unregister_memory_region("dst");  // the peer's rkey is now invalid at its NIC
-  auto f = a_->write({{h_src, h_dst, 0, 0, 64}});
+  json entry = b_->endpoint_info()["mr_info"]["dst"];
+  entry["rkey"] = entry["rkey"].get<uint32_t>() + 1000;  // a key the peer never gave out
+  const int32_t h_bad = a_->register_remote_memory_region("bad", entry);
+  auto f = a_->write({{h_src, h_bad, 0, 0, 64}});
   EXPECT_EQ(status_within(f), code(StatusCode::kUnknownHandle)) << f.message();
   EXPECT_NE(f.message().find("REM_ACCESS_ERR"), std::string::npos) << f.message();
   EXPECT_TRUE(std::all_of(dst.begin(), dst.end(), [](uint8_t v) { return v == 0; }));
   // An RC QP does not survive a remote access error: the endpoint says so, later ops too.
   EXPECT_FALSE(a_->is_connected());
-  auto later = a_->write({{h_src, h_dst, 0, 0, 8}});
+  auto later = a_->write({{h_src, remote("dst"), 0, 0, 8}});
   EXPECT_EQ(status_within(later), code(StatusCode::kNotConnected)) << later.message();
   EXPECT_NE(later.message().find("REM_ACCESS_ERR"), std::string::npos) << later.message();
 }
