@@ -5,26 +5,47 @@ two processes over TCP); ``available_transports()`` says which this build and ho
 and ``make_endpoint(transport, **options)`` makes one. ``PeerAgent`` finds peers and
 connects them through the NanoCtrl control plane (``dlslime.nanoctrl``). Every operation
 returns a ``Future``. See docs/quickstart.md.
+
+Scripts written for upstream DLSlime 0.1.23 find its names here too (``TcpMemoryPool``,
+``SlimeTcp*Future``, ``get_logger``, ``available_nic``, ``discover_topology``,
+``start_peer_agent``, ``dlslime.peer_agent``); docs/upstream-compat.md lists each and
+where ours differs on purpose.
 """
 
 from ._dlslime import (  # noqa: F401
     Endpoint,
     Future,
+    RecvFuture,
     StatusCode,
     __version__,
     available_transports,
-    get_log_level,
     make_endpoint,
-    set_log_level,
 )
+from .logging import get_log_level, get_logger, set_log_level  # noqa: E402
+from .memory_pool import TcpMemoryPool  # noqa: E402
+from .topology import available_nic, discover_topology  # noqa: E402
+
+# Upstream DLSlime's future classes. Every op here returns a Future (recv a RecvFuture,
+# which is one), so isinstance() holds for each name as upstream scripts check it.
+SlimeTcpSendFuture = Future
+SlimeTcpRecvFuture = RecvFuture
+SlimeTcpReadWriteFuture = Future
 
 __all__ = [
     "Endpoint",
     "Future",
+    "RecvFuture",
+    "SlimeTcpReadWriteFuture",
+    "SlimeTcpRecvFuture",
+    "SlimeTcpSendFuture",
     "StatusCode",
+    "TcpMemoryPool",
     "__version__",
+    "available_nic",
     "available_transports",
+    "discover_topology",
     "get_log_level",
+    "get_logger",
     "make_endpoint",
     "set_log_level",
 ]
@@ -43,7 +64,10 @@ except ImportError:
     pass
 else:
     from . import nanoctrl  # noqa: F401,E402
+    from . import peer_agent  # noqa: F401,E402
+    from .peer_agent import start_peer_agent  # noqa: F401,E402
 
-    __all__ += ["NanoCtrlClient", "NanoCtrlServer", "PeerAgent", "PeerConnection", "nanoctrl"]
+    __all__ += ["NanoCtrlClient", "NanoCtrlServer", "PeerAgent", "PeerConnection", "nanoctrl", "peer_agent",
+                "start_peer_agent"]
 
 __all__.sort()

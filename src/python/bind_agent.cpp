@@ -96,6 +96,11 @@ bool wait_slice(const PeerConnection& c, std::chrono::nanoseconds slice, std::st
   throw TimeoutError(fmt::format("connection to '{}' not established within {} s{}", c.peer_alias(), seconds, why));
 }
 
+// The peer of an I/O call: `peer`, or upstream DLSlime's name for it, `peer_alias`.
+std::string peer_arg_of(py::handle peer, py::handle peer_alias, const char* call) {
+  return str_arg(renamed_arg(peer, peer_alias, call, "peer", "peer_alias"), "peer");
+}
+
 }  // namespace
 
 void bind_agent(py::module_& m) {
@@ -200,9 +205,16 @@ void bind_agent(py::module_& m) {
       .def(
           "unregister_memory_region",
           [](PeerAgent& a, py::handle name) {
+            // True once unregistered, False if no region has the name (upstream DLSlime's
+            // convention; nothing is left half-unregistered either way).
             const auto n = str_arg(name, "name");
             ReleaseGil release;
-            a.unregister_memory_region(n);
+            try {
+              a.unregister_memory_region(n);
+            } catch (const NotFoundError&) {
+              return false;
+            }
+            return true;
           },
           py::arg("name"))
       .def(
@@ -227,53 +239,76 @@ void bind_agent(py::module_& m) {
           py::arg("local_device") = py::none(), py::arg("peer_device") = py::none())
       .def("connection", &PeerAgent::connection, py::arg("peer_alias"))
       .def("peers", &PeerAgent::peers)
+      // I/O. Upstream DLSlime's forms work too: `peer_alias=` for `peer`, `assign=` for
+      // `assignments`, and a `stream` after the batch (unused: no device streams yet).
       .def(
           "send",
-          [](PeerAgent& a, py::handle peer_arg, py::handle chunk) {
-            const auto peer = str_arg(peer_arg, "peer");
+          [](PeerAgent& a, py::handle peer_arg, py::handle chunk, py::handle /*stream*/, py::handle peer_alias) {
+            const auto peer = peer_arg_of(peer_arg, peer_alias, "send");
             const Chunk c = to_chunk(chunk);
             ReleaseGil release;
             return a.send(peer, c);
           },
-          py::arg("peer"), py::arg("chunk"))
+          py::arg_v("peer", missing_arg(), "<required>"), py::arg("chunk"), py::arg("stream") = py::none(),
+          py::kw_only(), py::arg_v("peer_alias", missing_arg(), "<unset>"))
       .def(
           "recv",
-          [](PeerAgent& a, py::handle peer_arg, py::handle chunk) {
-            const auto peer = str_arg(peer_arg, "peer");
+          [](PeerAgent& a, py::handle peer_arg, py::handle chunk, py::handle /*stream*/, py::handle peer_alias) {
+            const auto peer = peer_arg_of(peer_arg, peer_alias, "recv");
             const Chunk c = to_chunk(chunk);
             ReleaseGil release;
             return a.recv(peer, c);
           },
-          py::arg("peer"), py::arg("chunk"))
+          py::arg_v("peer", missing_arg(), "<required>"), py::arg("chunk"), py::arg("stream") = py::none(),
+          py::kw_only(), py::arg_v("peer_alias", missing_arg(), "<unset>"))
       .def(
           "read",
-          [](PeerAgent& a, py::handle peer_arg, py::handle assignments) {
-            const auto peer = str_arg(peer_arg, "peer");
+          [](PeerAgent& a, py::handle peer_arg, py::handle assignments, py::handle /*stream*/, py::handle peer_alias,
+             py::handle assign) {
+            const auto peer = peer_arg_of(peer_arg, peer_alias, "read");
             return one_sided(
-                assignments, [&](const std::vector<NamedAssignment>& n) { return a.read(peer, n); },
+                renamed_arg(assignments, assign, "read", "assignments", "assign"),
+                [&](const std::vector<NamedAssignment>& n) { return a.read(peer, n); },
                 [&](std::vector<Assignment> b) { return a.read(peer, std::move(b)); });
           },
-          py::arg("peer"), py::arg("assignments"))
+          py::arg_v("peer", missing_arg(), "<required>"), py::arg_v("assignments", missing_arg(), "<required>"),
+          py::arg("stream") = py::none(), py::kw_only(), py::arg_v("peer_alias", missing_arg(), "<unset>"),
+          py::arg_v("assign", missing_arg(), "<unset>"))
       .def(
           "write",
-          [](PeerAgent& a, py::handle peer_arg, py::handle assignments) {
-            const auto peer = str_arg(peer_arg, "peer");
+          [](PeerAgent& a, py::handle peer_arg, py::handle assignments, py::handle /*stream*/, py::handle peer_alias,
+             py::handle assign) {
+            const auto peer = peer_arg_of(peer_arg, peer_alias, "write");
             return one_sided(
-                assignments, [&](const std::vector<NamedAssignment>& n) { return a.write(peer, n); },
+                renamed_arg(assignments, assign, "write", "assignments", "assign"),
+                [&](const std::vector<NamedAssignment>& n) { return a.write(peer, n); },
                 [&](std::vector<Assignment> b) { return a.write(peer, std::move(b)); });
           },
-          py::arg("peer"), py::arg("assignments"))
+          py::arg_v("peer", missing_arg(), "<required>"), py::arg_v("assignments", missing_arg(), "<required>"),
+          py::arg("stream") = py::none(), py::kw_only(), py::arg_v("peer_alias", missing_arg(), "<unset>"),
+          py::arg_v("assign", missing_arg(), "<unset>"))
       .def(
           "write_with_imm",
-          [](PeerAgent& a, py::handle peer_arg, py::handle assignments, py::handle imm_data) {
-            const auto peer = str_arg(peer_arg, "peer");
-            auto batch = to_assignments(assignments);
+          [](PeerAgent& a, py::handle peer_arg, py::handle assignments, py::handle imm_data, py::handle /*stream*/,
+             py::handle peer_alias, py::handle assign) {
+            const auto peer = peer_arg_of(peer_arg, peer_alias, "write_with_imm");
+            auto batch = to_assignments(renamed_arg(assignments, assign, "write_with_imm", "assignments", "assign"));
             const auto imm = int_arg<uint32_t>(imm_data, "imm_data");
             ReleaseGil release;
             return a.write_with_imm(peer, std::move(batch), imm);
           },
-          py::arg("peer"), py::arg("assignments"), py::arg("imm_data") = 0)
-      .def("imm_recv", &PeerAgent::imm_recv, py::arg("peer"))
+          py::arg_v("peer", missing_arg(), "<required>"), py::arg_v("assignments", missing_arg(), "<required>"),
+          py::arg("imm_data") = 0, py::arg("stream") = py::none(), py::kw_only(),
+          py::arg_v("peer_alias", missing_arg(), "<unset>"), py::arg_v("assign", missing_arg(), "<unset>"))
+      .def(
+          "imm_recv",
+          [](PeerAgent& a, py::handle peer_arg, py::handle /*stream*/, py::handle peer_alias) {
+            const auto peer = peer_arg_of(peer_arg, peer_alias, "imm_recv");
+            ReleaseGil release;
+            return a.imm_recv(peer);
+          },
+          py::arg_v("peer", missing_arg(), "<required>"), py::arg("stream") = py::none(), py::kw_only(),
+          py::arg_v("peer_alias", missing_arg(), "<unset>"))
       .def("shutdown", &PeerAgent::shutdown, py::call_guard<ReleaseGil>())
       .def("__enter__", [](std::shared_ptr<PeerAgent> a) { return a; })
       .def("__exit__",

@@ -1,5 +1,9 @@
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <cctype>
+#include <string>
+
 #include "bindings.h"
 #include "dlslime/errors.h"
 #include "dlslime/future.h"
@@ -48,6 +52,29 @@ bool wait_future(const Future& f, std::optional<std::chrono::nanoseconds> timeou
   return wait_interruptibly(timeout, [&](std::chrono::nanoseconds d) { return f.wait_for(d).has_value(); });
 }
 
+// set_log_level(level): our names (trace ... off) in any case, Python's "WARNING"/"FATAL",
+// or a Python logging level number (logging.INFO = 20), as upstream DLSlime scripts pass.
+// A number maps to the most verbose level it still shows: below DEBUG (10) is trace.
+std::string log_level_arg(py::handle level) {
+  if (PyUnicode_Check(level.ptr())) {
+    std::string name = level.cast<std::string>();
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (name == "warning") return "warn";
+    if (name == "fatal") return "critical";
+    return name;  // an unknown name: set_log_level says which are known
+  }
+  if (PyBool_Check(level.ptr()) || !PyIndex_Check(level.ptr())) {
+    throw py::type_error(fmt::format("level must be a str or a logging level int, not {}", Py_TYPE(level.ptr())->tp_name));
+  }
+  const auto n = int_arg<int64_t>(level, "level");
+  if (n < 10) return "trace";
+  if (n < 20) return "debug";
+  if (n < 30) return "info";
+  if (n < 40) return "warn";
+  if (n < 50) return "error";
+  return "critical";
+}
+
 }  // namespace
 
 void bind_core(py::module_& m) {
@@ -83,13 +110,16 @@ void bind_core(py::module_& m) {
           "Block until done; return the status code (0 = success). Ctrl-C raises KeyboardInterrupt.")
       .def(
           "wait_for",
-          [](const Future& f, py::handle seconds) -> std::optional<int> {
+          [](const Future& f, py::handle seconds, py::handle timeout_seconds) -> std::optional<int> {
+            // timeout_seconds: upstream DLSlime's name of the argument.
+            py::handle s = renamed_arg(seconds, timeout_seconds, "wait_for", "seconds", "timeout_seconds");
             std::optional<std::chrono::nanoseconds> timeout;
-            if (!seconds.is_none()) timeout = seconds_arg(seconds, "seconds");
+            if (!s.is_none()) timeout = seconds_arg(s, "seconds");
             if (!wait_future(f, timeout)) return std::nullopt;
             return f.status();
           },
-          py::arg("seconds"),
+          py::arg_v("seconds", missing_arg(), "<required>"), py::kw_only(),
+          py::arg_v("timeout_seconds", missing_arg(), "<unset>"),
           "Wait up to `seconds` (None or inf: no limit); None if still running, else the status code.")
       .def("done", &Future::done)
       .def_property_readonly("status", &Future::status,
@@ -101,8 +131,10 @@ void bind_core(py::module_& m) {
         return "<dlslime.Future " + f.result().to_string() + ">";
       });
 
-  m.def("set_log_level", &set_log_level, py::arg("level"),
-        "Set the library log level: trace, debug, info, warn, error, critical or off.");
+  m.def(
+      "set_log_level", [](py::handle level) { set_log_level(log_level_arg(level)); }, py::arg("level"),
+      "Set the library log level: trace, debug, info, warn, error, critical or off (any case), or a Python "
+      "logging level (logging.INFO).");
   m.def("get_log_level", &get_log_level);
 }
 

@@ -29,6 +29,27 @@ void throw_out_of_range(py::handle v, const char* what, const std::string& lo, c
 
 }  // namespace detail
 
+py::handle missing_arg() {
+  // One unique object for the process, never freed (it may be a default of bound
+  // functions until the interpreter is gone).
+  static PyObject* const sentinel = PyObject_CallNoArgs(reinterpret_cast<PyObject*>(&PyBaseObject_Type));
+  return sentinel;
+}
+
+bool is_missing(py::handle v) { return v.ptr() == missing_arg().ptr(); }
+
+py::handle renamed_arg(py::handle ours, py::handle upstream, const char* call, const char* name,
+                       const char* upstream_name) {
+  if (is_missing(ours) && is_missing(upstream)) {
+    throw py::type_error(fmt::format("{}() missing required argument '{}' (or '{}')", call, name, upstream_name));
+  }
+  if (!is_missing(ours) && !is_missing(upstream)) {
+    throw py::type_error(
+        fmt::format("{}() got both '{}' and '{}' (two names of one argument)", call, name, upstream_name));
+  }
+  return is_missing(ours) ? upstream : ours;
+}
+
 namespace {
 
 const char* type_name(py::handle v) { return Py_TYPE(v.ptr())->tp_name; }

@@ -74,6 +74,20 @@ std::string optional_str_arg(pybind11::handle v, const char* what);
 // A list or tuple of str.
 std::vector<std::string> str_list_arg(pybind11::handle v, const char* what);
 
+// --- Arguments upstream DLSlime names differently --------------------------------------
+// Upstream DLSlime (0.1.23) names some arguments differently (data_ptr for addr, assign for
+// assignments, remote_info for peer_info, timeout_seconds for seconds). The bindings
+// accept both names: the argument keeps our name (positional or keyword) and its default
+// is missing_arg(); upstream's name is an extra keyword-only argument with the same
+// default. renamed_arg() returns whichever was passed: both or neither is a TypeError
+// naming the call. None stays an ordinary value (wait_for(None) means "no limit").
+pybind11::handle missing_arg();
+bool is_missing(pybind11::handle v);
+pybind11::handle renamed_arg(pybind11::handle ours, pybind11::handle upstream, const char* call, const char* name,
+                             const char* upstream_name);
+// py::arg_v(name, missing_arg(), "<required>") for the argument under our name, and
+// py::arg_v(upstream_name, missing_arg(), "<unset>") for upstream's.
+
 // --- Durations in seconds --------------------------------------------------------------
 // The one conversion of every timeout and interval that comes from Python: an int or a
 // float (anything with __float__ but str/bytes) of seconds. NaN and negative values raise

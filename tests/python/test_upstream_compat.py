@@ -1,0 +1,292 @@
+"""Scripts written for upstream DLSlime 0.1.23 (``pip install dlslime``) run unchanged on
+this package (docs/upstream-compat.md). Each test is an upstream script shape: upstream's
+argument names and positions, upstream's imports, checked byte-exact; where upstream's
+contract loses data (truncation, silent connect failure) the test asserts ours instead."""
+
+import ctypes
+import logging
+
+import pytest
+
+import dlslime
+from dlslime import TcpEndpoint
+from conftest import Buffer
+
+OK = 0
+
+
+@pytest.fixture
+def upstream_pair():
+    """Two endpoints connected the way upstream's TCP examples do it (remote_info=)."""
+    a = TcpEndpoint("127.0.0.1", 0)
+    b = TcpEndpoint(ip="127.0.0.1", port=0)
+    a.connect(remote_info=b.endpoint_info())
+    b.connect(a.endpoint_info())
+    yield a, b
+    a.shutdown()
+    b.shutdown()
+
+
+# --- TcpEndpoint ops: upstream's positional and keyword forms --------------------------
+
+
+def test_send_recv_positional_and_keyword_forms(upstream_pair):
+    a, b = upstream_pair
+    src = Buffer(16, b"hello world!")
+    dst = Buffer(16)
+    # recv(chunk, stream=None, exact_size=False); send(chunk, stream=None, timeout_ms=30000)
+    r = b.recv((dst.addr, 0, 16), None, False)
+    s = a.send((src.addr, 0, 12), None, 30000)
+    assert s.wait() == OK and r.wait_for(timeout_seconds=10.0) == OK
+    assert dst.bytes(0, 12) == b"hello world!" and r.nbytes == 12
+
+    dst2 = Buffer(16)
+    r = b.recv(chunk=(dst2.addr, 0, 16), stream=None, exact_size=False)
+    s = a.send(chunk=(src.addr, 4, 8), stream=None, timeout_ms=5000)
+    assert s.wait_for(10.0) == OK and r.wait() == OK
+    assert dst2.bytes(0, 8) == b"o world!"
+
+
+def test_async_names_are_the_same_ops(upstream_pair):
+    a, b = upstream_pair
+    src = Buffer(32, b"abcdefgh")
+    dst = Buffer(32)
+    r = b.async_recv((dst.addr, 0, 32))
+    assert a.async_send((src.addr, 0, 32), timeout_ms=5000).wait() == OK
+    assert r.wait() == OK and dst.bytes() == src.bytes()
+
+    hl = a.register_memory_region("l", data_ptr=src.addr, offset=0, length=32)
+    hb = b.register_memory_region("r", dst.addr, 0, 32)
+    hr = a.register_remote_memory_region("r", b.endpoint_info()["mr_info"]["r"])
+    assert hb >= 0
+    dst.set(b"\0" * 32)
+    assert a.async_write([(hl, hr, 8, 0, 8)], None, 5000).wait() == OK
+    assert dst.bytes(8, 16) == b"abcdefgh"
+    back = Buffer(32)
+    hback = a.register_memory_region("back", back.addr, 0, 32)
+    assert a.async_read(assign=[(hback, hr, 8, 16, 8)]).wait() == OK
+    assert back.bytes(16, 24) == b"abcdefgh"
+
+
+def test_read_write_take_upstreams_assign_stream_timeout_ms(upstream_pair):
+    a, b = upstream_pair
+    local = Buffer(64, b"0123456789")
+    remote = Buffer(64)
+    h = a.register_memory_region("buf", data_ptr=local.addr, offset=0, length=64)
+    b.register_memory_region("buf", remote.addr, 0, 64)
+    hr = a.register_remote_memory_region("buf", b.endpoint_info()["mr_info"]["buf"])
+    # Upstream order: (local_handle, remote_handle, target_offset=REMOTE, source_offset=LOCAL, length)
+    assert a.write([(h, hr, 0, 0, 10)], None, 30000).wait() == OK
+    assert a.write(assign=[(h, hr, 32, 2, 4)], stream=None, timeout_ms=1000).wait() == OK
+    assert remote.bytes(0, 10) == b"0123456789" and remote.bytes(32, 36) == b"2345"
+    got = Buffer(64)
+    hg = a.register_memory_region("got", got.addr, 0, 64)
+    f = a.read(assign=[(hg, hr, 32, 8, 4)], timeout_ms=1000)
+    assert f.wait_for(timeout_seconds=10.0) == OK and got.bytes(8, 12) == b"2345"
+
+
+def test_renamed_arguments_are_one_argument(upstream_pair):
+    a, _ = upstream_pair
+    buf = Buffer(8)
+    with pytest.raises(TypeError, match="both 'addr' and 'data_ptr'"):
+        a.register_memory_region("x", buf.addr, 0, 8, data_ptr=buf.addr)
+    with pytest.raises(TypeError, match="missing required argument 'assignments' \\(or 'assign'\\)"):
+        a.write()
+    with pytest.raises(TypeError, match="both"):
+        a.connect({}, remote_info={})
+    with pytest.raises(ValueError, match="timeout_ms"):
+        a.send((buf.addr, 0, 8), None, -1)
+
+
+def test_wait_for_timeout_seconds_keyword_and_none(upstream_pair):
+    _, b = upstream_pair
+    dst = Buffer(8)
+    r = b.recv((dst.addr, 0, 8))
+    # Upstream: None while the op is still running.
+    assert r.wait_for(timeout_seconds=0.05) is None
+    assert r.wait_for(0) is None
+    b.shutdown()
+    assert r.wait_for(timeout_seconds=10.0) not in (None, OK)
+
+
+def test_exact_size_recv_fails_a_shorter_message(upstream_pair):
+    a, b = upstream_pair
+    src = Buffer(16, b"x")
+    dst = Buffer(16)
+    r = b.recv((dst.addr, 0, 16), None, exact_size=True)
+    assert a.send((src.addr, 0, 12)).wait() == OK
+    status = r.wait_for(10.0)
+    assert status == int(dlslime.StatusCode.FAILED) and r.status == status
+    assert "12 bytes" in r.message and isinstance(r, dlslime.Future)
+    # A message that fills the buffer passes the check.
+    r = b.recv((dst.addr, 0, 12), exact_size=True)
+    assert a.send((src.addr, 0, 12)).wait() == OK
+    assert r.wait() == OK and r.status == OK and r.message == ""
+
+
+def test_longer_message_fails_instead_of_truncating(upstream_pair):
+    # Upstream truncates to the buffer and reports success; ours fails the recv.
+    a, b = upstream_pair
+    src = Buffer(32, b"y")
+    dst = Buffer(32)
+    r = b.recv((dst.addr, 0, 8))
+    a.send((src.addr, 0, 32))
+    assert r.wait_for(10.0) == int(dlslime.StatusCode.MESSAGE_TOO_LARGE)
+
+
+def test_imm_ops_accept_stream_and_say_tcp_cannot(upstream_pair):
+    a, _ = upstream_pair
+    buf = Buffer(8)
+    h = a.register_memory_region("m", buf.addr, 0, 8)
+    with pytest.raises(NotImplementedError):
+        a.write_with_imm([(h, h, 0, 0, 8)], 7, None)
+    with pytest.raises(NotImplementedError):
+        a.write_with_imm(assign=[(h, h, 0, 0, 8)], imm_data=7, stream=None)
+    with pytest.raises(NotImplementedError):
+        a.imm_recv(None)
+    with pytest.raises(NotImplementedError):
+        a.imm_recv(stream=None)
+
+
+def test_failed_connect_leaves_is_connected_false():
+    # Upstream returns silently from a failed connect and scripts check is_connected();
+    # ours raises, and is_connected() is False as well.
+    with TcpEndpoint("127.0.0.1", 0, connect_timeout=2.0) as dead, TcpEndpoint("127.0.0.1", 0) as ep:
+        info = dead.endpoint_info()
+        dead.shutdown()
+        with pytest.raises(ConnectionError):
+            ep.connect(remote_info=info)
+        assert ep.is_connected() is False
+
+
+# --- Names --------------------------------------------------------------------------
+
+
+def test_set_log_level_accepts_upstreams_forms():
+    before = dlslime.get_log_level()
+    try:
+        for level, name in (("INFO", "info"), ("info", "info"), (logging.DEBUG, "debug"),
+                            (logging.WARNING, "warning"), ("WARNING", "warning"), (logging.ERROR, "error")):
+            dlslime.set_log_level(level)
+            assert dlslime.get_log_level() == name, level
+        with pytest.raises(ValueError):
+            dlslime.set_log_level("loud")
+        with pytest.raises(TypeError):
+            dlslime.set_log_level(2.5)
+    finally:
+        dlslime.set_log_level(before)
+
+
+def test_get_logger_names_and_set_log_level_sets_the_python_logger():
+    assert dlslime.get_logger().name == "slime"
+    assert dlslime.get_logger("rpc").name == "slime.rpc"
+    assert dlslime.get_logger("slime.peer").name == "slime.peer"
+    before = dlslime.get_log_level()
+    try:
+        logger = dlslime.set_log_level(logging.INFO)
+        assert logger is dlslime.get_logger() and logger.level == logging.INFO
+        assert dlslime.get_log_level() == "info"
+    finally:
+        dlslime.set_log_level(before)
+
+
+def test_future_class_names(upstream_pair):
+    a, b = upstream_pair
+    src = Buffer(8, b"f")
+    dst = Buffer(8)
+    r = b.recv((dst.addr, 0, 8))
+    s = a.send((src.addr, 0, 8))
+    assert isinstance(s, dlslime.SlimeTcpSendFuture) and isinstance(r, dlslime.SlimeTcpRecvFuture)
+    h = a.register_memory_region("w", src.addr, 0, 8)
+    b.register_memory_region("w", dst.addr, 0, 8)
+    hr = a.register_remote_memory_region("w", b.endpoint_info()["mr_info"]["w"])
+    w = a.write([(h, hr, 0, 0, 8)])
+    assert isinstance(w, dlslime.SlimeTcpReadWriteFuture)
+    assert s.wait() == OK and r.wait() == OK and w.wait() == OK
+    # The upstream names are our Future classes, so our own checks hold too.
+    assert all(isinstance(f, dlslime.Future) for f in (s, r, w))
+
+
+def test_available_nic_and_discover_topology_without_rdma_devices():
+    nics = dlslime.available_nic()
+    assert isinstance(nics, list) and all(isinstance(n, str) for n in nics)
+    topo = dlslime.discover_topology()
+    assert topo["schema_version"] == 1 and topo["host"]["address"]
+    assert [n["name"] for n in topo["nics"]] == nics
+    assert {t["name"] for t in topo["transports"]} >= {"tcp"}
+    assert dlslime.discover_topology(None, 1, None, "/sys", [])["nics"] == []
+    with pytest.raises(ValueError):
+        dlslime.discover_topology(ib_port=0)
+
+
+def test_peer_agent_module_and_start_peer_agent(ctrl_url, unique):
+    from dlslime.peer_agent import PeerAgent, start_peer_agent
+
+    assert PeerAgent is dlslime.PeerAgent and dlslime.start_peer_agent is start_peer_agent
+    with start_peer_agent(nanoctrl_url=ctrl_url, alias=f"{unique}-a") as agent:
+        assert isinstance(agent, PeerAgent) and agent.alias == f"{unique}-a"
+
+
+def test_tcp_memory_pool_on_its_own_and_with_an_endpoint(upstream_pair):
+    a, b = upstream_pair
+    pool = dlslime.TcpMemoryPool()
+    src = Buffer(32, b"pool")
+    h = pool.register_memory_region(src.addr, 32, "src")
+    assert h == 0 and pool.get_mr_handle("src") == 0 and pool.get_mr_handle("nope") == -1
+    assert pool.mr_info() == {"src": {"addr": src.addr, "length": 32, "handle": 0, "name": "src"}}
+    # Upstream: -1 for an empty name; ours raises.
+    with pytest.raises(ValueError):
+        pool.register_memory_region(src.addr, 32, "")
+    with pytest.raises(TypeError):
+        pool.register_memory_region("0x10", 32, "bad")
+    # A peer's entry: the same entry keeps its handle, a name overrides the entry's.
+    dst = Buffer(32)
+    b.register_memory_region("dst", dst.addr, 0, 32)
+    entry = b.endpoint_info()["mr_info"]["dst"]
+    r0 = pool.register_remote_memory_region(dict(entry, name="dst"))
+    assert pool.register_remote_memory_region(dict(entry, name="dst")) == r0
+    assert pool.register_remote_memory_region(entry, "named") != r0
+    # The pool's regions move bytes through an endpoint.
+    handles = pool.register_into(a)
+    hr = a.register_remote_memory_region("dst", entry)
+    assert a.write([(handles["src"], hr, 0, 0, 32)]).wait() == OK
+    assert dst.bytes() == src.bytes()
+
+
+# --- PeerAgent: upstream's I/O forms --------------------------------------------------
+
+
+def test_peer_agent_io_takes_upstreams_forms(ctrl_url, unique):
+    from dlslime.peer_agent import PeerAgent
+
+    a_name, b_name = f"{unique}-ua", f"{unique}-ub"
+    with PeerAgent(nanoctrl_url=ctrl_url, alias=a_name) as a, PeerAgent(nanoctrl_url=ctrl_url, alias=b_name) as b:
+        src = Buffer(64, b"0123456789abcdef")
+        dst = Buffer(64)
+        a.register_memory_region("kv", src.addr, 0, 64)
+        b.register_memory_region("kv", dst.addr, 0, 64)
+        ca = a.connect_to(b_name, transport="tcp")
+        cb = b.connect_to(a_name, transport="tcp")
+        ca.wait(30)
+        cb.wait(30)
+        # Named items put the LOCAL offset first: ("kv", local_off, remote_off, length).
+        assert a.write(b_name, [("kv", 0, 8, 8)], None).wait() == OK
+        assert dst.bytes(8, 16) == b"01234567"
+        assert a.write(peer_alias=b_name, assign=("kv", 10, 32, 6), stream=None).wait_for(10) == OK
+        assert dst.bytes(32, 38) == b"abcdef"
+        got = Buffer(64)
+        a.register_memory_region("got", got.addr, 0, 64)
+        assert a.read(b_name, [("got", "kv", 4, 32, 6)], stream=None).wait() == OK
+        assert got.bytes(4, 10) == b"abcdef"
+
+        msg = Buffer(16, b"ping")
+        inbox = Buffer(16)
+        r = b.recv(a_name, (inbox.addr, 0, 16), None)
+        assert a.send(peer_alias=b_name, chunk=(msg.addr, 0, 4), stream=None).wait() == OK
+        assert r.wait_for(timeout_seconds=10) == OK and inbox.bytes(0, 4) == b"ping"
+        with pytest.raises(NotImplementedError):
+            a.imm_recv(peer_alias=b_name, stream=None)
+
+        # Upstream's convention: True once unregistered, False for an unknown name.
+        assert a.unregister_memory_region("got") is True
+        assert a.unregister_memory_region("got") is False
