@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <optional>
+#include <string>
 #include <map>
 #include <random>
 #include <set>
@@ -307,13 +310,35 @@ json ControlService::cleanup(const json& req) {
 
 // --------------------------------------------------------------------------------- topology
 
+namespace {
+
+// min_bw: a number, or a string holding one, which is what upstream DLSlime's client sends
+// ("100"). Anything else is a 400 naming the field.
+std::optional<double> min_bw_of(const json& req) {
+  if (!req.is_object() || !req.contains("min_bw") || !req["min_bw"].is_string()) return Fields(req).opt_number("min_bw");
+  const std::string text = req["min_bw"].get<std::string>();
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (text.empty() || used != text.size() || !std::isfinite(value)) {
+    throw bad_request("field 'min_bw' must be a number or a string holding one, got '" + text.substr(0, 64) + "'");
+  }
+  return value;
+}
+
+}  // namespace
+
 json ControlService::set_desired_topology(const std::string& agent, const json& req) {
   Fields f(req);
   const std::string scope = f.scope();
   if (!is_valid_name(agent)) throw bad_request("agent name '" + agent.substr(0, 200) + "' in the path is not valid");
   std::vector<std::string> targets = f.req_name_list("target_peers");
   const bool symmetric = f.opt_bool("symmetric", false);
-  auto min_bw = f.opt_number("min_bw");
+  auto min_bw = min_bw_of(req);
   require_agent(scope, agent, "agent");
 
   const std::string p = prefix(scope);
@@ -414,6 +439,17 @@ json ControlService::unregister_mr(const json& req) {
 
 namespace {
 
+// An entity's endpoint: a string ("10.0.0.1:80") or an object (upstream DLSlime's clients
+// send {"host": ..., "port": ...}); absent is null.
+json endpoint_of(const Fields& f) {
+  auto v = f.opt_any("endpoint");
+  if (!v || v->is_null()) return nullptr;
+  if (!v->is_string() && !v->is_object()) {
+    throw bad_request("field 'endpoint' must be a string or an object, got " + std::string(v->type_name()));
+  }
+  return *v;
+}
+
 std::string entity_type_of(const Fields& f) {
   std::string type = f.opt_name("entity_type", "service");
   if (type == "agent") {
@@ -433,7 +469,7 @@ json ControlService::register_entity(const json& req) {
                {"entity_id", id},
                {"id", id},
                {"kind", f.opt_string("kind").value_or("")},
-               {"endpoint", f.opt_string("endpoint") ? json(*f.opt_string("endpoint")) : json(nullptr)},
+               {"endpoint", endpoint_of(f)},
                {"metadata", f.opt_object("metadata").value_or(json::object())},
                {"resource", f.opt_any("resource").value_or(json(nullptr))},
                {"registered_at_ms", now_ms()}};

@@ -177,9 +177,15 @@ void bind_nanoctrl(py::module_& m) {
       .def(
           "register",
           [](NanoCtrlClient& c, const std::string& entity_id, const std::string& kind, const std::string& type,
-             std::optional<std::string> endpoint, py::object metadata, py::object resource) {
+             py::object endpoint, py::object metadata, py::object resource) {
             json extra = json::object();
-            if (endpoint) extra["endpoint"] = *endpoint;
+            // A str ("host:port") or a dict (upstream DLSlime's form); the server checks it.
+            if (!endpoint.is_none()) {
+              if (!py::isinstance<py::str>(endpoint) && !py::isinstance<py::dict>(endpoint)) {
+                throw py::type_error("endpoint must be a str, a dict or None");
+              }
+              extra["endpoint"] = to_json(endpoint, "endpoint");
+            }
             if (!metadata.is_none()) extra["metadata"] = to_json(metadata, "metadata");
             if (!resource.is_none()) extra["resource"] = to_json(resource, "resource");
             return nogil_json([&] { return c.register_entity(entity_id, kind, type, extra); });

@@ -290,3 +290,66 @@ def test_peer_agent_io_takes_upstreams_forms(ctrl_url, unique):
         # Upstream's convention: True once unregistered, False for an unknown name.
         assert a.unregister_memory_region("got") is True
         assert a.unregister_memory_region("got") is False
+
+
+# --- NanoCtrl: upstream's client and payloads ---------------------------------------
+
+
+def test_nanoctrl_accepts_upstream_payloads(ctrl_url, unique):
+    from nanoctrl_fixtures import http, is_error
+
+    # register(endpoint=<dict>): upstream's client sends the endpoint as an object.
+    status, body = http(ctrl_url, "/register", {"entity_id": f"{unique}-svc", "kind": "cache",
+                                                 "endpoint": {"host": "10.0.0.1", "port": 80}})
+    assert status == 200 and body["status"] == "ok", body
+    status, body = http(ctrl_url, "/get_entity_info", {"entity_id": f"{unique}-svc"})
+    assert body["entity_info"]["endpoint"] == {"host": "10.0.0.1", "port": 80}
+    status, body = http(ctrl_url, "/register", {"entity_id": f"{unique}-bad", "kind": "x", "endpoint": 7})
+    assert is_error(status, body, 400) and "endpoint" in body["message"]
+
+    # set_desired_topology with upstream's numeric-string min_bw.
+    client = dlslime.NanoCtrlClient(ctrl_url)
+    for name in ("a", "b"):
+        client.start_peer_agent(alias=f"{unique}-{name}", address="127.0.0.1")
+    status, body = http(ctrl_url, f"/v1/desired_topology/{unique}-a",
+                        {"target_peers": [f"{unique}-b"], "min_bw": "100"})
+    assert status == 200 and body["status"] == "ok", body
+    assert client.get_desired_topology(f"{unique}-a")["min_bw"] == 100.0
+    status, body = http(ctrl_url, f"/v1/desired_topology/{unique}-a",
+                        {"target_peers": [f"{unique}-b"], "min_bw": "fast"})
+    assert is_error(status, body, 400) and "min_bw" in body["message"]
+
+
+def test_ctrl_nanoctrl_client_upstream_names_and_returns(ctrl_url, unique):
+    from dlslime.ctrl import NanoCtrlClient
+
+    c = NanoCtrlClient(ctrl_url.replace("http://", ""))  # upstream adds the scheme
+    c.check_connection()
+    # Entities: bools and strings, never exceptions.
+    assert c.heartbeat() == "not_found" and c.unregister() is False
+    assert c.register(f"{unique}-e", "cache", endpoint={"host": "h", "port": 1}, metadata={"gb": 8}) is True
+    info = c.get_entity_info(f"{unique}-e")
+    assert info["kind"] == "cache" and info["endpoint"] == {"host": "h", "port": 1} and info["metadata"] == {"gb": 8}
+    assert any(e["entity_id"] == f"{unique}-e" for e in c.list_entities(kind="cache"))
+    assert c.heartbeat() == "ok"
+    assert c.register("", "cache") is False
+    assert c.get_entity_info(f"{unique}-nope") is None
+    assert c.get_redis_url() is None
+    assert c.unregister() is True and c.get_entity_info(f"{unique}-e") is None
+
+    # Peers: dict replies.
+    r = c.register_peer(alias=f"{unique}-p", address="127.0.0.1")
+    assert r["name"] == f"{unique}-p"
+    c.register_peer(alias=f"{unique}-q", address="127.0.0.1")
+    assert f"{unique}-p" in [p["name"] for p in c.query_peers()]
+    assert c.heartbeat_peer(f"{unique}-p")["status"] == "ok"
+    assert c.set_desired_topology(f"{unique}-p", target_peers=[f"{unique}-q"], min_bw="25")["status"] == "ok"
+    with pytest.raises(ValueError):
+        c.set_desired_topology(f"{unique}-p", target_peers=[f"{unique}-q"], min_bw="fast")
+    assert c.cleanup_peer(f"{unique}-p")["status"] == "ok"
+    c.stop()
+
+    dead = NanoCtrlClient("127.0.0.1:1")
+    with pytest.raises(RuntimeError):
+        dead.check_connection()
+    assert dead.register("x", "y") is False and dead.list_entities() == []
