@@ -256,6 +256,48 @@ def test_tcp_memory_pool_on_its_own_and_with_an_endpoint(upstream_pair):
 # --- PeerAgent: upstream's I/O forms --------------------------------------------------
 
 
+def upstream_target(pipe, ctrl_url, alias, peer):
+    """The target half of upstream's p2p_tcp_rc_read_peer_agent_two_process.py, as
+    written for upstream (start_peer_agent, a named region, connect_to, wait)."""
+    from dlslime.peer_agent import start_peer_agent
+
+    buf = ctypes.create_string_buffer(bytes(range(256)) * 4, 1024)
+    agent = start_peer_agent(nanoctrl_url=ctrl_url, alias=alias)
+    agent.register_memory_region("target_buf", ctypes.addressof(buf), 0, 1024)
+    agent.connect_to(peer, transport="tcp").wait()
+    pipe.send("ready")
+    pipe.recv()  # the initiator has read
+    agent.shutdown()
+    pipe.send("bye")
+
+
+def test_two_process_peer_agent_one_sided_read_as_upstream_writes_it(ctrl_url, unique, spawn_ctx):
+    from dlslime.peer_agent import start_peer_agent
+
+    init_name, target_name = f"{unique}-init", f"{unique}-target"
+    parent, child = spawn_ctx.Pipe()
+    proc = spawn_ctx.Process(target=upstream_target, args=(child, ctrl_url, target_name, init_name))
+    proc.start()
+    try:
+        agent = start_peer_agent(nanoctrl_url=ctrl_url, alias=init_name)
+        local = Buffer(1024)
+        agent.register_memory_region("local_buf", local.addr, 0, 1024)
+        agent.connect_to(target_name, transport="tcp").wait()
+        assert parent.poll(60) and parent.recv() == "ready"
+        # (local_name, remote_name, local_offset, remote_offset, length)
+        fut = agent.read(target_name, [("local_buf", "target_buf", 0, 256, 512)], None)
+        assert fut.wait() == OK
+        assert local.bytes(0, 512) == (bytes(range(256)) * 4)[256:768]
+        parent.send("done")
+        assert parent.poll(60) and parent.recv() == "bye"
+        agent.shutdown()
+    finally:
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+    assert proc.exitcode == 0
+
+
 def test_peer_agent_io_takes_upstreams_forms(ctrl_url, unique):
     from dlslime.peer_agent import PeerAgent
 
