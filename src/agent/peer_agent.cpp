@@ -279,6 +279,15 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   bool post_pending();
   void dial(const std::shared_ptr<PeerConnectionState>& c, const json& peer_info);
   void retire(const std::shared_ptr<PeerConnectionState>& c, const std::string& why);
+  // A peer's cleanup: the connection is closed for new ops at once, but its endpoint is
+  // shut down only once its transport has seen the loss itself (or kPeerGoneGrace passed),
+  // so what the peer answered before it left (the acknowledgement of our last send) still
+  // completes those ops instead of being cancelled by our shutdown.
+  void retire_after_peer_loss(const std::shared_ptr<PeerConnectionState>& c, const std::string& why);
+  // Shuts down the endpoints retire_after_peer_loss() left whose transport has seen the
+  // loss or whose grace has passed; all of them with `all`. Mailbox thread, and shutdown().
+  // Returns whether some are left.
+  bool shut_down_retired(bool all);
   // The instance id NanoCtrl has registered under `peer` now ("" when it has none).
   std::string registered_instance(const std::string& peer);
   bool is_current_instance(const std::string& peer, const std::string& instance);
@@ -309,6 +318,8 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   std::chrono::milliseconds heartbeat_interval_{15000};
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<PeerConnectionState>> conns_;
+  // Endpoints of connections closed by a peer's cleanup, until shut_down_retired().
+  std::vector<std::pair<std::shared_ptr<Endpoint>, std::chrono::steady_clock::time_point>> retired_;  // mu_
   uint64_t next_conn_ = 0;
   std::atomic<bool> stopping_{false};
   std::mutex stop_mu_;
@@ -322,6 +333,9 @@ namespace {
 constexpr auto kMailboxWait = std::chrono::milliseconds(500);
 // How often connections to peers that have not registered yet look for them.
 constexpr auto kPeerPoll = std::chrono::milliseconds(50);
+// How long the endpoint of a connection whose peer cleaned up may stay up waiting for its
+// transport to see the loss (a goodbye or EOF normally arrives before the cleanup does).
+constexpr auto kPeerGoneGrace = std::chrono::milliseconds(2000);
 // A handshake message not answered within this long is posted again.
 constexpr auto kRepost = std::chrono::milliseconds(1000);
 // Handshakes a peer's connect message (not our connect_to) may have dialling at once. The
@@ -478,11 +492,13 @@ void PeerAgentImpl::heartbeat_loop() {
 }
 
 void PeerAgentImpl::mailbox_loop() {
-  bool waiting_for_peers = false;
+  // Connections waiting for their peer to register, or endpoints for their transport to see a
+  // loss: look again every kPeerPoll instead of kMailboxWait.
+  bool poll_soon = false;
   while (!stopping_) {
     std::vector<json> messages;
     try {
-      messages = ctrl.recv(alias_, waiting_for_peers ? kPeerPoll : kMailboxWait, 32);
+      messages = ctrl.recv(alias_, poll_soon ? kPeerPoll : kMailboxWait, 32);
     } catch (const std::exception& e) {
       if (stopping_) return;
       DLSLIME_WARN("PeerAgent '{}': mailbox receive failed (will retry): {}", alias_, e.what());
@@ -496,7 +512,9 @@ void PeerAgentImpl::mailbox_loop() {
         DLSLIME_WARN("PeerAgent '{}': dropped a malformed mailbox message {}: {}", alias_, m.dump(), e.what());
       }
     }
-    waiting_for_peers = post_pending();
+    poll_soon = post_pending();
+    // Endpoints left waiting for their transport to see the loss are looked at again soon.
+    if (shut_down_retired(false)) poll_soon = true;
   }
 }
 
@@ -530,7 +548,7 @@ void PeerAgentImpl::on_message(const json& envelope) {
       if (it == conns_.end() || it->second != c) return;
       conns_.erase(it);
     }
-    retire(c, "the peer agent '" + peer + "' shut down");
+    retire_after_peer_loss(c, "the peer agent '" + peer + "' shut down");
     return;
   }
   if (type == "connect_peer") return;  // desired-topology intent; connect_to drives connections
@@ -824,6 +842,31 @@ void PeerAgentImpl::retire(const std::shared_ptr<PeerConnectionState>& c, const 
   c->finish("closed", why);
 }
 
+void PeerAgentImpl::retire_after_peer_loss(const std::shared_ptr<PeerConnectionState>& c, const std::string& why) {
+  c->finish("closed", why);
+  {
+    std::lock_guard lock(mu_);
+    retired_.emplace_back(c->endpoint, std::chrono::steady_clock::now() + kPeerGoneGrace);
+  }
+  shut_down_retired(false);
+}
+
+bool PeerAgentImpl::shut_down_retired(bool all) {
+  std::vector<std::shared_ptr<Endpoint>> done;
+  {
+    std::lock_guard lock(mu_);
+    const auto now = std::chrono::steady_clock::now();
+    std::erase_if(retired_, [&](const auto& r) {
+      if (!all && r.first->is_connected() && now < r.second) return false;
+      done.push_back(r.first);
+      return true;
+    });
+  }
+  for (auto& ep : done) ep->shutdown();  // outside mu_: it waits for the I/O thread
+  std::lock_guard lock(mu_);
+  return !retired_.empty();
+}
+
 PeerConnection PeerAgentImpl::connect_to(const std::string& peer, const ConnectOptions& o) {
   if (stopping_) throw ConnectionError("connect_to() on a PeerAgent that was shut down", StatusCode::kCancelled);
   if (peer.empty()) throw InvalidArgumentError("peer alias must be a non-empty string");
@@ -1112,6 +1155,7 @@ void PeerAgentImpl::shutdown() {
   if (mailbox_thread_.joinable()) mailbox_thread_.join();
   tasks_->close();
   retire_all();  // any the mailbox thread made while stopping
+  shut_down_retired(true);
 }
 
 // ---------------------------------------------------------------------------------------

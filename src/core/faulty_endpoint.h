@@ -87,8 +87,9 @@ class FaultPlan {
 // its own that completes exactly once: with the inner op's status and byte count, at its
 // drop deadline, or with kCancelled when this endpoint shuts down. One timer thread per
 // decorator releases delayed ops and expires dropped ones; it never calls back into the
-// caller under a lock.
-class FaultyEndpoint final : public Endpoint {
+// caller under a lock. Not final: a test may override is_connected() or shutdown() to model
+// a transport that notices a loss late.
+class FaultyEndpoint : public Endpoint {
  public:
   FaultyEndpoint(std::shared_ptr<Endpoint> inner, std::shared_ptr<FaultPlan> plan);
   ~FaultyEndpoint() override;

@@ -452,3 +452,76 @@ TEST(PeerAgentFaults, AgentShutdownCancelsAHeldOp) {
   p.a.shutdown();
   EXPECT_EQ(sd.wait_for(10s), std::optional<int>(code(StatusCode::kCancelled))) << "a held op outlived shutdown";
 }
+
+namespace {
+
+// A transport that has not noticed its peer is gone: is_connected() stays true until the
+// test says otherwise. Records when the agent shut it down.
+class LateLossEndpoint final : public FaultyEndpoint {
+ public:
+  using FaultyEndpoint::FaultyEndpoint;
+  bool is_connected() const override { return !loss_seen.load() || FaultyEndpoint::is_connected(); }
+  void shutdown() override {
+    if (!shut_at.load()) shut_at = Clock::now().time_since_epoch().count();
+    FaultyEndpoint::shutdown();
+  }
+  std::atomic<bool> loss_seen{false};
+  std::atomic<Clock::rep> shut_at{0};
+};
+
+}  // namespace
+
+// A peer's cleanup closes the connection at once, but the agent shuts the endpoint down
+// only once its transport has seen the loss (here: never), or after the grace: an
+// acknowledgement the peer sent before it left still completes our op instead of our
+// shutdown cancelling it.
+TEST(PeerAgentFaults, APeersCleanupLeavesTheEndpointToItsTransportUntilTheGracePasses) {
+  StartedCtrl ctrl;
+  auto late = std::make_shared<std::shared_ptr<LateLossEndpoint>>();
+  PeerAgentOptions oa = agent(ctrl.server.url(), "plg_a");
+  oa.wrap_endpoint = [late](std::shared_ptr<Endpoint> made) -> std::shared_ptr<Endpoint> {
+    *late = std::make_shared<LateLossEndpoint>(std::move(made), std::make_shared<FaultPlan>());
+    return *late;
+  };
+  PeerAgent a(oa);
+  auto b = std::make_unique<PeerAgent>(agent(ctrl.server.url(), "plg_b"));
+  PeerConnection ca = a.connect_to("plg_b", tcp());
+  PeerConnection cb = b->connect_to("plg_a", tcp());
+  ca.wait(10s);
+  cb.wait(10s);
+  ASSERT_TRUE(*late);
+  const auto gone = Clock::now();
+  b.reset();  // b shuts down: its endpoint says goodbye, then it cleans up in NanoCtrl
+  ASSERT_TRUE(wait_until([&] { return ca.state() == "closed"; })) << ca.state();
+  EXPECT_EQ((*late)->shut_at.load(), 0) << "the endpoint was shut down before its transport saw the loss";
+  ASSERT_TRUE(wait_until([&] { return (*late)->shut_at.load() != 0; }, 10s)) << "the retired endpoint was never shut down";
+  const auto shut = Clock::time_point(Clock::duration((*late)->shut_at.load()));
+  EXPECT_GE(shut - gone, 1500ms) << "shut down before the grace (2 s) passed";
+  EXPECT_THROW(a.send("plg_b", kChunk), Error) << "a closed connection took a new op";
+}
+
+// The usual case: the transport sees the loss, and the endpoint goes without waiting out
+// the grace.
+TEST(PeerAgentFaults, APeersCleanupShutsTheEndpointDownOnceItsTransportSawTheLoss) {
+  StartedCtrl ctrl;
+  auto late = std::make_shared<std::shared_ptr<LateLossEndpoint>>();
+  PeerAgentOptions oa = agent(ctrl.server.url(), "pls_a");
+  oa.wrap_endpoint = [late](std::shared_ptr<Endpoint> made) -> std::shared_ptr<Endpoint> {
+    *late = std::make_shared<LateLossEndpoint>(std::move(made), std::make_shared<FaultPlan>());
+    return *late;
+  };
+  PeerAgent a(oa);
+  auto b = std::make_unique<PeerAgent>(agent(ctrl.server.url(), "pls_b"));
+  PeerConnection ca = a.connect_to("pls_b", tcp());
+  PeerConnection cb = b->connect_to("pls_a", tcp());
+  ca.wait(10s);
+  cb.wait(10s);
+  b.reset();
+  ASSERT_TRUE(wait_until([&] { return ca.state() == "closed"; })) << ca.state();
+  EXPECT_EQ((*late)->shut_at.load(), 0);
+  const auto seen = Clock::now();
+  (*late)->loss_seen = true;
+  ASSERT_TRUE(wait_until([&] { return (*late)->shut_at.load() != 0; }, 10s));
+  EXPECT_LT(Clock::time_point(Clock::duration((*late)->shut_at.load())) - seen, 1500ms)
+      << "waited out the grace although the transport had seen the loss";
+}
