@@ -68,6 +68,10 @@ TcpEndpointImpl::TcpEndpointImpl(const std::string& ip, uint16_t port, TcpOption
       io_(runtime_->next_context()),
       endpoint_id_(random_id()),
       inflight_(options_.max_inflight_ops),
+      pairing_(io_, options_, endpoint_id_, shut_down_, *this, matcher_),
+      initiator_(options_, pairing_),
+      matcher_(options_, pairing_),
+      target_(*local_regions),
       sweep_timer_(io_) {
   options_.validate();
   const auto addr = parse_bind_address(ip, io_);
@@ -81,6 +85,10 @@ TcpEndpointImpl::TcpEndpointImpl(asio::io_context& io, TcpOptions options, std::
       io_(io),
       endpoint_id_(random_id()),
       inflight_(options_.max_inflight_ops),
+      pairing_(io_, options_, endpoint_id_, shut_down_, *this, matcher_),
+      initiator_(options_, pairing_),
+      matcher_(options_, pairing_),
+      target_(*local_regions),
       sweep_timer_(io_) {
   options_.validate();
   listener_ = std::make_shared<tcp::TcpListener>(
@@ -92,14 +100,7 @@ TcpEndpointImpl::~TcpEndpointImpl() = default;
 
 std::shared_ptr<TcpConnection> TcpEndpointImpl::adopt_dialed_for_test(asio::ip::tcp::socket socket,
                                                                       uint64_t peer_id) {
-  pair_with(peer_id);
-  auto conn = std::make_shared<TcpConnection>(std::move(socket), this, TcpConnection::Role::kDialed,
-                                              static_cast<uint16_t>(dialed_.size()), answer_budget_);
-  dialed_.push_back(conn);
-  lanes_up_ = static_cast<uint16_t>(dialed_.size());
-  connected_ = true;
-  conn->start();
-  return conn;
+  return pairing_.adopt_dialed_for_test(std::move(socket), peer_id);
 }
 
 void TcpEndpointImpl::throw_inherited() const {
@@ -161,10 +162,10 @@ void TcpEndpointImpl::start() {
     listener_->start(
         [weak](const tcp::Hello& hello) {
           auto self = weak.lock();
-          return self ? self->decide_hello(hello) : Status(StatusCode::kFailed, "endpoint is gone");
+          return self ? self->pairing_.decide_hello(hello) : Status(StatusCode::kFailed, "endpoint is gone");
         },
         [weak](asio::ip::tcp::socket socket, const tcp::Hello& hello) {
-          if (auto self = weak.lock()) self->adopt_accepted(std::move(socket), hello);
+          if (auto self = weak.lock()) self->pairing_.adopt_accepted(std::move(socket), hello);
         });
   });
   DLSLIME_INFO("TcpEndpoint {:#x} listening on {}:{}", endpoint_id_, advertised_host_, port());
@@ -182,47 +183,6 @@ nlohmann::json TcpEndpointImpl::endpoint_info() const {
 
 // ---------------------------------------------------------------------------------------
 // Connecting
-
-Status TcpEndpointImpl::decide_hello(const tcp::Hello& hello) {
-  constexpr size_t kMaxAcceptedLanes = 64;
-  if (shut_down_) return Status(StatusCode::kAccessDenied, "the endpoint is shutting down");
-  if (hello.target_id != 0 && hello.target_id != endpoint_id_) {
-    return Status::protocol_error(fmt::format(
-        "this port belongs to endpoint {:#x}, not {:#x} (is the peer_info stale?)", endpoint_id_, hello.target_id));
-  }
-  if (peer_id_ != 0 && hello.sender_id != peer_id_) {
-    return Status(StatusCode::kAccessDenied,
-                  fmt::format("the endpoint is already connected to peer {:#x}; a TcpEndpoint serves one peer", peer_id_));
-  }
-  if (accepted_.size() >= kMaxAcceptedLanes) {
-    return Status(StatusCode::kAccessDenied, fmt::format("too many connections (limit {})", kMaxAcceptedLanes));
-  }
-  return Status::ok();
-}
-
-void TcpEndpointImpl::adopt_accepted(asio::ip::tcp::socket socket, const tcp::Hello& hello) {
-  if (Status verdict = decide_hello(hello); !verdict) {
-    DLSLIME_WARN("dropping a connection accepted before a conflicting one: {}", verdict.message());
-    return;
-  }
-  pair_with(hello.sender_id);
-  last_loss_.clear();
-  auto conn = std::make_shared<TcpConnection>(std::move(socket), this, TcpConnection::Role::kAccepted, hello.lane_index,
-                                              answer_budget_);
-  DLSLIME_DEBUG("accepted lane {} from peer {:#x} at {}", hello.lane_index, hello.sender_id, conn->peer_address());
-  accepted_.push_back(conn);
-  conn->start();
-}
-
-void TcpEndpointImpl::pair_with(uint64_t peer_id) {
-  // Messages held from an earlier peer stay deliverable after it left (its sends were
-  // acknowledged), but not to the recvs of a different peer's conversation.
-  if (previous_peer_id_ != 0 && previous_peer_id_ != peer_id) {
-    unexpected_.clear();
-    unexpected_bytes_ = 0;
-  }
-  peer_id_ = previous_peer_id_ = peer_id;
-}
 
 void TcpEndpointImpl::connect(const nlohmann::json& peer_info) {
   if (shut_down_) throw ConnectionError("connect() on a shut-down endpoint", StatusCode::kCancelled);
@@ -278,59 +238,12 @@ void TcpEndpointImpl::connect(const nlohmann::json& peer_info) {
     for (const auto& r : results) request.addresses.push_back(r.endpoint());
   }
 
-  auto result = std::make_shared<ConnectWait>();
-  auto outcome = result->promise.get_future();
-  {
-    std::lock_guard lock(connects_mu_);
-    std::erase_if(connects_, [](const auto& w) { return w.expired(); });
-    connects_.push_back(result);
-  }
-  if (shut_down_) result->finish(Status::cancelled("the endpoint was shut down"));  // raced with shutdown()
-  post([request = std::move(request), result](TcpEndpointImpl& self) mutable {
-    if (self.shut_down_) return result->finish(Status::cancelled("the endpoint was shut down"));
-    if (!self.dialed_.empty()) {
-      if (request.target_id == 0 || request.target_id == self.peer_id_) return result->finish(Status::ok());
-      return result->finish(Status(StatusCode::kAccessDenied,
-                                      fmt::format("already connected to peer {:#x}; a TcpEndpoint serves one peer",
-                                                  self.peer_id_)));
-    }
-    const std::string label = request.peer_label;
-    tcp::dial_lanes(self.io_, std::move(request), self.options_,
-                    [weak = self.weak_from_this(), result, label](tcp::DialResult r) {
-                      auto self = weak.lock();
-                      if (!self) return result->finish(Status::cancelled("the endpoint is gone"));
-                      if (!r.status) return result->finish(r.status);
-                      Status verdict = Status::ok();
-                      if (self->shut_down_) {
-                        verdict = Status::cancelled("the endpoint was shut down during connect()");
-                      } else if (self->peer_id_ != 0 && self->peer_id_ != r.peer_id) {
-                        verdict = Status(StatusCode::kAccessDenied,
-                                         fmt::format("{} is endpoint {:#x}, but this endpoint is already paired "
-                                                     "with peer {:#x}",
-                                                     label, r.peer_id, self->peer_id_));
-                      }
-                      if (!verdict || !self->dialed_.empty()) {
-                        for (auto& s : r.sockets) {
-                          std::error_code ignored;
-                          s.close(ignored);
-                        }
-                        return result->finish(verdict);  // a concurrent connect() won
-                      }
-                      self->pair_with(r.peer_id);
-                      self->last_loss_.clear();
-                      for (size_t lane = 0; lane < r.sockets.size(); ++lane) {
-                        auto conn = std::make_shared<TcpConnection>(std::move(r.sockets[lane]), self.get(),
-                                                                    TcpConnection::Role::kDialed,
-                                                                    static_cast<uint16_t>(lane), self->answer_budget_);
-                        self->dialed_.push_back(conn);
-                        conn->start();
-                      }
-                      self->lanes_up_ = static_cast<uint16_t>(self->dialed_.size());
-                      self->connected_ = true;
-                      DLSLIME_INFO("connected to {} (peer {:#x}) over {} lane(s)", label, r.peer_id,
-                                   self->dialed_.size());
-                      result->finish(Status::ok());
-                    });
+  auto wait = pairing_.add_connect_wait();
+  auto outcome = wait->promise.get_future();
+  if (shut_down_) wait->finish(Status::cancelled("the endpoint was shut down"));  // raced with shutdown()
+  post([request = std::move(request), wait](TcpEndpointImpl& self) mutable {
+    if (self.shut_down_) return wait->finish(Status::cancelled("the endpoint was shut down"));
+    self.pairing_.dial(std::move(request), std::move(wait), self.weak_from_this());
   });
   // The dial has its own deadline; this guard only covers a stalled I/O thread.
   if (outcome.wait_for(options_.connect_timeout + std::chrono::seconds(5)) != std::future_status::ready) {
@@ -345,93 +258,15 @@ void TcpEndpointImpl::connect(const nlohmann::json& peer_info) {
 }
 
 // ---------------------------------------------------------------------------------------
-// I/O thread: starting ops, deadlines, failure
-
-void TcpEndpointImpl::start_op(Submission& sub) {
-  auto& state = sub.op.state;
-  if (shut_down_) {
-    state->complete(Status::cancelled("the endpoint is shut down"));
-    return;
-  }
-  if (dialed_.empty()) {
-    state->complete(Status::not_connected(
-        last_loss_.empty() ? "the endpoint is not connected; call connect(peer_info) first"
-                           : fmt::format("the endpoint is not connected (the connection was lost: {}); call "
-                                         "connect() again",
-                                         last_loss_)));
-    return;
-  }
-  if (sub.items.empty()) {  // only zero-length items
-    state->complete(Status::ok());
-    return;
-  }
-  const bool is_send = state->kind() == OpKind::kSend;
-  if (state->kind() == OpKind::kWrite || state->kind() == OpKind::kWriteWithImm) {
-    // Each lane's frames end in one acknowledgement, on that lane (on_write_ack).
-    for (const auto& [lane, item] : sub.items) {
-      const uint64_t bit = uint64_t{1} << dialed_[lane % dialed_.size()]->lane();
-      if (sub.op.ack_lanes & bit) {  // fewer lanes than when it was planned: a reconnect in between
-        state->complete(Status::not_connected("the connection changed while the op was submitted; submit it again"));
-        return;
-      }
-      sub.op.ack_lanes |= bit;
-    }
-  }
-  pending_.insert(sub.op_id, std::move(sub.op), sub.deadline);
-  for (auto& [lane, item] : sub.items) dialed_[lane % dialed_.size()]->send(std::move(item));
-  if (is_send) {
-    sends_.push_back(sub.op_id);
-    // Messages that expired unacknowledged need no acknowledgement any more.
-    while (sends_.size() > options_.max_inflight_ops && !pending_.contains(sends_.front())) sends_.pop_front();
-  }
-  arm_sweeper(sub.deadline);
-}
-
-void TcpEndpointImpl::finish_op(uint64_t op_id, Status status, uint64_t nbytes) {
-  if (auto op = pending_.take(op_id)) end_op(op_id, std::move(*op), std::move(status), nbytes);
-}
-
-void TcpEndpointImpl::end_op(uint64_t op_id, PendingOp op, Status status, uint64_t nbytes) {
-  // The op's memory must not be touched once its future completes. Queued frames are
-  // dropped and sinks released; bytes already being written or read can only be stopped
-  // by closing that connection (which fails the endpoint's other ops the same way).
-  std::vector<std::shared_ptr<TcpConnection>> stuck;
-  for (auto* lanes : {&dialed_, &accepted_}) {
-    for (auto& conn : *lanes) {
-      if (!conn->release(op_id) || !conn->abandon(op_id)) stuck.push_back(conn);
-    }
-  }
-  for (auto& conn : stuck) {
-    conn->close(Status::peer_closed(fmt::format("lane {} was closed: {} op {} ended ({}) while its bytes were in transit",
-                                                conn->lane(), op_kind_name(op.state->kind()), op_id,
-                                                status_code_name(status.code()))));
-  }
-  std::shared_ptr<OpState> state = std::move(op.state);
-  op = PendingOp();  // regions and the in-flight slot go before the future completes
-  state->complete(std::move(status), nbytes);
-}
-
-void TcpEndpointImpl::violation(TcpConnection& conn, std::string what) {
-  DLSLIME_WARN("peer {:#x}, lane {}: {}", peer_id_, conn.lane(), what);
-  conn.close(Status::protocol_error(std::move(what)));
-}
+// I/O thread: deadlines, failure
 
 void TcpEndpointImpl::revoke_region(const RegionLifetime& lifetime) {
   run_on_io([&] {
-    std::vector<uint64_t> ops;
-    pending_.for_each([&](uint64_t id, const PendingOp& op) {
-      if (op.uses.holds(&lifetime)) ops.push_back(id);
-    });
-    for (uint64_t id : ops) {
-      finish_op(id, Status(StatusCode::kUnknownHandle,
-                           fmt::format("local region '{}' was unregistered while the op was in flight", lifetime.name())));
-    }
+    initiator_.revoke(lifetime);
     std::vector<std::shared_ptr<TcpConnection>> holding;
-    for (auto* lanes : {&dialed_, &accepted_}) {
-      for (auto& conn : *lanes) {
-        if (conn->holds(&lifetime)) holding.push_back(conn);
-      }
-    }
+    pairing_.for_each_connection([&](const std::shared_ptr<TcpConnection>& conn) {
+      if (conn->holds(&lifetime)) holding.push_back(conn);
+    });
     for (auto& conn : holding) {
       conn->close(Status::failed(fmt::format(
           "lane {} was closed: region '{}' was unregistered while a transfer of the peer on it was in flight",
@@ -456,91 +291,35 @@ void TcpEndpointImpl::arm_sweeper(Clock::time_point deadline) {
 
 void TcpEndpointImpl::sweep() {
   const auto now = Clock::now();
-  // Ops by their deadline heap: only those due are touched. Each is out of pending_
-  // before it ends, so ending it may end others (a lane it closes) without confusion.
-  Clock::time_point next = pending_.expire(now, [&](uint64_t id, PendingOp&& op) {
-    const OpKind kind = op.state->kind();
-    end_op(id, std::move(op),
-           Status::timeout(fmt::format("{} did not complete within {} ms (op_timeout)", op_kind_name(kind),
-                                       options_.op_timeout.count())));
-  });
-
-  const auto recv_timeout_status = [&] {
-    return Status::timeout(fmt::format("recv: no message arrived within {} ms (recv_timeout)",
-                                       options_.recv_timeout.count()));
-  };
-  // Posted recvs expire in posting order (their deadlines are in that order too).
-  while (!recvs_.empty() && recvs_.front().deadline <= now) {
-    auto state = std::move(recvs_.front().state);
-    recvs_.pop_front();
-    state->complete(recv_timeout_status());
-  }
-  if (!recvs_.empty()) next = std::min(next, recvs_.front().deadline);
-  if (auto msg = current_msg_; msg && msg->matched && msg->recv.state) {
-    if (msg->recv.deadline <= now) {
-      auto conn = msg->conn.lock();
-      auto state = std::move(msg->recv.state);
-      state->complete(recv_timeout_status());
-      // Bytes still streaming into the buffer: only closing the connection stops them.
-      if (conn && !conn->release(msg->recv.local_id)) {
-        conn->close(Status::peer_closed("a recv timed out while its message was arriving"));
-      }
-    } else {
-      next = std::min(next, msg->recv.deadline);
-    }
-  }
+  initiator_.expire(now);
+  matcher_.expire(now);
   // Anything ended above may have posted or failed more (fail_all clears the tables).
-  next = std::min(next, pending_.next_deadline());
-  if (!recvs_.empty()) next = std::min(next, recvs_.front().deadline);
-  arm_sweeper(next);
+  arm_sweeper(std::min(initiator_.next_deadline(), matcher_.next_deadline()));
 }
 
 void TcpEndpointImpl::on_closed(TcpConnection& conn, const Status& why) {
   if (failing_ || shut_down_) return;
   if (why.code() == StatusCode::kPeerClosed) {
-    DLSLIME_INFO("peer {:#x}: {}", peer_id_, why.message());
+    DLSLIME_INFO("peer {:#x}: {}", pairing_.peer_id(), why.message());
   } else {
-    DLSLIME_WARN("peer {:#x}: lane {} failed: {}", peer_id_, conn.lane(), why.to_string());
+    DLSLIME_WARN("peer {:#x}: lane {} failed: {}", pairing_.peer_id(), conn.lane(), why.to_string());
   }
-  last_loss_ = why.message();
+  pairing_.lost(why);
   fail_all(Status(why.code() == StatusCode::kPeerClosed ? StatusCode::kPeerClosed : why.code(),
                   fmt::format("connection to the peer lost: {}", why.message())));
 }
 
 void TcpEndpointImpl::fail_all(const Status& why) {
+  // The lanes close first (quietly: no on_closed), so nothing touches the ops' memory.
   failing_ = true;
-  auto dialed = std::move(dialed_);
-  auto accepted = std::move(accepted_);
-  dialed_.clear();
-  accepted_.clear();
-  connected_ = false;
-  lanes_up_ = 0;
-  peer_id_ = 0;  // a new peer may connect now
-  for (auto& c : dialed) c->close_quietly();
-  for (auto& c : accepted) c->close_quietly();
-  auto pending = std::move(pending_);
-  pending_.clear();  // a moved-from table is emptied explicitly
-  sends_.clear();
-  auto recvs = std::move(recvs_);
-  recvs_.clear();
-  auto current = std::move(current_msg_);
-  current_msg_.reset();
-  // Messages that arrived whole were acknowledged to the sender: they stay deliverable
-  // to later recvs even though the peer is gone (but not past shutdown()).
-  std::erase_if(unexpected_, [&](const auto& m) { return shut_down_ || !m->complete; });
-  unexpected_bytes_ = 0;
-  for (const auto& m : unexpected_) unexpected_bytes_ += m->buffered.size() + kHeldMessageOverhead;
-  inbound_writes_.clear();
-  paused_conn_.reset();
+  pairing_.drop_lanes();
+  auto ops = initiator_.drop_all();
+  auto recvs = matcher_.drop_all(shut_down_);
+  target_.clear();
   failing_ = false;
   // Complete outside the bookkeeping: continuations may call back into the endpoint.
-  // The lanes are closed: nothing touches the ops' memory any more.
-  pending.for_each([&](uint64_t, PendingOp& op) {
-    op.uses.clear();
-    op.state->complete(why);
-  });
-  for (auto& r : recvs) r.state->complete(why);
-  if (current && current->matched && current->recv.state) current->recv.state->complete(why);
+  ops.fail(why);
+  recvs.fail(why);
 }
 
 void TcpEndpointImpl::shutdown() {
@@ -555,14 +334,8 @@ void TcpEndpointImpl::shutdown() {
     kept->push_back(shared_from_this());
     return;
   }
-  {
-    // A connect() in progress returns now; its dial closes what it opens (shut_down_).
-    std::lock_guard lock(connects_mu_);
-    for (auto& w : connects_) {
-      if (auto wait = w.lock()) wait->finish(Status::cancelled("the endpoint was shut down during connect()"));
-    }
-    connects_.clear();
-  }
+  // A connect() in progress returns now; its dial closes what it opens (shut_down_).
+  pairing_.finish_connect_waits(Status::cancelled("the endpoint was shut down during connect()"));
   try {
     run_on_io([this] {
       listener_->close();

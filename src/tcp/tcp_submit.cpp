@@ -8,13 +8,13 @@
 #include <fmt/format.h>
 
 #include "core/batch_planner.h"
+#include "core/data_mover.h"
 #include "core/log.h"
 #include "dlslime/errors.h"
 
-// TcpEndpointImpl, part 2 of 3: preparing operations on the caller's thread (resolve
-// handles, plan lanes, encode frames) and handing them to the I/O thread. Part 1
-// (tcp_endpoint_impl.cpp) holds the lifecycle, connecting, deadlines and failure; part 3
-// (tcp_inbound.cpp) the frames from the peer and two-sided messages.
+// TcpEndpointImpl's submission path: preparing operations on the caller's thread
+// (resolve handles, plan lanes, encode frames) and handing them to the I/O thread, where
+// the Initiator starts them and the MessageMatcher takes the recvs.
 namespace dlslime {
 
 using tcp::FrameHeader;
@@ -26,20 +26,92 @@ namespace {
 // What preparing a batch needs per item and per piece, kept per submitting thread and
 // reused: a batch allocates none of it once these have grown to its size.
 struct PrepareScratch {
-  struct Item {
-    uint8_t* local;       // the item's first local byte
-    int32_t peer_handle;  // its region on the peer
-  };
-  std::vector<Item> items;
+  std::vector<uint8_t*> local;        // by item: its first local byte
+  std::vector<int32_t> peer_handles;  // by item: its region on the peer
   BatchPlan plan;
   // An unusually large batch does not pin its memory on the thread for good.
   static constexpr size_t kKeepPieces = 16384;
   void trim() {
-    if (items.capacity() > kKeepPieces) std::vector<Item>().swap(items);
+    if (local.capacity() > kKeepPieces) {
+      std::vector<uint8_t*>().swap(local);
+      std::vector<int32_t>().swap(peer_handles);
+    }
     plan.trim(kKeepPieces);
   }
 };
 thread_local PrepareScratch t_prepare;
+
+// TCP's data mover: a lane's pieces go out as frames on that lane, into the op's
+// Submission. Each run of the lane's pieces (at most kMaxPieces and chunk_size bytes, or
+// one larger piece) is one frame: a write carries the run's piece list and then its
+// bytes, a read request the list, answered by one frame with the bytes. Pieces are
+// numbered in the order they are claimed, so a run is an index range (for a read, of
+// PendingOp::reads). A write lane is one part (its acknowledgement), a read piece one
+// part (its share of an answer).
+class LaneWriter final : public DataMover {
+ public:
+  LaneWriter(Initiator::Submission& sub, std::span<const int32_t> peer_handles, uint64_t chunk_size)
+      : sub_(sub), peer_handles_(peer_handles), chunk_size_(chunk_size) {}
+
+  uint32_t claim(const PlannedOp& op, uint16_t lane) override {
+    const std::span<const PlannedPiece> pieces = op.plan.lane(lane);
+    const bool is_read = op.kind == OpKind::kRead;
+    sub_.items.emplace_back(lane, WriteItem(op.op_id));
+    WriteItem& item = sub_.items.back().second;
+    item.reserve(pieces.size(), pieces.size() * tcp::kPieceSize + (is_read ? 0 : op.plan.lanes[lane].bytes));
+    size_t begin = 0;
+    uint64_t run_bytes = 0;
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      if (k - begin == tcp::kMaxPieces || (k > begin && run_bytes + pieces[k].length > chunk_size_)) {
+        emit(op, item, pieces.subspan(begin, k - begin), run_bytes, false);
+        begin = k;
+        run_bytes = 0;
+      }
+      run_bytes += pieces[k].length;
+    }
+    emit(op, item, pieces.subspan(begin), run_bytes, true);
+    return is_read ? static_cast<uint32_t>(pieces.size()) : 1;
+  }
+
+ private:
+  void emit(const PlannedOp& op, WriteItem& item, std::span<const PlannedPiece> run, uint64_t run_bytes, bool last) {
+    const bool is_read = op.kind == OpKind::kRead;
+    FrameHeader h;
+    h.op_id = op.op_id;
+    h.index = next_index_;
+    const uint64_t list_bytes = run.size() * tcp::kPieceSize;
+    if (is_read) {
+      h.type = FrameType::kReadRequest;
+      h.length = list_bytes;
+      sub_.op.read_runs[next_index_] = static_cast<uint16_t>(run.size());  // <= kMaxPieces
+    } else {
+      h.type = FrameType::kWriteData;
+      h.offset = run.size();
+      h.length = list_bytes + run_bytes;
+      if (last) h.flags |= tcp::kFlagLast;  // the target acknowledges the lane's frames after it
+    }
+    item.add_header(h);
+    uint8_t raw[tcp::kPieceSize];
+    for (const PlannedPiece& p : run) {
+      tcp::encode_piece({peer_handles_[p.item], op.items[p.item].target_offset + p.offset, p.length}, raw);
+      item.add_copy(raw, sizeof raw);
+    }
+    for (const PlannedPiece& p : run) {
+      uint8_t* local = op.local[p.item] + p.offset;
+      if (is_read) {
+        sub_.op.reads.push_back({local, p.length});
+      } else {
+        item.add_payload(local, p.length);
+      }
+    }
+    next_index_ += static_cast<uint32_t>(run.size());
+  }
+
+  Initiator::Submission& sub_;
+  const std::span<const int32_t> peer_handles_;
+  const uint64_t chunk_size_;
+  uint32_t next_index_ = 0;
+};
 
 }  // namespace
 
@@ -101,10 +173,15 @@ void TcpEndpointImpl::drain_handoffs() {
   // In submission order. A continuation run from here may submit again: that waits for
   // the drain its own hand-off posts.
   handoffs_.drain([this](Handoff& h) {
-    if (auto* sub = std::get_if<Submission>(&h)) {
-      start_op(*sub);
+    auto* sub = std::get_if<Submission>(&h);
+    if (shut_down_) {
+      (sub ? sub->op.state : std::get<PostedRecv>(h).state)->complete(Status::cancelled("the endpoint is shut down"));
+      return;
+    }
+    if (sub) {
+      arm_sweeper(initiator_.start_op(*sub));
     } else {
-      post_recv(std::move(std::get<PostedRecv>(h)));
+      arm_sweeper(matcher_.post_recv(std::move(std::get<PostedRecv>(h)), deadline_after(options_.recv_timeout)));
     }
   });
 }
@@ -122,7 +199,8 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
     PrepareScratch& s;
     ~Trim() { s.trim(); }
   } trim{scratch};
-  scratch.items.resize(items.size());
+  scratch.local.resize(items.size());
+  scratch.peer_handles.resize(items.size());
   ResolveCache local_cache;
   OwnerRemoteRegions::Cache remote_cache;
   for (size_t i = 0; i < items.size(); ++i) {
@@ -136,12 +214,13 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
       return false;
     }
     if (a.length > 0) sub.op.uses.hold(local_cache);  // unregister waits for this op
-    scratch.items[i] = {reinterpret_cast<uint8_t*>(local), peer_handle};
+    scratch.local[i] = reinterpret_cast<uint8_t*>(local);
+    scratch.peer_handles[i] = peer_handle;
   }
 
   // Pieces of at most chunk_size. Small batches stay on one lane (one acknowledgement);
   // large ones are striped, each piece going to the lane with the fewest bytes so far.
-  const uint16_t lanes = std::max<uint16_t>(1, lanes_up_.load(std::memory_order_relaxed));
+  const uint16_t lanes = std::max<uint16_t>(1, pairing_.lanes_up());
   BatchPlan& plan = scratch.plan;
   plan_batch(items,
              BatchPlanConfig{.chunk_size = options_.chunk_size,
@@ -157,65 +236,14 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
     sub.op.reads.reserve(plan.pieces.size());
     sub.op.read_runs.assign(plan.pieces.size(), 0);
   }
-  uint32_t next_index = 0;
+  // Every lane's pieces go to the lanes' own mover today (the seam: another mover could
+  // claim some of them here). The op completes once each claimed part is done.
+  const PlannedOp planned{.op_id = op_id, .kind = req.kind, .items = items, .local = scratch.local, .plan = plan};
+  LaneWriter lane_writer(sub, scratch.peer_handles, options_.chunk_size);
+  DataMover& mover = lane_writer;
   for (uint16_t lane = 0; lane < lanes; ++lane) {
-    const std::span<const PlannedPiece> pieces = plan.lane(lane);
-    if (pieces.empty()) continue;
-    sub.items.emplace_back(lane, WriteItem(op_id));
-    WriteItem& item = sub.items.back().second;
-    item.reserve(pieces.size(), pieces.size() * tcp::kPieceSize + (is_read ? 0 : plan.lanes[lane].bytes));
-    // Each run of the lane's pieces (at most kMaxPieces and chunk_size bytes, or one
-    // larger piece) is one frame: a write carries the run's piece list and then its bytes,
-    // a read request the list, answered by one frame with the bytes. Pieces are numbered
-    // in the order they are sent, so a run is an index range (for a read, of `reads`).
-    const auto emit = [&](size_t begin, size_t end, uint64_t run_bytes, bool last) {
-      const auto run = pieces.subspan(begin, end - begin);
-      FrameHeader h;
-      h.op_id = op_id;
-      h.index = next_index;
-      const uint64_t list_bytes = run.size() * tcp::kPieceSize;
-      if (is_read) {
-        h.type = FrameType::kReadRequest;
-        h.length = list_bytes;
-        sub.op.read_runs[next_index] = static_cast<uint16_t>(run.size());  // <= kMaxPieces
-      } else {
-        h.type = FrameType::kWriteData;
-        h.offset = run.size();
-        h.length = list_bytes + run_bytes;
-        if (last) h.flags |= tcp::kFlagLast;  // the target acknowledges the lane's frames after it
-      }
-      item.add_header(h);
-      uint8_t raw[tcp::kPieceSize];
-      for (const PlannedPiece& p : run) {
-        const auto& it = scratch.items[p.item];
-        tcp::encode_piece({it.peer_handle, items[p.item].target_offset + p.offset, p.length}, raw);
-        item.add_copy(raw, sizeof raw);
-      }
-      for (const PlannedPiece& p : run) {
-        uint8_t* local = scratch.items[p.item].local + p.offset;
-        if (is_read) {
-          sub.op.reads.push_back({local, p.length});
-        } else {
-          item.add_payload(local, p.length);
-        }
-      }
-      next_index += static_cast<uint32_t>(run.size());
-    };
-    size_t begin = 0;
-    uint64_t run_bytes = 0;
-    for (size_t k = 0; k < pieces.size(); ++k) {
-      if (k - begin == tcp::kMaxPieces || (k > begin && run_bytes + pieces[k].length > options_.chunk_size)) {
-        emit(begin, k, run_bytes, false);
-        begin = k;
-        run_bytes = 0;
-      }
-      run_bytes += pieces[k].length;
-    }
-    emit(begin, pieces.size(), run_bytes, true);
+    if (plan.lanes[lane].count > 0) sub.op.parts_left += mover.claim(planned, lane);
   }
-  // A write completes once every lane has acknowledged its frames (ack_lanes, set when it
-  // starts), a read once an answer has been counted for every piece (reads_left).
-  sub.op.reads_left = is_read ? static_cast<uint32_t>(plan.pieces.size()) : 0;
   sub.op.state = std::make_shared<OpState>(req.kind);
   return true;
 }

@@ -1,0 +1,213 @@
+#include "tcp/tcp_initiator.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "tcp/tcp_pairing.h"
+
+namespace dlslime {
+
+using tcp::FrameHeader;
+using tcp::PayloadSink;
+using tcp::RxAction;
+using tcp::TcpConnection;
+
+namespace {
+
+Status remote_status(const FrameHeader& h, std::string_view text) {
+  return Status(static_cast<StatusCode>(h.status), fmt::format("the peer reported: {}", text));
+}
+
+}  // namespace
+
+Initiator::Initiator(const TcpOptions& options, Pairing& pairing) : options_(options), pairing_(pairing) {}
+
+Initiator::Clock::time_point Initiator::start_op(Submission& sub) {
+  auto& state = sub.op.state;
+  const auto& dialed = pairing_.dialed();
+  if (dialed.empty()) {
+    const std::string& loss = pairing_.last_loss();
+    state->complete(Status::not_connected(
+        loss.empty() ? "the endpoint is not connected; call connect(peer_info) first"
+                     : fmt::format("the endpoint is not connected (the connection was lost: {}); call "
+                                   "connect() again",
+                                   loss)));
+    return Clock::time_point::max();
+  }
+  if (sub.items.empty()) {  // only zero-length items
+    state->complete(Status::ok());
+    return Clock::time_point::max();
+  }
+  const bool is_send = state->kind() == OpKind::kSend;
+  if (state->kind() == OpKind::kWrite || state->kind() == OpKind::kWriteWithImm) {
+    // Each lane's frames end in one acknowledgement, on that lane (on_write_ack).
+    for (const auto& [lane, item] : sub.items) {
+      const uint64_t bit = uint64_t{1} << dialed[lane % dialed.size()]->lane();
+      if (sub.op.ack_lanes & bit) {  // fewer lanes than when it was planned: a reconnect in between
+        state->complete(Status::not_connected("the connection changed while the op was submitted; submit it again"));
+        return Clock::time_point::max();
+      }
+      sub.op.ack_lanes |= bit;
+    }
+  }
+  pending_.insert(sub.op_id, std::move(sub.op), sub.deadline);
+  for (auto& [lane, item] : sub.items) dialed[lane % dialed.size()]->send(std::move(item));
+  if (is_send) {
+    sends_.push_back(sub.op_id);
+    // Messages that expired unacknowledged need no acknowledgement any more.
+    while (sends_.size() > options_.max_inflight_ops && !pending_.contains(sends_.front())) sends_.pop_front();
+  }
+  return sub.deadline;
+}
+
+void Initiator::finish_op(uint64_t op_id, Status status, uint64_t nbytes) {
+  if (auto op = pending_.take(op_id)) end_op(op_id, std::move(*op), std::move(status), nbytes);
+}
+
+void Initiator::end_op(uint64_t op_id, PendingOp op, Status status, uint64_t nbytes) {
+  // The op's memory must not be touched once its future completes. Queued frames are
+  // dropped and sinks released; bytes already being written or read can only be stopped
+  // by closing that connection (which fails the endpoint's other ops the same way).
+  std::vector<std::shared_ptr<TcpConnection>> stuck;
+  pairing_.for_each_connection([&](const std::shared_ptr<TcpConnection>& conn) {
+    if (!conn->release(op_id) || !conn->abandon(op_id)) stuck.push_back(conn);
+  });
+  for (auto& conn : stuck) {
+    conn->close(Status::peer_closed(fmt::format("lane {} was closed: {} op {} ended ({}) while its bytes were in transit",
+                                                conn->lane(), op_kind_name(op.state->kind()), op_id,
+                                                status_code_name(status.code()))));
+  }
+  std::shared_ptr<OpState> state = std::move(op.state);
+  op = PendingOp();  // regions and the in-flight slot go before the future completes
+  state->complete(std::move(status), nbytes);
+}
+
+void Initiator::violation(TcpConnection& conn, std::string what) {
+  DLSLIME_WARN("peer {:#x}, lane {}: {}", pairing_.peer_id(), conn.lane(), what);
+  conn.close(Status::protocol_error(std::move(what)));
+}
+
+void Initiator::on_send_ack(TcpConnection& conn, const FrameHeader& h, std::string_view text) {
+  // The receiver acknowledges messages in the order they arrived, and one acknowledgement
+  // stands for its message and every earlier one not acknowledged yet (those arrived
+  // whole and were accepted: a refused one gets its own acknowledgement). sends_ holds the
+  // messages in the order they went out on lane 0.
+  if (const PendingOp* op = pending_.find(h.op_id); op && op->state->kind() != OpKind::kSend) {
+    return violation(conn, fmt::format("a message acknowledgement for op {}, which is a {}", h.op_id,
+                                       op_kind_name(op->state->kind())));
+  }
+  const auto it = std::find(sends_.begin(), sends_.end(), h.op_id);
+  if (it == sends_.end()) return;  // not a message of ours (stray, or dropped long ago)
+  const Status status = h.status == 0 ? Status::ok() : remote_status(h, text);
+  std::vector<uint64_t> done(sends_.begin(), it + 1);
+  sends_.erase(sends_.begin(), it + 1);
+  for (uint64_t id : done) finish_op(id, id == h.op_id ? status : Status::ok());  // no-op for expired ones
+}
+
+void Initiator::on_write_ack(TcpConnection& conn, const FrameHeader& h, std::string_view text) {
+  // One acknowledgement per lane that carried the op's frames, on that lane: anything
+  // else (an ack for a read or a message, a second one, one on another lane) is a peer
+  // claiming bytes arrived that it never received, and fails the connection.
+  PendingOp* found = pending_.find(h.op_id);
+  if (!found) return;  // it already ended (expired); a late answer
+  PendingOp& op = *found;
+  const OpKind kind = op.state->kind();
+  const uint64_t bit = conn.lane() < 64 ? uint64_t{1} << conn.lane() : 0;
+  if (kind != OpKind::kWrite && kind != OpKind::kWriteWithImm) {
+    return violation(conn, fmt::format("a write acknowledgement for op {}, which is a {}", h.op_id, op_kind_name(kind)));
+  }
+  if (conn.role() != TcpConnection::Role::kDialed || (op.ack_lanes & bit) == 0) {
+    return violation(conn, fmt::format("a write acknowledgement for op {} on lane {}, which owes it none", h.op_id,
+                                       conn.lane()));
+  }
+  op.ack_lanes &= ~bit;
+  if (h.status != 0 && op.error.is_ok()) op.error = remote_status(h, text);
+  if (--op.parts_left == 0) finish_op(h.op_id, std::move(op.error));
+}
+
+RxAction Initiator::on_read_header(TcpConnection& conn, const FrameHeader& h, PayloadSink& sink) {
+  PendingOp* found = pending_.find(h.op_id);
+  if (!found) return RxAction::kContinue;  // expired: drain
+  PendingOp& op = *found;
+  // The answer to one request: pieces [index, index + offset) of the op, exactly one
+  // of its requests not answered yet, on one of our own connections.
+  const uint64_t first = h.index, count = h.offset;
+  if (op.state->kind() != OpKind::kRead || conn.role() != TcpConnection::Role::kDialed ||
+      first >= op.read_runs.size() || count == 0 || op.read_runs[first] != count) {
+    violation(conn, fmt::format("a read answer for pieces {}..{} of op {} ({}) that answers no outstanding request",
+                                first, first + count, h.op_id, op_kind_name(op.state->kind())));
+    return RxAction::kContinue;
+  }
+  op.read_runs[first] = 0;  // answered: a second answer is refused
+  if (h.status != 0) {
+    sink.collect = true;
+    return RxAction::kContinue;
+  }
+  uint64_t expected = 0;
+  for (uint64_t i = first; i < first + count; ++i) expected += op.reads[i].length;
+  if (expected != h.length) {
+    violation(conn, fmt::format("a read answer of {} bytes for pieces {}..{} of op {}, expected {}", h.length, first,
+                                first + count, h.op_id, expected));
+    return RxAction::kContinue;
+  }
+  sink.scatter(op.reads.data() + first, count);
+  sink.op_id = h.op_id;
+  return RxAction::kContinue;
+}
+
+void Initiator::on_read_frame(const FrameHeader& h, std::string_view text) {
+  // Counted here, on the I/O thread, and completed once: no atomic per piece.
+  PendingOp* found = pending_.find(h.op_id);
+  if (!found) return;  // it expired; the bytes were drained
+  PendingOp& op = *found;
+  if (h.status != 0) {
+    if (op.error.is_ok()) op.error = remote_status(h, text);
+  } else {
+    op.nbytes += h.length;
+  }
+  op.parts_left -= static_cast<uint32_t>(h.offset);  // on_read_header checked it against read_runs
+  if (op.parts_left > 0) return;
+  const uint64_t nbytes = op.error.is_ok() ? op.nbytes : 0;
+  finish_op(h.op_id, std::move(op.error), nbytes);
+}
+
+void Initiator::revoke(const RegionLifetime& lifetime) {
+  std::vector<uint64_t> ops;
+  pending_.for_each([&](uint64_t id, const PendingOp& op) {
+    if (op.uses.holds(&lifetime)) ops.push_back(id);
+  });
+  for (uint64_t id : ops) {
+    finish_op(id, Status(StatusCode::kUnknownHandle,
+                         fmt::format("local region '{}' was unregistered while the op was in flight", lifetime.name())));
+  }
+}
+
+void Initiator::expire(Clock::time_point now) {
+  // Ops by their deadline heap: only those due are touched. Each is out of pending_
+  // before it ends, so ending it may end others (a lane it closes) without confusion.
+  pending_.expire(now, [&](uint64_t id, PendingOp&& op) {
+    const OpKind kind = op.state->kind();
+    end_op(id, std::move(op),
+           Status::timeout(fmt::format("{} did not complete within {} ms (op_timeout)", op_kind_name(kind),
+                                       options_.op_timeout.count())));
+  });
+}
+
+Initiator::Dropped Initiator::drop_all() {
+  Dropped dropped{std::move(pending_)};
+  pending_.clear();  // a moved-from table is emptied explicitly
+  sends_.clear();
+  return dropped;
+}
+
+void Initiator::Dropped::fail(const Status& why) {
+  // The lanes are closed: nothing touches the ops' memory any more.
+  ops.for_each([&](uint64_t, PendingOp& op) {
+    op.uses.clear();
+    op.state->complete(why);
+  });
+}
+
+}  // namespace dlslime

@@ -1,0 +1,108 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "core/memory_registry.h"
+#include "core/op_state.h"
+#include "core/pending_ops.h"
+#include "core/submission_queue.h"
+#include "dlslime/tcp_endpoint.h"
+#include "tcp/frame_codec.h"
+#include "tcp/payload_sink.h"
+#include "tcp/tcp_connection.h"
+#include "tcp/write_item.h"
+
+namespace dlslime {
+
+class Pairing;
+
+// The ops this endpoint starts (read, write, send) from the moment the I/O thread takes
+// them until they end: the pending-op table with its deadlines, the messages awaiting
+// their acknowledgement, and the peer's answers (write and message acks, read data).
+// Every way an op ends goes through end_op(). Threads: the I/O thread only.
+class Initiator {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // An initiated op waiting for its acknowledgements or data (its deadline is kept by
+  // pending_). Everything it references (frames queued on lanes, sinks into its buffers,
+  // its regions) is released by end_op(), the one way an op ends, before its future
+  // completes.
+  struct PendingOp {
+    std::shared_ptr<OpState> state;
+    RegionUses uses;             // the local regions its frames and sinks point into
+    InflightLimiter::Slot slot;  // counted against max_inflight_ops until it ends
+    // Parts not reported done yet, over every data mover that claimed some of the op
+    // (core/data_mover.h): the lanes' acknowledgements of a write, the pieces of a read
+    // not answered yet. The op completes when it reaches 0.
+    uint32_t parts_left = 0;
+    uint64_t ack_lanes = 0;  // write: bit per dialed lane whose acknowledgement is due
+    std::vector<tcp::PayloadSegment> reads;  // read: destination of each piece, by index
+    // read: at the first piece of each request not answered yet, its piece count (an
+    // answer must match one exactly, once)
+    std::vector<uint16_t> read_runs;
+    uint64_t nbytes = 0;      // read: bytes placed so far
+    Status error;             // the first error an answer reported
+  };
+  // A prepared op on its way from the submitting thread to the I/O thread.
+  struct Submission {
+    uint64_t op_id = 0;
+    Clock::time_point deadline = Clock::time_point::max();
+    PendingOp op;
+    std::vector<std::pair<uint16_t, tcp::WriteItem>> items;  // (lane, frames)
+  };
+  // What drop_all() took out of the table, to be failed once the bookkeeping is done.
+  struct Dropped {
+    PendingOps<PendingOp, Clock> ops;
+    void fail(const Status& why);
+  };
+
+  Initiator(const TcpOptions& options, Pairing& pairing);
+
+  // Queues the op's frames on its lanes and adds it to the table, or completes it at once
+  // (not connected, nothing to move). Returns the deadline it now waits for (max: none),
+  // for the endpoint's sweeper.
+  Clock::time_point start_op(Submission& sub);
+
+  // The peer's answers to our ops.
+  void on_write_ack(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view text);
+  void on_send_ack(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view text);
+  tcp::RxAction on_read_header(tcp::TcpConnection& conn, const tcp::FrameHeader& h, tcp::PayloadSink& sink);
+  void on_read_frame(const tcp::FrameHeader& h, std::string_view text);
+
+  // Ends the ops that hold `lifetime`'s region (it is being unregistered).
+  void revoke(const RegionLifetime& lifetime);
+  // Ends the ops past their deadline (O(log n) per op: no scan).
+  void expire(Clock::time_point now);
+  Clock::time_point next_deadline() { return pending_.next_deadline(); }
+  // The peer is gone (its lanes are closed already): takes every op out.
+  Dropped drop_all();
+
+ private:
+  // Ends op `op_id` if it is still pending (a late answer to an op that already ended is
+  // dropped): end_op().
+  void finish_op(uint64_t op_id, Status status, uint64_t nbytes = 0);
+  // The one way an initiated op ends (answered, refused, expired, revoked), once it is out
+  // of pending_: releases its queued frames, sinks and regions, closes a lane still moving
+  // its bytes, then completes the future.
+  void end_op(uint64_t op_id, PendingOp op, Status status, uint64_t nbytes = 0);
+  // Fails the connection: a frame that contradicts the state of its op.
+  void violation(tcp::TcpConnection& conn, std::string what);
+
+  const TcpOptions& options_;
+  Pairing& pairing_;
+  PendingOps<PendingOp, Clock> pending_;
+  // Messages sent, in the order they went out on lane 0, until acknowledged (on_send_ack).
+  // Expired ones stay until a later acknowledgement passes them (bounded: start_op drops
+  // expired ones from the front).
+  std::deque<uint64_t> sends_;
+};
+
+}  // namespace dlslime

@@ -1,0 +1,238 @@
+#include "tcp/tcp_message_matcher.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "core/memory_registry.h"
+#include "tcp/tcp_pairing.h"
+#include "tcp/tcp_target_server.h"
+
+namespace dlslime {
+
+using tcp::FrameHeader;
+using tcp::PayloadSink;
+using tcp::RxAction;
+using tcp::TcpConnection;
+
+MessageMatcher::MessageMatcher(const TcpOptions& options, const Pairing& pairing)
+    : options_(options), pairing_(pairing) {}
+
+RxAction MessageMatcher::on_header(TcpConnection& conn, const FrameHeader& h, PayloadSink& sink) {
+  if (current_msg_ && current_msg_->op_id != h.op_id) {
+    // The sender gave up on the previous message half-way (its send timed out).
+    auto old = std::move(current_msg_);
+    if (old->matched && old->recv.state) {
+      old->recv.state->complete(Status::failed(
+          fmt::format("the sender abandoned the message after {} bytes", old->received)));
+    } else if (!old->matched) {
+      forget_held(*old);
+      unexpected_.erase(std::remove(unexpected_.begin(), unexpected_.end(), old), unexpected_.end());
+    }
+  }
+  if (!current_msg_) {
+    if (h.offset != 0) {
+      conn.close(Status::protocol_error(fmt::format("message frame at offset {} without its start", h.offset)));
+      return RxAction::kContinue;
+    }
+    // A held message costs its bytes plus kHeldMessageOverhead, so that empty or tiny
+    // messages are bounded by unexpected_buffer_bytes too (their count at most
+    // unexpected_buffer_bytes / kHeldMessageOverhead).
+    if (recvs_.empty() && unexpected_bytes_ + kHeldMessageOverhead + h.length > options_.unexpected_buffer_bytes) {
+      paused_conn_ = conn.shared_from_this();  // flow control: wait for a recv
+      return RxAction::kPause;
+    }
+    auto msg = std::make_shared<InboundMessage>();
+    msg->op_id = h.op_id;
+    msg->conn = conn.shared_from_this();
+    if (!recvs_.empty()) {
+      msg->matched = true;
+      msg->recv = std::move(recvs_.front());
+      recvs_.pop_front();
+    } else {
+      unexpected_.push_back(msg);
+      unexpected_bytes_ += kHeldMessageOverhead;
+    }
+    current_msg_ = std::move(msg);
+  }
+  InboundMessage& m = *current_msg_;
+  if (h.offset != m.received) {
+    conn.close(Status::protocol_error(
+        fmt::format("message frame at offset {}, expected {}", h.offset, m.received)));
+    return RxAction::kContinue;
+  }
+  // A recv posted while this held message was arriving: the rest goes straight in.
+  match_held_front(current_msg_);
+  if (m.matched) {
+    if (!m.recv.state || m.too_large) return RxAction::kContinue;  // drain
+    if (!range_within(m.recv.length, h.offset, h.length)) {
+      m.too_large = true;  // nothing is written past the posted buffer
+      return RxAction::kContinue;
+    }
+    sink.place(m.recv.addr + h.offset, h.length);
+    sink.op_id = m.recv.local_id;
+    return RxAction::kContinue;
+  }
+  // A hard bound: even a single frame larger than the whole budget waits for a recv.
+  if (unexpected_bytes_ + h.length > options_.unexpected_buffer_bytes) {
+    paused_conn_ = conn.shared_from_this();  // flow control: wait for a recv
+    return RxAction::kPause;
+  }
+  m.buffered.resize(h.offset + h.length);
+  unexpected_bytes_ += h.length;
+  sink.place(m.buffered.data() + h.offset, h.length);
+  return RxAction::kContinue;
+}
+
+void MessageMatcher::on_frame(TcpConnection& conn, const FrameHeader& h) {
+  auto msg = current_msg_;
+  if (!msg) return;
+  msg->received = h.offset + h.length;
+  if (!h.last()) return;
+  current_msg_.reset();
+  msg->complete = true;
+  match_held_front(msg);
+  if (msg->matched) {
+    finish_message(*msg);
+  } else {
+    // Eager completion: the whole message is held here, so the sender's buffer is
+    // free again (the seed contract: a send completes without a posted recv).
+    TargetServer::ack(conn, tcp::FrameType::kSendAck, msg->op_id, Status::ok());
+    msg->acked = true;
+  }
+}
+
+void MessageMatcher::match_held_front(const std::shared_ptr<InboundMessage>& msg) {
+  // Only at a frame boundary of msg's connection (or once it is complete): attach().
+  if (msg->matched || recvs_.empty() || unexpected_.empty() || unexpected_.front() != msg) return;
+  take_held_front();
+  PostedRecv recv = std::move(recvs_.front());
+  recvs_.pop_front();
+  attach(*msg, std::move(recv));
+}
+
+void MessageMatcher::finish_message(InboundMessage& m) {
+  Status st = Status::ok();
+  if (m.too_large) {
+    st = Status(StatusCode::kMessageTooLarge,
+                fmt::format("a message of {} bytes does not fit the posted receive buffer of {} bytes", m.received,
+                            m.recv.length));
+  } else if (!m.recv.state) {
+    st = Status::timeout("the receiver's recv timed out before the message arrived");
+  }
+  if (m.recv.state) m.recv.state->complete(st, st.is_ok() ? m.received : 0);
+  m.recv.state.reset();
+  if (m.acked) return;
+  m.acked = true;
+  if (auto conn = m.conn.lock()) TargetServer::ack(*conn, tcp::FrameType::kSendAck, m.op_id, st);
+}
+
+void MessageMatcher::forget_held(const InboundMessage& msg) {
+  unexpected_bytes_ -= msg.buffered.size() + kHeldMessageOverhead;
+}
+
+std::shared_ptr<MessageMatcher::InboundMessage> MessageMatcher::take_held_front() {
+  auto msg = std::move(unexpected_.front());
+  unexpected_.pop_front();
+  forget_held(*msg);
+  return msg;
+}
+
+void MessageMatcher::resume_paused() {
+  if (auto conn = paused_conn_.lock()) conn->resume_reading();
+  paused_conn_.reset();
+}
+
+void MessageMatcher::attach(InboundMessage& m, PostedRecv recv) {
+  // Only at a frame boundary of m's connection (or once m is complete): no payload of m
+  // is in flight into `buffered` then, and it holds exactly m.received bytes.
+  m.matched = true;
+  m.recv = std::move(recv);
+  if (m.received > m.recv.length) {
+    m.too_large = true;
+  } else if (m.received > 0) {
+    std::memcpy(m.recv.addr, m.buffered.data(), m.received);
+  }
+  std::vector<uint8_t>().swap(m.buffered);
+}
+
+MessageMatcher::Clock::time_point MessageMatcher::post_recv(PostedRecv recv, Clock::time_point deadline) {
+  if (!unexpected_.empty() && unexpected_.front()->complete) {
+    auto msg = take_held_front();
+    attach(*msg, std::move(recv));
+    finish_message(*msg);
+    resume_paused();
+    return Clock::time_point::max();
+  }
+  if (unexpected_.empty() && !pairing_.has_connections() && !pairing_.last_loss().empty()) {
+    // The peer is gone and nothing will ever arrive; a recv posted before any peer
+    // connected, by contrast, waits for one.
+    recv.state->complete(
+        Status::peer_closed(fmt::format("the connection to the peer was lost: {}", pairing_.last_loss())));
+    return Clock::time_point::max();
+  }
+  // Either nothing is here yet, or the oldest held message is still arriving: it takes
+  // this recv at its next frame boundary (on_header) or when it completes.
+  recv.deadline = deadline;
+  recvs_.push_back(std::move(recv));
+  resume_paused();
+  return deadline;
+}
+
+void MessageMatcher::expire(Clock::time_point now) {
+  const auto timeout = [&] {
+    return Status::timeout(fmt::format("recv: no message arrived within {} ms (recv_timeout)",
+                                       options_.recv_timeout.count()));
+  };
+  // Posted recvs expire in posting order (their deadlines are in that order too).
+  while (!recvs_.empty() && recvs_.front().deadline <= now) {
+    auto state = std::move(recvs_.front().state);
+    recvs_.pop_front();
+    state->complete(timeout());
+  }
+  if (auto msg = current_msg_; msg && msg->matched && msg->recv.state && msg->recv.deadline <= now) {
+    auto conn = msg->conn.lock();
+    auto state = std::move(msg->recv.state);
+    state->complete(timeout());
+    // Bytes still streaming into the buffer: only closing the connection stops them.
+    if (conn && !conn->release(msg->recv.local_id)) {
+      conn->close(Status::peer_closed("a recv timed out while its message was arriving"));
+    }
+  }
+}
+
+MessageMatcher::Clock::time_point MessageMatcher::next_deadline() const {
+  Clock::time_point next = recvs_.empty() ? Clock::time_point::max() : recvs_.front().deadline;
+  if (current_msg_ && current_msg_->matched && current_msg_->recv.state) {
+    next = std::min(next, current_msg_->recv.deadline);
+  }
+  return next;
+}
+
+void MessageMatcher::drop_held() {
+  unexpected_.clear();
+  unexpected_bytes_ = 0;
+}
+
+MessageMatcher::Dropped MessageMatcher::drop_all(bool shutting_down) {
+  Dropped dropped;
+  dropped.recvs = std::move(recvs_);
+  recvs_.clear();
+  if (auto current = std::move(current_msg_); current && current->matched) dropped.arriving = std::move(current->recv.state);
+  current_msg_.reset();
+  // Messages that arrived whole were acknowledged to the sender: they stay deliverable
+  // to later recvs even though the peer is gone (but not past shutdown()).
+  std::erase_if(unexpected_, [&](const auto& m) { return shutting_down || !m->complete; });
+  unexpected_bytes_ = 0;
+  for (const auto& m : unexpected_) unexpected_bytes_ += m->buffered.size() + kHeldMessageOverhead;
+  paused_conn_.reset();
+  return dropped;
+}
+
+void MessageMatcher::Dropped::fail(const Status& why) {
+  for (auto& r : recvs) r.state->complete(why);
+  if (arriving) arriving->complete(why);
+}
+
+}  // namespace dlslime
