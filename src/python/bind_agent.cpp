@@ -96,6 +96,25 @@ bool wait_slice(const PeerConnection& c, std::chrono::nanoseconds slice, std::st
   throw TimeoutError(fmt::format("connection to '{}' not established within {} s{}", c.peer_alias(), seconds, why));
 }
 
+// connect_to(min_bw=): upstream DLSlime reserves it (no bandwidth-based selection); it is
+// accepted and checked the way NanoCtrl checks a topology's min_bw, a number or a string
+// holding one, and selects nothing here either.
+void check_min_bw(py::handle min_bw) {
+  if (min_bw.is_none() || PyLong_Check(min_bw.ptr()) || PyFloat_Check(min_bw.ptr())) return;
+  if (py::isinstance<py::str>(min_bw)) {
+    const std::string text = min_bw.cast<std::string>();
+    size_t used = 0;
+    try {
+      std::stod(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (!text.empty() && used == text.size()) return;
+    throw py::value_error(fmt::format("min_bw must be a number or a string holding one, not '{}'", text));
+  }
+  throw py::type_error(fmt::format("min_bw must be a number, a str or None, not {}", Py_TYPE(min_bw.ptr())->tp_name));
+}
+
 // The peer of an I/O call: `peer`, or upstream DLSlime's name for it, `peer_alias`.
 std::string peer_arg_of(py::handle peer, py::handle peer_alias, const char* call) {
   return str_arg(renamed_arg(peer, peer_alias, call, "peer", "peer_alias"), "peer");
@@ -220,25 +239,46 @@ void bind_agent(py::module_& m) {
       .def(
           "connect_to",
           [](PeerAgent& a, py::handle peer, py::handle transport, py::handle local_host, py::handle local_port,
-             py::handle ib_port, py::handle qp_num, py::handle local_device, py::handle peer_device) {
+             py::handle ib_port, py::handle qp_num, py::handle local_device, py::handle peer_device,
+             py::handle min_bw) {
             const auto name = str_arg(peer, "peer_alias");
             if (name.empty()) throw py::value_error("peer_alias must not be empty");
             ConnectOptions o;
             o.transport = str_arg(transport, "transport");
-            o.local_host = str_arg(local_host, "local_host");
+            // None (upstream DLSlime's defaults for these) keeps ours.
+            if (!local_host.is_none()) o.local_host = str_arg(local_host, "local_host");
             o.local_port = int_arg<uint16_t>(local_port, "local_port");
-            o.rdma.ib_port = int_arg<int>(ib_port, "ib_port");
-            o.rdma.qp_num = int_arg<int>(qp_num, "qp_num");
+            if (!ib_port.is_none()) o.rdma.ib_port = int_arg<int>(ib_port, "ib_port");
+            if (!qp_num.is_none()) o.rdma.qp_num = int_arg<int>(qp_num, "qp_num");
             o.rdma.local_device = optional_str_arg(local_device, "local_device");
             o.rdma.peer_device = optional_str_arg(peer_device, "peer_device");
+            check_min_bw(min_bw);
             ReleaseGil release;
             return a.connect_to(name, o);
           },
           py::arg("peer_alias"), py::arg("transport") = "rdma", py::kw_only(), py::arg("local_host") = "0.0.0.0",
           py::arg("local_port") = 0, py::arg("ib_port") = 1, py::arg("qp_num") = 1,
-          py::arg("local_device") = py::none(), py::arg("peer_device") = py::none())
+          py::arg("local_device") = py::none(), py::arg("peer_device") = py::none(), py::arg("min_bw") = py::none())
       .def("connection", &PeerAgent::connection, py::arg("peer_alias"))
       .def("peers", &PeerAgent::peers)
+      // Upstream DLSlime's views of the same table: {peer: {conn_id: connection}}, and one
+      // peer's connection or None. (Ours has one connection per peer.)
+      .def("get_connections",
+           [](const PeerAgent& a) {
+             py::dict out;
+             for (const auto& peer : a.peers()) {
+               if (auto c = a.connection(peer)) {
+                 py::dict by_id;
+                 by_id[py::str(c->conn_id())] = py::cast(*c);
+                 out[py::str(peer)] = by_id;
+               }
+             }
+             return out;
+           })
+      .def(
+          "query_connection",
+          [](const PeerAgent& a, py::handle peer) { return a.connection(str_arg(peer, "peer_alias")); },
+          py::arg("peer_alias"))
       // I/O. Upstream DLSlime's forms work too: `peer_alias=` for `peer`, `assign=` for
       // `assignments`, and a `stream` after the batch (unused: no device streams yet).
       .def(

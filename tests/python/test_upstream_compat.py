@@ -307,10 +307,18 @@ def test_peer_agent_io_takes_upstreams_forms(ctrl_url, unique):
         dst = Buffer(64)
         a.register_memory_region("kv", src.addr, 0, 64)
         b.register_memory_region("kv", dst.addr, 0, 64)
-        ca = a.connect_to(b_name, transport="tcp")
+        # Upstream's connect_to keywords: None for its defaults, min_bw reserved.
+        ca = a.connect_to(b_name, transport="tcp", local_host=None, ib_port=None, qp_num=None, min_bw="10")
         cb = b.connect_to(a_name, transport="tcp")
         ca.wait(30)
         cb.wait(30)
+        with pytest.raises(ValueError, match="min_bw"):
+            a.connect_to(b_name, transport="tcp", min_bw="fast")
+        conns = a.get_connections()
+        assert list(conns) == [b_name] and list(conns[b_name]) == [ca.conn_id]
+        assert conns[b_name][ca.conn_id].is_connected()
+        assert a.query_connection(b_name).conn_id == ca.conn_id
+        assert a.query_connection(f"{unique}-nobody") is None
         # Named items put the LOCAL offset first: ("kv", local_off, remote_off, length).
         assert a.write(b_name, [("kv", 0, 8, 8)], None).wait() == OK
         assert dst.bytes(8, 16) == b"01234567"
