@@ -3,7 +3,12 @@
 
 #include <strings.h>
 
+#include <cstdlib>
+#include <set>
+#include <sstream>
+
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "dlslime/errors.h"
@@ -21,6 +26,35 @@ LinkLayer parse_link_type(const std::string& link_type) {
   }
   throw InvalidArgumentError(
       fmt::format("RDMAEndpoint option link_type='{}' is not one of auto, RoCE, IB", link_type));
+}
+
+namespace {
+
+const char* visible_env() {
+  const char* v = std::getenv("SLIME_VISIBLE_DEVICES");
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
+}  // namespace
+
+std::vector<std::string> visible_devices() {
+  std::vector<std::string> all = provider().list_devices();
+  const char* env = visible_env();
+  if (env == nullptr) return all;
+  std::set<std::string> wanted;
+  std::stringstream list(env);
+  for (std::string name; std::getline(list, name, ',');) {
+    if (!name.empty()) wanted.insert(name);
+  }
+  std::erase_if(all, [&](const std::string& d) { return wanted.count(d) == 0; });
+  return all;
+}
+
+std::string no_visible_device_reason() {
+  const std::vector<std::string> all = provider().list_devices();
+  if (all.empty() || visible_env() == nullptr) return kNoDeviceReason;
+  return fmt::format("SLIME_VISIBLE_DEVICES='{}' hides every RDMA device (found: {})", visible_env(),
+                     fmt::join(all, ", "));
 }
 
 namespace {
@@ -63,8 +97,8 @@ std::shared_ptr<Device> open_device(const RdmaOptions& options) {
   const LinkLayer wanted = parse_link_type(options.link_type);
   std::vector<std::string> names;
   if (options.device_name.empty()) {
-    names = prov.list_devices();
-    if (names.empty()) throw ConnectionError(kNoDeviceReason);
+    names = visible_devices();
+    if (names.empty()) throw ConnectionError(no_visible_device_reason());
   } else {
     names = {options.device_name};
   }

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "core/memory_registry.h"
 #include "rdma/verbs.h"
@@ -23,6 +24,12 @@ namespace dlslime::rdma {
 // "auto" -> kUnspecified, "RoCE" -> kEthernet, "IB" -> kInfiniBand (case-insensitive);
 // InvalidArgumentError otherwise.
 LinkLayer parse_link_type(const std::string& link_type);
+
+// The selected provider's devices that SLIME_VISIBLE_DEVICES (comma-separated names, as
+// upstream DLSlime) lets this process use; all of them when it is unset or empty.
+std::vector<std::string> visible_devices();
+// Why visible_devices() is empty: no device at all, or the variable hides them.
+std::string no_visible_device_reason();
 
 // An open device and PD. The MRs of the memory domain and the endpoint's CQ and QPs hold
 // it alive: they must be destroyed before it (declaration order below: pd before ctx).

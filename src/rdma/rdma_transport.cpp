@@ -1,12 +1,12 @@
 // The RDMA transport's entry in the transport registry (core/transport_registry.h).
 // The probe is the selected provider's device list (DLSLIME_RDMA_SIM=1: the simulated
-// device); the factory builds an RDMAEndpoint from RdmaOptions' keys.
+// device) as SLIME_VISIBLE_DEVICES filters it; the factory builds an RDMAEndpoint from RdmaOptions' keys.
 #include <nlohmann/json.hpp>
 
 #include "core/transport_registry.h"
 #include "dlslime/errors.h"
 #include "dlslime/rdma_endpoint.h"
-#include "rdma/verbs.h"
+#include "rdma/rdma_device.h"
 
 namespace dlslime {
 
@@ -20,9 +20,9 @@ namespace {
 
 TransportProbe probe_rdma() {
   TransportProbe probe;
-  probe.devices = rdma::provider().list_devices();
+  probe.devices = rdma::visible_devices();
   probe.available = !probe.devices.empty();
-  if (!probe.available) probe.reason = rdma::kNoDeviceReason;
+  if (!probe.available) probe.reason = rdma::no_visible_device_reason();
   return probe;
 }
 

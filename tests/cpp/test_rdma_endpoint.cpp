@@ -38,6 +38,7 @@ class RdmaEndpointTest : public ::testing::Test {
  protected:
   void SetUp() override { ::setenv("DLSLIME_RDMA_SIM", "1", 1); }
   void TearDown() override {
+    ::unsetenv("SLIME_VISIBLE_DEVICES");
     if (a_) a_->shutdown();
     if (b_) b_->shutdown();
   }
@@ -369,6 +370,28 @@ TEST_F(RdmaEndpointTest, ShutdownCancelsPendingOpsAndLaterOnes) {
   EXPECT_EQ(status_within(w), code(StatusCode::kCancelled)) << w.message();
   EXPECT_EQ(status_within(a_->write({{h_src, h_dst, 0, 0, 8}})), code(StatusCode::kCancelled));
   EXPECT_THROW(a_->connect(b_->endpoint_info()), ConnectionError);
+}
+
+TEST_F(RdmaEndpointTest, SlimeVisibleDevicesHidesTheOthers) {
+  ::setenv("SLIME_VISIBLE_DEVICES", "mlx5_0,mlx5_1", 1);
+  auto rdma = [] {
+    for (const auto& t : available_transports()) {
+      if (t.name == "rdma") return t;
+    }
+    return TransportInfo{};
+  };
+  TransportInfo t = rdma();
+  EXPECT_FALSE(t.available);
+  EXPECT_TRUE(t.devices.empty());
+  EXPECT_NE(t.reason.find("SLIME_VISIBLE_DEVICES='mlx5_0,mlx5_1' hides every RDMA device (found: sim_rdma0)"),
+            std::string::npos)
+      << t.reason;
+  EXPECT_THROW(RDMAEndpoint{}, ConnectionError);
+  ::setenv("SLIME_VISIBLE_DEVICES", "mlx5_0,sim_rdma0", 1);
+  t = rdma();
+  EXPECT_TRUE(t.available) << t.reason;
+  EXPECT_EQ(t.devices, std::vector<std::string>{"sim_rdma0"});
+  ::unsetenv("SLIME_VISIBLE_DEVICES");
 }
 
 TEST_F(RdmaEndpointTest, MakeEndpointBuildsItFromJsonOptions) {
