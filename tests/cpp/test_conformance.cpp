@@ -33,9 +33,12 @@
 #include "dlslime/status.h"
 #include "dlslime/transport.h"
 
+#include "test_support.h"
+
 extern char** environ;
 
 using namespace dlslime;
+using namespace dlslime::test_support;
 using namespace std::chrono_literals;
 using nlohmann::json;
 
@@ -60,8 +63,6 @@ std::vector<std::string> usable_transports() {
 
 constexpr auto kDeadline = 20s;  // any single op in this file, on a loaded 2-core CI box
 
-uintptr_t addr_of(std::vector<uint8_t>& v) { return reinterpret_cast<uintptr_t>(v.data()); }
-
 std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
   std::vector<uint8_t> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(i * 131 + seed);
@@ -71,19 +72,6 @@ std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
 // The final status of `f`, or -1 if it did not complete within `timeout` (a hang).
 int status_within(const Future& f, std::chrono::nanoseconds timeout = kDeadline) {
   return f.wait_for(timeout).value_or(-1);
-}
-
-constexpr int code(StatusCode c) { return static_cast<int>(c); }
-
-// Polls `pred` until it holds or `timeout` passes: a condition with a deadline, never a
-// bare sleep.
-bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 10s) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
 }
 
 const char* capability_name(OpKind kind) {

@@ -26,39 +26,14 @@
 #include "dlslime/tcp_endpoint.h"
 #include "dlslime/transport.h"
 
+#include "agent_fixtures.h"
+#include "test_support.h"
+
 using namespace dlslime;
+using namespace dlslime::test_support;
 using namespace std::chrono_literals;
 
 namespace {
-
-NanoCtrlConfig local_ctrl() {
-  NanoCtrlConfig c;
-  c.port = 0;
-  return c;
-}
-
-PeerAgentOptions agent(const std::string& url, const std::string& alias) {
-  PeerAgentOptions o;
-  o.ctrl_url = url;
-  o.alias = alias;
-  return o;
-}
-
-ConnectOptions tcp() {
-  ConnectOptions o;
-  o.transport = "tcp";
-  return o;
-}
-
-// Polls `pred` until it holds or `timeout` passes (no bare sleeps in the assertions).
-bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 10s) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
 
 size_t fd_count() {
   size_t n = 0;
@@ -72,8 +47,6 @@ std::string fmt_incarnation(uint64_t n) {
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(n));
   return buf;
 }
-
-uintptr_t addr_of(std::vector<uint8_t>& v) { return reinterpret_cast<uintptr_t>(v.data()); }
 
 // Connects a and b (both sides call connect_to) and waits for both.
 void connect_both(PeerAgent& a, PeerAgent& b) {

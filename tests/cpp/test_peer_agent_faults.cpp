@@ -20,23 +20,16 @@
 #include "dlslime/nanoctrl.h"
 #include "dlslime/peer_agent.h"
 
+#include "agent_fixtures.h"
+#include "test_support.h"
+
 using namespace dlslime;
+using namespace dlslime::test_support;
 using namespace std::chrono_literals;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-constexpr int code(StatusCode c) { return static_cast<int>(c); }
-
-bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 10s) {
-  const auto deadline = Clock::now() + timeout;
-  while (!pred()) {
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
 
 // An inner endpoint that records what reaches it. Its ops stay pending until the test
 // completes them (complete_all), so a test sees exactly which ops got through and when.
@@ -322,19 +315,6 @@ TEST(FaultyEndpoint, TheLastReferenceMayGoFromAContinuationOnItsTimerThread) {
 
 namespace {
 
-NanoCtrlConfig local_ctrl() {
-  NanoCtrlConfig c;
-  c.port = 0;
-  return c;
-}
-
-PeerAgentOptions agent(const std::string& url, const std::string& alias) {
-  PeerAgentOptions o;
-  o.ctrl_url = url;
-  o.alias = alias;
-  return o;
-}
-
 // An agent whose every endpoint applies `plan`.
 PeerAgentOptions faulty_agent(const std::string& url, const std::string& alias, std::shared_ptr<FaultPlan> plan) {
   PeerAgentOptions o = agent(url, alias);
@@ -343,20 +323,6 @@ PeerAgentOptions faulty_agent(const std::string& url, const std::string& alias, 
   };
   return o;
 }
-
-ConnectOptions tcp() {
-  ConnectOptions o;
-  o.transport = "tcp";
-  return o;
-}
-
-uintptr_t addr_of(std::vector<uint8_t>& v) { return reinterpret_cast<uintptr_t>(v.data()); }
-
-// An in-process NanoCtrl, started on construction.
-struct StartedCtrl {
-  NanoCtrlServer server{local_ctrl()};
-  StartedCtrl() { server.start(); }
-};
 
 // Two agents on an in-process NanoCtrl; `a` applies `plan` to its endpoints. a has "src"
 // (0x5A), b has "dst" (zeros).

@@ -21,12 +21,13 @@
 
 #include "dlslime/dlslime.h"
 
+#include "test_support.h"
+
 using namespace dlslime;
+using namespace dlslime::test_support;
 using namespace std::chrono_literals;
 
 namespace {
-
-uintptr_t addr_of(std::vector<uint8_t>& v) { return reinterpret_cast<uintptr_t>(v.data()); }
 
 struct Pair {
   TcpEndpoint a{"127.0.0.1", 0};

@@ -32,6 +32,8 @@
 #include "core/io_runtime.h"
 #include "tcp/tcp_socket.h"
 
+#include "test_support.h"
+
 #if defined(__has_feature)
 #if __has_feature(thread_sanitizer)
 #define DLSLIME_TEST_TSAN 1
@@ -45,18 +47,10 @@ extern "C" const char* __tsan_default_options() { return "die_after_fork=0"; }
 
 using namespace std::chrono_literals;
 using namespace dlslime;
+using namespace dlslime::test_support;
 using namespace dlslime::tcp;
 
 namespace {
-
-bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 10s) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(2ms);
-  }
-  return true;
-}
 
 // Sets an environment variable for one scope.
 class ScopedEnv {
