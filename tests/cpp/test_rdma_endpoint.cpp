@@ -16,6 +16,7 @@
 #include "dlslime/rdma_endpoint.h"
 #include "dlslime/transport.h"
 #include "rdma/sim_device.h"
+#include "test_support.h"
 
 namespace dlslime {
 namespace {
@@ -26,8 +27,8 @@ using nlohmann::json;
 constexpr auto kDeadline = 10s;
 
 int status_within(const Future& f, std::chrono::nanoseconds t = kDeadline) { return f.wait_for(t).value_or(-1); }
-constexpr int code(StatusCode c) { return static_cast<int>(c); }
-uintptr_t addr_of(std::vector<uint8_t>& v) { return reinterpret_cast<uintptr_t>(v.data()); }
+using test_support::addr_of;
+using test_support::code;
 std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
   std::vector<uint8_t> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(i * 131 + seed);
