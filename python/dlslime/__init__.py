@@ -50,13 +50,20 @@ __all__ = [
     "set_log_level",
 ]
 
-# The parts below are bound only when they are built (BUILD_TCP, BUILD_NANOCTRL).
+# The parts below are bound only when they are built (BUILD_TCP, BUILD_RDMA, BUILD_NANOCTRL).
 try:
     from ._dlslime import TcpEndpoint  # noqa: F401
 except ImportError:
     pass
 else:
     __all__.append("TcpEndpoint")
+
+try:
+    from ._dlslime import RDMAEndpoint  # noqa: F401
+except ImportError:
+    pass
+else:
+    __all__.append("RDMAEndpoint")
 
 try:
     from ._dlslime import NanoCtrlClient, NanoCtrlServer, PeerAgent, PeerConnection  # noqa: F401

@@ -126,6 +126,7 @@ void bind_core(py::module_& m) {
                              "Status code: 0 = success once done, StatusCode.PENDING (1) while running.")
       .def_property_readonly("message", &Future::message, "Why it failed; empty on success.")
       .def_property_readonly("nbytes", &Future::nbytes, "Bytes that arrived (recv) or were placed (read).")
+      .def("imm_data", &Future::imm_data, "The immediate value an imm_recv() received (0 for other ops).")
       .def("__repr__", [](const Future& f) {
         if (!f.done()) return std::string("<dlslime.Future running>");
         return "<dlslime.Future " + f.result().to_string() + ">";

@@ -10,6 +10,9 @@ PYBIND11_MODULE(_dlslime, m) {
 #ifdef DLSLIME_WITH_TCP
   dlslime::py_bind::bind_tcp(m);
 #endif
+#ifdef DLSLIME_WITH_RDMA
+  dlslime::py_bind::bind_rdma(m);
+#endif
 #ifdef DLSLIME_WITH_NANOCTRL
   dlslime::py_bind::bind_nanoctrl(m);
   dlslime::py_bind::bind_agent(m);
