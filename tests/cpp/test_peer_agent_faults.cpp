@@ -431,8 +431,43 @@ class LateLossEndpoint final : public FaultyEndpoint {
     if (!shut_at.load()) shut_at = Clock::now().time_since_epoch().count();
     FaultyEndpoint::shutdown();
   }
+  Clock::time_point shut_time() const { return Clock::time_point(Clock::duration(shut_at.load())); }
   std::atomic<bool> loss_seen{false};
   std::atomic<Clock::rep> shut_at{0};
+};
+
+// Agents a and b, connected; a's endpoint is a LateLossEndpoint. leave() shuts b down (its
+// endpoint says goodbye, then it cleans up in NanoCtrl) and waits until a has closed the
+// connection on b's cleanup notice.
+struct LateLossPair {
+  explicit LateLossPair(const std::string& prefix)
+      : a(late_agent(ctrl.server.url(), prefix + "_a", late)),
+        b(std::make_unique<PeerAgent>(agent(ctrl.server.url(), prefix + "_b"))),
+        ca(a.connect_to(b->alias(), tcp())) {
+    PeerConnection cb = b->connect_to(a.alias(), tcp());
+    ca.wait(10s);
+    cb.wait(10s);
+  }
+  static PeerAgentOptions late_agent(const std::string& url, const std::string& alias,
+                                     std::shared_ptr<std::shared_ptr<LateLossEndpoint>> slot) {
+    PeerAgentOptions o = agent(url, alias);
+    o.wrap_endpoint = [slot](std::shared_ptr<Endpoint> made) -> std::shared_ptr<Endpoint> {
+      *slot = std::make_shared<LateLossEndpoint>(std::move(made), std::make_shared<FaultPlan>());
+      return *slot;
+    };
+    return o;
+  }
+  LateLossEndpoint& endpoint() { return **late; }
+  void leave() {
+    b.reset();
+    ASSERT_TRUE(wait_until([&] { return ca.state() == "closed"; })) << ca.state();
+  }
+
+  StartedCtrl ctrl;
+  std::shared_ptr<std::shared_ptr<LateLossEndpoint>> late = std::make_shared<std::shared_ptr<LateLossEndpoint>>();
+  PeerAgent a;
+  std::unique_ptr<PeerAgent> b;
+  PeerConnection ca;
 };
 
 }  // namespace
@@ -442,52 +477,24 @@ class LateLossEndpoint final : public FaultyEndpoint {
 // acknowledgement the peer sent before it left still completes our op instead of our
 // shutdown cancelling it.
 TEST(PeerAgentFaults, APeersCleanupLeavesTheEndpointToItsTransportUntilTheGracePasses) {
-  StartedCtrl ctrl;
-  auto late = std::make_shared<std::shared_ptr<LateLossEndpoint>>();
-  PeerAgentOptions oa = agent(ctrl.server.url(), "plg_a");
-  oa.wrap_endpoint = [late](std::shared_ptr<Endpoint> made) -> std::shared_ptr<Endpoint> {
-    *late = std::make_shared<LateLossEndpoint>(std::move(made), std::make_shared<FaultPlan>());
-    return *late;
-  };
-  PeerAgent a(oa);
-  auto b = std::make_unique<PeerAgent>(agent(ctrl.server.url(), "plg_b"));
-  PeerConnection ca = a.connect_to("plg_b", tcp());
-  PeerConnection cb = b->connect_to("plg_a", tcp());
-  ca.wait(10s);
-  cb.wait(10s);
-  ASSERT_TRUE(*late);
+  LateLossPair p("plg");
   const auto gone = Clock::now();
-  b.reset();  // b shuts down: its endpoint says goodbye, then it cleans up in NanoCtrl
-  ASSERT_TRUE(wait_until([&] { return ca.state() == "closed"; })) << ca.state();
-  EXPECT_EQ((*late)->shut_at.load(), 0) << "the endpoint was shut down before its transport saw the loss";
-  ASSERT_TRUE(wait_until([&] { return (*late)->shut_at.load() != 0; }, 10s)) << "the retired endpoint was never shut down";
-  const auto shut = Clock::time_point(Clock::duration((*late)->shut_at.load()));
-  EXPECT_GE(shut - gone, 1500ms) << "shut down before the grace (2 s) passed";
-  EXPECT_THROW(a.send("plg_b", kChunk), Error) << "a closed connection took a new op";
+  p.leave();
+  EXPECT_EQ(p.endpoint().shut_at.load(), 0) << "the endpoint was shut down before its transport saw the loss";
+  ASSERT_TRUE(wait_until([&] { return p.endpoint().shut_at.load() != 0; }, 10s))
+      << "the retired endpoint was never shut down";
+  EXPECT_GE(p.endpoint().shut_time() - gone, 1500ms) << "shut down before the grace (2 s) passed";
+  EXPECT_THROW(p.a.send("plg_b", kChunk), Error) << "a closed connection took a new op";
 }
 
 // The usual case: the transport sees the loss, and the endpoint goes without waiting out
 // the grace.
 TEST(PeerAgentFaults, APeersCleanupShutsTheEndpointDownOnceItsTransportSawTheLoss) {
-  StartedCtrl ctrl;
-  auto late = std::make_shared<std::shared_ptr<LateLossEndpoint>>();
-  PeerAgentOptions oa = agent(ctrl.server.url(), "pls_a");
-  oa.wrap_endpoint = [late](std::shared_ptr<Endpoint> made) -> std::shared_ptr<Endpoint> {
-    *late = std::make_shared<LateLossEndpoint>(std::move(made), std::make_shared<FaultPlan>());
-    return *late;
-  };
-  PeerAgent a(oa);
-  auto b = std::make_unique<PeerAgent>(agent(ctrl.server.url(), "pls_b"));
-  PeerConnection ca = a.connect_to("pls_b", tcp());
-  PeerConnection cb = b->connect_to("pls_a", tcp());
-  ca.wait(10s);
-  cb.wait(10s);
-  b.reset();
-  ASSERT_TRUE(wait_until([&] { return ca.state() == "closed"; })) << ca.state();
-  EXPECT_EQ((*late)->shut_at.load(), 0);
+  LateLossPair p("pls");
+  p.leave();
+  EXPECT_EQ(p.endpoint().shut_at.load(), 0);
   const auto seen = Clock::now();
-  (*late)->loss_seen = true;
-  ASSERT_TRUE(wait_until([&] { return (*late)->shut_at.load() != 0; }, 10s));
-  EXPECT_LT(Clock::time_point(Clock::duration((*late)->shut_at.load())) - seen, 1500ms)
-      << "waited out the grace although the transport had seen the loss";
+  p.endpoint().loss_seen = true;
+  ASSERT_TRUE(wait_until([&] { return p.endpoint().shut_at.load() != 0; }, 10s));
+  EXPECT_LT(p.endpoint().shut_time() - seen, 1500ms) << "waited out the grace although the transport had seen the loss";
 }
