@@ -290,6 +290,14 @@ TEST(IoRuntimeOptions, ThreadsAreValidatedAndConfigurableWithoutTheEnvironment) 
 TEST(IoRuntimeFork, TheChildGetsARuntimeOfItsOwnAndTheParentKeepsItsOwn) {
   auto parent_rt = IoRuntime::shared();
   ASSERT_TRUE(parent_rt->usable());
+  // Fork only once every I/O thread has reached its loop. A thread that is still starting
+  // may hold the sanitizer runtime's thread-registry lock (GCC's ASan has no fork handlers),
+  // and the child's first thread would then wait on it forever: the CI failure of stop 16.
+  for (unsigned i = 0; i < parent_rt->size(); ++i) {
+    std::promise<void> started;
+    asio::post(parent_rt->next_context(), [&] { started.set_value(); });
+    ASSERT_EQ(started.get_future().wait_for(5s), std::future_status::ready);
+  }
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
