@@ -90,6 +90,12 @@ class DLSLIME_API TcpEndpoint final : public Endpoint {
 
   std::string host() const;
   uint16_t port() const;
+  // The listener's counters since construction, for operators watching for floods and
+  // hostile dialers: accepted, accept_failures (each followed by a back-off; EMFILE and the
+  // like), handshakes_completed, handshakes_refused (bad hello, token or target),
+  // handshakes_timed_out (not done within connect_timeout), handshakes_evicted (dropped for
+  // a newer connection past the pending limit). A JSON object of unsigned integers.
+  nlohmann::json listener_stats() const;
   const TcpOptions& options() const;
 
  protected:

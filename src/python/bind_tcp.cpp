@@ -26,6 +26,10 @@ void bind_tcp(py::module_& m) {
            py::arg("ip") = "0.0.0.0", py::arg("port") = 0)
       .def_property_readonly("host", &TcpEndpoint::host)
       .def_property_readonly("port", &TcpEndpoint::port)
+      .def(
+          "listener_stats", [](const TcpEndpoint& ep) { return from_json(ep.listener_stats(), "listener_stats"); },
+          "The listener's counters since construction (dict): accepted, accept_failures, "
+          "handshakes_completed, handshakes_refused, handshakes_timed_out, handshakes_evicted.")
       .def_property_readonly("options",
                              [](const TcpEndpoint& ep) { return from_json(ep.options().to_json(), "options"); })
       .def("__repr__", [](const TcpEndpoint& ep) {

@@ -48,6 +48,15 @@ Capabilities TcpEndpoint::capabilities() const {
 void TcpEndpoint::shutdown() { impl_->shutdown(); }
 std::string TcpEndpoint::host() const { return impl_->host(); }
 uint16_t TcpEndpoint::port() const { return impl_->port(); }
+nlohmann::json TcpEndpoint::listener_stats() const {
+  const auto s = impl_->listener_stats();
+  return {{"accepted", s.accepted},
+          {"accept_failures", s.accept_failures},
+          {"handshakes_completed", s.handshakes_completed},
+          {"handshakes_refused", s.handshakes_refused},
+          {"handshakes_timed_out", s.handshakes_timed_out},
+          {"handshakes_evicted", s.handshakes_evicted}};
+}
 const TcpOptions& TcpEndpoint::options() const { return impl_->options(); }
 Future TcpEndpoint::do_submit(OpRequest request) { return impl_->submit(std::move(request)); }
 

@@ -71,6 +71,7 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
 
   const std::string& host() const { return advertised_host_; }
   uint16_t port() const { return listener_->port(); }
+  tcp::TcpListener::Stats listener_stats() const { return listener_->stats(); }
   const TcpOptions& options() const { return options_; }
 
   const std::shared_ptr<MemoryRegistry> local_regions;  // may be shared (PeerAgent)

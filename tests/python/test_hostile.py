@@ -261,6 +261,7 @@ def paired_raw(server, sender=0xBAD0BAD0):
          "no-sender", "wrong-target", "http", "random"],
 )
 def test_bad_hello_is_refused_with_a_reason_and_closed(server, raw, words):
+    before = server.ep.listener_stats()
     c = Raw(server.port)
     c.send(raw)
     reply = c.recv_exact(32)
@@ -271,7 +272,14 @@ def test_bad_hello_is_refused_with_a_reason_and_closed(server, raw, words):
     assert words in reason, reason
     assert c.closed_by_peer()
     c.close()
+    # An operator sees the refusal in the listener's counters, and nothing else moved.
+    after = server.ep.listener_stats()
+    assert after["handshakes_refused"] == before["handshakes_refused"] + 1, (before, after)
+    assert after["accepted"] == before["accepted"] + 1
+    assert after["handshakes_completed"] == before["handshakes_completed"]
     assert server.serves_a_legit_peer()
+    # The legitimate peer's lanes (one handshake each) were counted as completed.
+    assert server.ep.listener_stats()["handshakes_completed"] > before["handshakes_completed"]
 
 
 @pytest.mark.parametrize("nbytes", [0, 1, 8, 63])
@@ -293,6 +301,8 @@ def test_silent_connection_is_closed_after_connect_timeout():
         assert c.closed_by_peer(timeout=10)
         assert time.monotonic() - t0 < 5, "the handshake deadline (connect_timeout=1s) was not applied"
         c.close()
+        stats = s.ep.listener_stats()
+        assert stats["handshakes_timed_out"] == 1 and stats["handshakes_refused"] == 0, stats
         assert s.serves_a_legit_peer()
     finally:
         s.shutdown()
@@ -336,6 +346,8 @@ def test_hello_flood_of_half_open_connections_is_bounded(server):
     clients = [Raw(server.port) for _ in range(200)]
     closed = wait_closed(clients, at_least=200 - 64)
     assert len(closed) >= 200 - 64
+    stats = server.ep.listener_stats()
+    assert stats["accepted"] >= 200 and stats["handshakes_evicted"] >= 200 - 64, stats
     server_side = fd_count() - base - 200
     assert server_side <= 64 + 2, f"{server_side} server-side descriptors for 200 half-open connections"
     for c in clients:
