@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "core/env.h"
 #include "core/log.h"
 #include "core/op_state.h"
 #include "dlslime/errors.h"

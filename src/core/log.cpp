@@ -2,9 +2,7 @@
 
 #include <pthread.h>
 
-#include <charconv>
 #include <cstdlib>
-#include <cstring>
 #include <system_error>
 
 #include <fmt/format.h>
@@ -73,23 +71,6 @@ spdlog::logger& logger() {
   }();
   (void)fork_safe;
   return the_logger();
-}
-
-int64_t env_integer(const char* name, int64_t min, int64_t max, int64_t fallback) {
-  const char* raw = std::getenv(name);
-  if (!raw || !*raw) return fallback;
-  const char* end = raw + std::strlen(raw);
-  int64_t value = 0;
-  const auto [ptr, ec] = std::from_chars(raw, end, value);
-  if (ec == std::errc::result_out_of_range || (ec == std::errc() && ptr == end && (value < min || value > max))) {
-    throw InvalidArgumentError(
-        fmt::format("environment variable {}='{}' is out of range (allowed: {}..{})", name, raw, min, max));
-  }
-  if (ec != std::errc() || ptr != end) {
-    throw InvalidArgumentError(
-        fmt::format("environment variable {}='{}' is not an integer (allowed: {}..{})", name, raw, min, max));
-  }
-  return value;
 }
 
 void set_log_level(const std::string& level) { logger().set_level(parse_level(level)); }

@@ -13,13 +13,6 @@ namespace dlslime {
 // setup is untouched). Created on first use; its level comes from DLSLIME_LOG_LEVEL then.
 spdlog::logger& logger();
 
-// The one parser for integer environment variables (DLSLIME_IO_THREADS, DLSLIME_TCP_*):
-// `fallback` when `name` is unset or empty, else its value, which must be a plain decimal
-// integer (no sign other than '-', no spaces) in min..max. Anything else throws
-// InvalidArgumentError naming the variable, its value and the allowed range, never a
-// silent cast or wrap-around.
-int64_t env_integer(const char* name, int64_t min, int64_t max, int64_t fallback);
-
 // For a log line that a peer or the OS can make repeat fast (one per refused connection):
 // at most one line per interval, which reports how many events it stands for, so a flood
 // cannot fill stderr (an undrained stderr blocks every thread that logs). Not thread-

@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "core/log.h"
+#include "core/env.h"
 #include "dlslime/errors.h"
 #include "dlslime/tcp_endpoint.h"
 #include "tcp/frame_codec.h"

@@ -29,6 +29,7 @@
 #include "dlslime/errors.h"
 #include "dlslime/tcp_endpoint.h"
 #include "tcp/handshake.h"
+#include "core/env.h"
 #include "core/io_runtime.h"
 #include "tcp/tcp_socket.h"
 
@@ -52,12 +53,13 @@ using namespace dlslime::tcp;
 
 namespace {
 
-// Sets an environment variable for one scope.
+// Sets (or, with nullptr, unsets) an environment variable for one scope.
 class ScopedEnv {
  public:
   ScopedEnv(const char* name, const char* value) : name_(name) {
     if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value, 1);
+    if (value) ::setenv(name, value, 1);
+    else ::unsetenv(name);
   }
   ~ScopedEnv() {
     if (old_) ::setenv(name_, old_->c_str(), 1);
@@ -264,6 +266,26 @@ TEST(IoRuntimeEnv, BadIoThreadsThrowsInsteadOfAborting) {
   }
   ScopedEnv env("DLSLIME_IO_THREADS", "3");
   EXPECT_EQ(IoRuntime::shared()->size(), 3u);
+}
+
+TEST(Env, AFlagIsOneOrZeroAndAnythingElseIsAnErrorNamingTheVariable) {
+  {
+    ScopedEnv env("DLSLIME_TEST_FLAG", nullptr);
+    EXPECT_FALSE(env_flag("DLSLIME_TEST_FLAG"));
+  }
+  for (const char* off : {"", "0"}) {
+    ScopedEnv env("DLSLIME_TEST_FLAG", off);
+    EXPECT_FALSE(env_flag("DLSLIME_TEST_FLAG")) << off;
+  }
+  ScopedEnv on("DLSLIME_TEST_FLAG", "1");
+  EXPECT_TRUE(env_flag("DLSLIME_TEST_FLAG"));
+  // "true" or "yes" silently meaning "off" would hide a simulation the user asked for.
+  for (const char* bad : {"true", "yes", "01", " 1", "2"}) {
+    ScopedEnv env("DLSLIME_TEST_FLAG", bad);
+    const std::string e = error_of([] { env_flag("DLSLIME_TEST_FLAG"); });
+    EXPECT_NE(e.find("DLSLIME_TEST_FLAG='"), std::string::npos) << bad << ": " << e;
+    EXPECT_NE(e.find("must be 1 or 0"), std::string::npos) << bad << ": " << e;
+  }
 }
 
 TEST(IoRuntimeOptions, ThreadsAreValidatedAndConfigurableWithoutTheEnvironment) {
