@@ -33,6 +33,16 @@ else()
   set(_dlslime_rdma_default OFF)
 endif()
 dlslime_option(BUILD_RDMA "Build the RDMA transport (libibverbs; default: on when it is found)" ${_dlslime_rdma_default})
+# The CUDA runtime behind the device-memory seam (src/gpu): on wherever the CUDA toolkit's
+# headers are found. Only the headers are needed at build time: libcudart is loaded at run
+# time, so the library still imports on hosts without a GPU or driver (docs/nvlink.md).
+find_package(CUDAToolkit QUIET)
+if(CUDAToolkit_FOUND)
+  set(_dlslime_cuda_default ON)
+else()
+  set(_dlslime_cuda_default OFF)
+endif()
+dlslime_option(BUILD_CUDA "Build the CUDA runtime for GPU memory (default: on when the CUDA toolkit is found)" ${_dlslime_cuda_default})
 dlslime_option(BUILD_NVLINK "Build the NVLink transport (CUDA IPC)" OFF)
 dlslime_option(BUILD_ASCEND "Build the Ascend direct transport" OFF)
 

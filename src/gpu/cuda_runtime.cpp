@@ -1,0 +1,254 @@
+// The device-runtime seam over the CUDA runtime (device_runtime.h): a thin translation, no
+// policy. libcudart is loaded with dlopen at first use, not linked, so libdlslime and
+// `import dlslime` work on hosts without the toolkit or a driver; the toolkit's headers
+// give the function types, so every call is type-checked at build time. It cannot run
+// without a GPU; tests/hardware/run_gpu_checks.sh runs it where one exists.
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <type_traits>
+
+#include <fmt/format.h>
+
+#include "gpu/device_runtime.h"
+
+namespace dlslime::gpu {
+namespace {
+
+// libcudart's functions, looked up by name. The names are the plain (legacy default
+// stream) entry points: this file never defines CUDA_API_PER_THREAD_DEFAULT_STREAM.
+struct CudaApi {
+  decltype(&::cudaGetErrorName) GetErrorName = nullptr;
+  decltype(&::cudaGetErrorString) GetErrorString = nullptr;
+  decltype(&::cudaGetLastError) GetLastError = nullptr;
+  decltype(&::cudaGetDeviceCount) GetDeviceCount = nullptr;
+  decltype(&::cudaSetDevice) SetDevice = nullptr;
+  decltype(&::cudaPointerGetAttributes) PointerGetAttributes = nullptr;
+  decltype(&::cudaMalloc) Malloc = nullptr;
+  decltype(&::cudaFree) Free = nullptr;
+  decltype(&::cudaMallocHost) MallocHost = nullptr;
+  decltype(&::cudaFreeHost) FreeHost = nullptr;
+  decltype(&::cudaIpcGetMemHandle) IpcGetMemHandle = nullptr;
+  decltype(&::cudaIpcOpenMemHandle) IpcOpenMemHandle = nullptr;
+  decltype(&::cudaIpcCloseMemHandle) IpcCloseMemHandle = nullptr;
+  decltype(&::cudaStreamCreateWithFlags) StreamCreateWithFlags = nullptr;
+  decltype(&::cudaStreamDestroy) StreamDestroy = nullptr;
+  decltype(&::cudaMemcpyAsync) MemcpyAsync = nullptr;
+  decltype(&::cudaEventCreateWithFlags) EventCreateWithFlags = nullptr;
+  decltype(&::cudaEventDestroy) EventDestroy = nullptr;
+  decltype(&::cudaEventRecord) EventRecord = nullptr;
+  decltype(&::cudaEventQuery) EventQuery = nullptr;
+  decltype(&::cudaEventSynchronize) EventSynchronize = nullptr;
+  // The runtime API has no "allocation that holds this address": the driver's
+  // cuMemGetAddressRange does (libcuda, present wherever a GPU is usable).
+  using GetAddressRangeFn = int (*)(unsigned long long* base, size_t* size, unsigned long long ptr);
+  GetAddressRangeFn MemGetAddressRange = nullptr;
+};
+
+class CudaRuntime final : public Runtime {
+ public:
+  explicit CudaRuntime(const CudaApi& api, int devices) : api_(api), devices_(devices) {}
+
+  const char* name() const override { return "cuda"; }
+  int device_count() override { return devices_; }
+
+  PointerInfo pointer_info(const void* ptr) override {
+    cudaPointerAttributes attr{};
+    const cudaError_t err = api_.PointerGetAttributes(&attr, ptr);
+    if (err != cudaSuccess) {
+      api_.GetLastError();  // older runtimes fail (and set the sticky last error) for plain host memory
+      return {MemoryType::kHost, -1};
+    }
+    switch (attr.type) {
+      case cudaMemoryTypeDevice:
+      case cudaMemoryTypeManaged: return {MemoryType::kDevice, attr.device};
+      case cudaMemoryTypeHost: return {MemoryType::kPinnedHost, -1};
+      default: return {MemoryType::kHost, -1};
+    }
+  }
+
+  AddressRange allocation_range(const void* device_ptr) override {
+    const PointerInfo info = pointer_info(device_ptr);
+    if (info.type != MemoryType::kDevice) throw InvalidArgumentError(fmt::format("{} is not device memory", device_ptr));
+    if (!api_.MemGetAddressRange) throw GpuError("cuMemGetAddressRange is not available (libcuda.so.1 not loaded)");
+    check(api_.SetDevice(info.device), "cudaSetDevice");
+    unsigned long long base = 0;
+    size_t size = 0;
+    const int rc = api_.MemGetAddressRange(&base, &size, reinterpret_cast<uintptr_t>(device_ptr));
+    if (rc != 0) throw GpuError(fmt::format("cuMemGetAddressRange({}) failed: CUresult {}", device_ptr, rc));
+    return {static_cast<uintptr_t>(base), size};
+  }
+
+  void* device_alloc(int device, size_t nbytes) override {
+    set_device(device);
+    void* p = nullptr;
+    check(api_.Malloc(&p, nbytes), fmt::format("cudaMalloc({})", nbytes));
+    return p;
+  }
+  void device_free(void* device_ptr) override { check(api_.Free(device_ptr), "cudaFree"); }
+
+  void* pinned_alloc(size_t nbytes) override {
+    void* p = nullptr;
+    check(api_.MallocHost(&p, nbytes), fmt::format("cudaMallocHost({})", nbytes));
+    return p;
+  }
+  void pinned_free(void* host_ptr) override { check(api_.FreeHost(host_ptr), "cudaFreeHost"); }
+
+  IpcHandle ipc_get_handle(void* device_ptr) override {
+    cudaIpcMemHandle_t h{};
+    check(api_.IpcGetMemHandle(&h, device_ptr), "cudaIpcGetMemHandle");
+    static_assert(sizeof h == IpcHandle::kSize);
+    IpcHandle out;
+    std::memcpy(out.bytes.data(), &h, sizeof h);
+    return out;
+  }
+
+  void* ipc_open(const IpcHandle& handle, int device) override {
+    set_device(device);
+    cudaIpcMemHandle_t h{};
+    std::memcpy(&h, handle.bytes.data(), sizeof h);
+    void* p = nullptr;
+    check(api_.IpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+    return p;
+  }
+  void ipc_close(void* opened_base) override { check(api_.IpcCloseMemHandle(opened_base), "cudaIpcCloseMemHandle"); }
+
+  Stream stream_create(int device) override {
+    set_device(device);
+    cudaStream_t s = nullptr;
+    check(api_.StreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    return reinterpret_cast<Stream>(s);
+  }
+  void stream_destroy(Stream stream) override {
+    check(api_.StreamDestroy(reinterpret_cast<cudaStream_t>(stream)), "cudaStreamDestroy");
+  }
+
+  void memcpy_async(void* dst, const void* src, size_t n, Stream stream) override {
+    check(api_.MemcpyAsync(dst, src, n, cudaMemcpyDefault, reinterpret_cast<cudaStream_t>(stream)),
+          fmt::format("cudaMemcpyAsync({} bytes)", n));
+  }
+
+  Event event_create(int device) override {
+    set_device(device);
+    cudaEvent_t e = nullptr;
+    check(api_.EventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    return reinterpret_cast<Event>(e);
+  }
+  void event_destroy(Event event) override { check(api_.EventDestroy(reinterpret_cast<cudaEvent_t>(event)), "cudaEventDestroy"); }
+  void event_record(Event event, Stream stream) override {
+    check(api_.EventRecord(reinterpret_cast<cudaEvent_t>(event), reinterpret_cast<cudaStream_t>(stream)), "cudaEventRecord");
+  }
+  bool event_query(Event event) override {
+    const cudaError_t err = api_.EventQuery(reinterpret_cast<cudaEvent_t>(event));
+    if (err == cudaErrorNotReady) return false;
+    check(err, "cudaEventQuery");
+    return true;
+  }
+  void event_synchronize(Event event) override {
+    check(api_.EventSynchronize(reinterpret_cast<cudaEvent_t>(event)), "cudaEventSynchronize");
+  }
+
+ private:
+  void set_device(int device) {
+    if (device < 0 || device >= devices_) {
+      throw InvalidArgumentError(fmt::format("no GPU device {} (this host has {})", device, devices_));
+    }
+    check(api_.SetDevice(device), "cudaSetDevice");
+  }
+
+  void check(cudaError_t err, const std::string& what) {
+    if (err == cudaSuccess) return;
+    const std::string text = fmt::format("{} failed: {} ({})", what, api_.GetErrorName(err), api_.GetErrorString(err));
+    if (err == cudaErrorInvalidValue || err == cudaErrorInvalidDevicePointer || err == cudaErrorInvalidResourceHandle) {
+      throw InvalidArgumentError(text);
+    }
+    throw GpuError(text);
+  }
+
+  CudaApi api_;
+  int devices_;
+};
+
+// Loads libcudart and checks there is a GPU, once; `reason` says why not.
+struct Loaded {
+  std::unique_ptr<CudaRuntime> runtime;
+  std::string reason;
+};
+
+Loaded load() {
+  Loaded out;
+  std::string tried;
+  void* lib = nullptr;
+  for (const char* soname : {DLSLIME_CUDART_SONAME, "libcudart.so"}) {
+    lib = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+    if (lib) break;
+    tried += fmt::format("{}{}", tried.empty() ? "" : "; ", dlerror());
+  }
+  if (!lib) {
+    out.reason = fmt::format("no GPU runtime: libcudart could not be loaded ({}); {}", tried, kSimHint);
+    return out;
+  }
+  CudaApi api;
+  std::string missing;
+  auto sym = [&](auto& fn, const char* name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+    if (!fn) missing += fmt::format(" {}", name);
+  };
+  sym(api.GetErrorName, "cudaGetErrorName");
+  sym(api.GetErrorString, "cudaGetErrorString");
+  sym(api.GetLastError, "cudaGetLastError");
+  sym(api.GetDeviceCount, "cudaGetDeviceCount");
+  sym(api.SetDevice, "cudaSetDevice");
+  sym(api.PointerGetAttributes, "cudaPointerGetAttributes");
+  sym(api.Malloc, "cudaMalloc");
+  sym(api.Free, "cudaFree");
+  sym(api.MallocHost, "cudaMallocHost");
+  sym(api.FreeHost, "cudaFreeHost");
+  sym(api.IpcGetMemHandle, "cudaIpcGetMemHandle");
+  sym(api.IpcOpenMemHandle, "cudaIpcOpenMemHandle");
+  sym(api.IpcCloseMemHandle, "cudaIpcCloseMemHandle");
+  sym(api.StreamCreateWithFlags, "cudaStreamCreateWithFlags");
+  sym(api.StreamDestroy, "cudaStreamDestroy");
+  sym(api.MemcpyAsync, "cudaMemcpyAsync");
+  sym(api.EventCreateWithFlags, "cudaEventCreateWithFlags");
+  sym(api.EventDestroy, "cudaEventDestroy");
+  sym(api.EventRecord, "cudaEventRecord");
+  sym(api.EventQuery, "cudaEventQuery");
+  sym(api.EventSynchronize, "cudaEventSynchronize");
+  if (!missing.empty()) {
+    out.reason = fmt::format("no GPU runtime: the libcudart found lacks{}; {}", missing, kSimHint);
+    return out;
+  }
+  int count = 0;
+  const cudaError_t err = api.GetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    out.reason = fmt::format("no GPU: cudaGetDeviceCount failed: {} ({}); {}", api.GetErrorName(err),
+                             api.GetErrorString(err), kSimHint);
+    return out;
+  }
+  if (count == 0) {
+    out.reason = fmt::format("no GPU: the CUDA runtime sees no device; {}", kSimHint);
+    return out;
+  }
+  // A driver that reported devices is loaded already; this only finds it.
+  if (void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL)) {
+    api.MemGetAddressRange = reinterpret_cast<CudaApi::GetAddressRangeFn>(dlsym(driver, "cuMemGetAddressRange_v2"));
+  }
+  out.runtime = std::make_unique<CudaRuntime>(api, count);
+  return out;
+}
+
+}  // namespace
+
+Runtime& cuda_runtime() {
+  // Loaded once and kept for the process (libcudart is never unloaded: its own state
+  // outlives any one user).
+  static Loaded* loaded = new Loaded(load());
+  if (!loaded->runtime) throw GpuUnavailableError(loaded->reason);
+  return *loaded->runtime;
+}
+
+}  // namespace dlslime::gpu

@@ -1,0 +1,129 @@
+// The device-runtime seam: every CUDA runtime call the library makes goes through this one
+// small interface, so the same code runs on a real GPU (cuda_runtime.cpp, libcudart loaded
+// with dlopen) and on the strict simulated runtime (sim_runtime.cpp) that CI uses
+// (docs/nvlink.md, "The device runtime").
+//
+// The interface mirrors the CUDA runtime (unified addressing, IPC handles of whole
+// allocations, ordered streams, events) so that code that passes on the simulated runtime
+// has a real chance on a GPU.
+//
+// Error convention: every call throws on failure. GpuUnavailableError (a GpuError) when
+// there is no GPU runtime to use at all; InvalidArgumentError for a bad argument the
+// runtime can see (an unknown device, a copy that runs past a device allocation, a handle
+// that is not an IPC handle); GpuError (code kFailed) for everything else, with the
+// runtime's own error text. Failures of queued work surface at event_query and
+// event_synchronize, as in CUDA.
+//
+// Internal (not an installed header), but its entry points are exported (DLSLIME_API) for
+// the Python module (src/python/bind_gpu.cpp), which must use the library's one runtime: the
+// simulated GPU's allocations live in the library's state.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "dlslime/errors.h"
+#include "dlslime/export.h"
+
+namespace dlslime::gpu {
+
+class DLSLIME_API GpuError : public Error {
+ public:
+  explicit GpuError(const std::string& what, StatusCode code = StatusCode::kFailed) : Error(code, what) {}
+};
+
+// No GPU runtime can be used in this process: no GPU, no driver, no libcudart, or a build
+// without CUDA. The message always names the GPU and how to get the simulated one.
+class DLSLIME_API GpuUnavailableError : public GpuError {
+ public:
+  explicit GpuUnavailableError(const std::string& what) : GpuError(what) {}
+};
+
+enum class MemoryType { kHost, kPinnedHost, kDevice };
+DLSLIME_API const char* memory_type_name(MemoryType type) noexcept;
+
+struct PointerInfo {
+  MemoryType type = MemoryType::kHost;
+  int device = -1;  // kDevice: the device that owns the memory; -1 otherwise
+};
+
+// The allocation that holds a device address: IPC handles name whole allocations.
+struct AddressRange {
+  uintptr_t base = 0;
+  size_t size = 0;
+};
+
+// An IPC handle: cudaIpcMemHandle_t's 64 opaque bytes. It names the whole allocation that
+// held the address it was taken at; opening it gives that allocation's base.
+struct DLSLIME_API IpcHandle {
+  static constexpr size_t kSize = 64;
+  std::array<uint8_t, kSize> bytes{};
+  std::string to_hex() const;
+  static IpcHandle from_hex(const std::string& hex);  // InvalidArgumentError if malformed
+  bool operator==(const IpcHandle&) const = default;
+};
+
+// Opaque runtime objects (cudaStream_t / cudaEvent_t, or the simulated runtime's own).
+// A null Stream is the device's default stream.
+struct StreamObject;
+struct EventObject;
+using Stream = StreamObject*;
+using Event = EventObject*;
+
+class DLSLIME_API Runtime {
+ public:
+  virtual ~Runtime() = default;
+  virtual const char* name() const = 0;  // "cuda" or "sim"
+  virtual int device_count() = 0;
+
+  // Where an address lives (unified addressing): host memory (pageable or pinned) or one
+  // device's memory. Any address may be asked about.
+  virtual PointerInfo pointer_info(const void* ptr) = 0;
+  // The allocation that holds a device address (InvalidArgumentError for a host address).
+  virtual AddressRange allocation_range(const void* device_ptr) = 0;
+
+  virtual void* device_alloc(int device, size_t nbytes) = 0;
+  virtual void device_free(void* device_ptr) = 0;
+  virtual void* pinned_alloc(size_t nbytes) = 0;
+  virtual void pinned_free(void* host_ptr) = 0;
+
+  // The handle of the allocation that holds device_ptr (any address inside it).
+  virtual IpcHandle ipc_get_handle(void* device_ptr) = 0;
+  // Maps another process's allocation into this one, on `device`; returns its base. As in
+  // CUDA, a process cannot open its own handles (InvalidArgumentError).
+  virtual void* ipc_open(const IpcHandle& handle, int device) = 0;
+  virtual void ipc_close(void* opened_base) = 0;
+
+  virtual Stream stream_create(int device) = 0;
+  virtual void stream_destroy(Stream stream) = 0;  // waits for its queued work
+  // Copies n bytes, host or device on either side, after the stream's earlier work; returns
+  // at once. The memory must stay valid until an event recorded after it has completed.
+  virtual void memcpy_async(void* dst, const void* src, size_t n, Stream stream) = 0;
+
+  virtual Event event_create(int device) = 0;
+  virtual void event_destroy(Event event) = 0;
+  // Completes when the stream's work queued before it has finished.
+  virtual void event_record(Event event, Stream stream) = 0;
+  // True once the last record has completed (and for an event never recorded).
+  virtual bool event_query(Event event) = 0;
+  virtual void event_synchronize(Event event) = 0;
+};
+
+// The runtime this process uses: the simulated one when DLSLIME_GPU_SIM=1 (read on each
+// call), else the CUDA runtime. Never falls back from one to the other: without the
+// variable and without a usable GPU it throws GpuUnavailableError.
+DLSLIME_API Runtime& runtime();
+DLSLIME_API bool sim_selected();  // DLSLIME_GPU_SIM=1
+// "" when runtime() would succeed, else why not (for probes: available_transports()).
+DLSLIME_API std::string unavailable_reason();
+
+DLSLIME_API Runtime& sim_runtime();
+// The CUDA runtime, or GpuUnavailableError (no libcudart, no driver, no GPU, or a build
+// without CUDA) naming what is missing.
+DLSLIME_API Runtime& cuda_runtime();
+
+inline constexpr const char* kSimHint = "set DLSLIME_GPU_SIM=1 to use the simulated GPU";
+
+}  // namespace dlslime::gpu

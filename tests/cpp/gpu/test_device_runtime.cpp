@@ -1,0 +1,348 @@
+// The device-runtime seam (src/gpu/device_runtime.h). What every runtime owes runs on the
+// simulated GPU and on CUDA (which skips, naming the GPU, where there is none); the
+// simulated runtime's own strictness (host access faults, bounds, handles) runs on it alone.
+// Its own main(): the binary is also the other process of the IPC tests.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "gpu/device_runtime.h"
+#include "gpu/sim_runtime.h"
+
+extern char** environ;
+
+namespace dlslime::gpu {
+namespace {
+
+uint8_t pattern(size_t i, uint8_t seed) { return static_cast<uint8_t>((i * 131 + seed) ^ (i >> 9)); }
+
+std::vector<uint8_t> patterned(size_t n, uint8_t seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = pattern(i, seed);
+  return v;
+}
+
+// One copy on `stream`, waited for through an event (the only way the host learns of it).
+void copy_and_wait(Runtime& rt, void* dst, const void* src, size_t n, Stream stream) {
+  Event done = rt.event_create(0);
+  rt.memcpy_async(dst, src, n, stream);
+  rt.event_record(done, stream);
+  rt.event_synchronize(done);
+  EXPECT_TRUE(rt.event_query(done));
+  rt.event_destroy(done);
+}
+
+Runtime* runtime_named(const std::string& name) {
+  if (name == "sim") return &sim_runtime();
+  try {
+    return &cuda_runtime();
+  } catch (const GpuUnavailableError&) {
+    return nullptr;
+  }
+}
+
+// Runs this binary as the other process: `--gpu-ipc-peer <runtime> <mode> <handle> <size>`.
+int run_peer(const std::string& runtime, const std::string& mode, const IpcHandle& handle, size_t size) {
+  const std::string exe = "/proc/self/exe";
+  const std::string hex = handle.to_hex();
+  const std::string size_arg = std::to_string(size);
+  std::vector<char*> argv = {const_cast<char*>(exe.c_str()), const_cast<char*>("--gpu-ipc-peer"),
+                             const_cast<char*>(runtime.c_str()), const_cast<char*>(mode.c_str()),
+                             const_cast<char*>(hex.c_str()), const_cast<char*>(size_arg.c_str()), nullptr};
+  pid_t pid = 0;
+  if (posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv.data(), environ) != 0) return -1;
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// The peer's side: "rw" checks the owner's bytes (seed 1) and writes its own (seed 2) into
+// the second half; "open" only opens (expecting it to fail: exit 3 with the reason).
+int peer_main(const std::string& runtime, const std::string& mode, const std::string& hex, size_t size) {
+  Runtime* rt = runtime_named(runtime);
+  if (!rt) return 10;
+  void* base = nullptr;
+  try {
+    base = rt->ipc_open(IpcHandle::from_hex(hex), 0);
+  } catch (const GpuError& e) {
+    std::fprintf(stderr, "peer: ipc_open failed: %s\n", e.what());
+    return std::strstr(e.what(), "freed") ? 3 : 4;
+  }
+  if (mode != "rw") return 5;
+  Stream s = rt->stream_create(0);
+  std::vector<uint8_t> got(size);
+  copy_and_wait(*rt, got.data(), base, size, s);
+  if (got != patterned(size, 1)) return 6;
+  std::vector<uint8_t> mine = patterned(size / 2, 2);
+  copy_and_wait(*rt, static_cast<uint8_t*>(base) + size / 2, mine.data(), mine.size(), s);
+  rt->stream_destroy(s);
+  rt->ipc_close(base);
+  return 0;
+}
+
+class DeviceRuntime : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    rt_ = runtime_named(GetParam());
+    if (!rt_) GTEST_SKIP() << "no GPU on this host: " << unavailable_reason_of_cuda();
+    stream_ = rt_->stream_create(0);
+  }
+  void TearDown() override {
+    if (rt_) rt_->stream_destroy(stream_);
+  }
+  static std::string unavailable_reason_of_cuda() {
+    try {
+      cuda_runtime();
+      return {};
+    } catch (const GpuUnavailableError& e) {
+      return e.what();
+    }
+  }
+  Runtime* rt_ = nullptr;
+  Stream stream_ = nullptr;
+};
+
+TEST_P(DeviceRuntime, PointerInfoTellsDeviceMemoryFromHostMemory) {
+  void* dev = rt_->device_alloc(0, 10000);
+  std::vector<uint8_t> heap(64);
+  void* pinned = rt_->pinned_alloc(4096);
+  EXPECT_EQ(rt_->pointer_info(dev).type, MemoryType::kDevice);
+  EXPECT_EQ(rt_->pointer_info(dev).device, 0);
+  EXPECT_EQ(rt_->pointer_info(static_cast<uint8_t*>(dev) + 9999).type, MemoryType::kDevice);
+  EXPECT_EQ(rt_->pointer_info(heap.data()).type, MemoryType::kHost);
+  EXPECT_EQ(rt_->pointer_info(pinned).type, MemoryType::kPinnedHost);
+  // IPC handles name whole allocations: an interior address gives the allocation's base.
+  AddressRange range = rt_->allocation_range(static_cast<uint8_t*>(dev) + 5000);
+  EXPECT_EQ(range.base, reinterpret_cast<uintptr_t>(dev));
+  EXPECT_GE(range.size, 10000u);
+  EXPECT_THROW(rt_->allocation_range(heap.data()), InvalidArgumentError);
+  rt_->pinned_free(pinned);
+  rt_->device_free(dev);
+}
+
+TEST_P(DeviceRuntime, CopiesMoveBytesHostToDeviceDeviceToDeviceAndBack) {
+  const size_t n = (1 << 20) + 13;  // not a page multiple
+  void* a = rt_->device_alloc(0, n + 100);
+  void* b = rt_->device_alloc(0, n + 100);
+  std::vector<uint8_t> src = patterned(n, 7);
+  std::vector<uint8_t> back(n, 0);
+  copy_and_wait(*rt_, static_cast<uint8_t*>(a) + 11, src.data(), n, stream_);
+  copy_and_wait(*rt_, static_cast<uint8_t*>(b) + 87, static_cast<uint8_t*>(a) + 11, n, stream_);
+  copy_and_wait(*rt_, back.data(), static_cast<uint8_t*>(b) + 87, n, stream_);
+  EXPECT_EQ(back, src);
+  // Through pinned staging memory too.
+  auto* pinned = static_cast<uint8_t*>(rt_->pinned_alloc(n));
+  copy_and_wait(*rt_, pinned, static_cast<uint8_t*>(a) + 11, n, stream_);
+  EXPECT_EQ(0, std::memcmp(pinned, src.data(), n));
+  rt_->pinned_free(pinned);
+  rt_->device_free(a);
+  rt_->device_free(b);
+}
+
+TEST_P(DeviceRuntime, AStreamRunsItsWorkInOrderAndAnEventCompletesAfterIt) {
+  const size_t n = 4 << 20;
+  void* dev = rt_->device_alloc(0, n);
+  std::vector<uint8_t> first = patterned(n, 1), second = patterned(4096, 2), back(n);
+  Event done = rt_->event_create(0);
+  EXPECT_TRUE(rt_->event_query(done));  // never recorded: complete, as in CUDA
+  // Queued back to back with no wait between: the second overwrites the start of the first.
+  rt_->memcpy_async(dev, first.data(), n, stream_);
+  rt_->memcpy_async(dev, second.data(), second.size(), stream_);
+  rt_->memcpy_async(back.data(), dev, n, stream_);
+  rt_->event_record(done, stream_);
+  rt_->event_synchronize(done);
+  EXPECT_TRUE(rt_->event_query(done));
+  std::vector<uint8_t> want = first;
+  std::copy(second.begin(), second.end(), want.begin());
+  EXPECT_EQ(back, want);
+  rt_->event_destroy(done);
+  rt_->device_free(dev);
+}
+
+TEST_P(DeviceRuntime, IpcHandlesShareAnAllocationWithAnotherProcessByteExact) {
+  const size_t n = (256 << 10) + 4;
+  void* dev = rt_->device_alloc(0, n);
+  std::vector<uint8_t> mine = patterned(n, 1);
+  copy_and_wait(*rt_, dev, mine.data(), n, stream_);
+  // Taken at an interior address, the handle still names the whole allocation.
+  IpcHandle handle = rt_->ipc_get_handle(static_cast<uint8_t*>(dev) + 4096);
+  EXPECT_EQ(handle, rt_->ipc_get_handle(dev));
+  ASSERT_EQ(run_peer(GetParam(), "rw", handle, n), 0);
+  std::vector<uint8_t> back(n);
+  copy_and_wait(*rt_, back.data(), dev, n, stream_);
+  std::vector<uint8_t> want = mine;
+  std::vector<uint8_t> theirs = patterned(n / 2, 2);
+  std::copy(theirs.begin(), theirs.end(), want.begin() + n / 2);
+  EXPECT_EQ(back, want);
+  rt_->device_free(dev);
+}
+
+INSTANTIATE_TEST_SUITE_P(Runtimes, DeviceRuntime, ::testing::Values("sim", "cuda"),
+                         [](const auto& info) { return info.param; });
+
+// --- The simulated runtime's own rules -------------------------------------------------
+
+uintptr_t g_fault_lo = 0, g_fault_hi = 0;
+
+void on_segv(int, siginfo_t* info, void*) {
+  const auto addr = reinterpret_cast<uintptr_t>(info->si_addr);
+  _exit(addr >= g_fault_lo && addr < g_fault_hi ? 42 : 43);
+}
+
+// In the death-test child: touch device memory from host code; exit 42 if that faulted at
+// the device address, 0 if it did not fault at all.
+void touch_from_host(void* device_ptr, size_t n, bool write) {
+  g_fault_lo = reinterpret_cast<uintptr_t>(device_ptr);
+  g_fault_hi = g_fault_lo + n;
+  struct sigaction sa {};
+  sa.sa_sigaction = on_segv;
+  sa.sa_flags = SA_SIGINFO;
+  sigaction(SIGSEGV, &sa, nullptr);
+  sigaction(SIGBUS, &sa, nullptr);
+  volatile uint8_t* p = static_cast<volatile uint8_t*>(device_ptr) + n / 2;
+  if (write) {
+    *p = 1;
+  } else {
+    [[maybe_unused]] uint8_t v = *p;
+  }
+  _exit(0);
+}
+
+TEST(SimGpu, HostLoadsAndStoresToDeviceMemoryFault) {
+  Runtime& rt = sim_runtime();
+  void* dev = rt.device_alloc(0, 3 * 4096 + 5);
+  std::vector<uint8_t> data = patterned(3 * 4096 + 5, 3);
+  copy_and_wait(rt, dev, data.data(), data.size(), nullptr);  // it holds data: still no host access
+  EXPECT_EXIT(touch_from_host(dev, data.size(), false), ::testing::ExitedWithCode(42), "");
+  EXPECT_EXIT(touch_from_host(dev, data.size(), true), ::testing::ExitedWithCode(42), "");
+  rt.device_free(dev);
+}
+
+TEST(SimGpu, QueuedWorkHasNotHappenedUntilItsEventCompletes) {
+  Runtime& rt = sim_runtime();
+  Stream s = rt.stream_create(0);
+  void* dev = rt.device_alloc(0, 4096);
+  std::vector<uint8_t> src = patterned(4096, 9), back(4096, 0);
+  Event done = rt.event_create(0);
+  sim::hold_streams(true);
+  rt.memcpy_async(dev, src.data(), src.size(), s);
+  rt.memcpy_async(back.data(), dev, back.size(), s);
+  rt.event_record(done, s);
+  EXPECT_FALSE(rt.event_query(done));  // asynchronous: memcpy_async returned before copying
+  EXPECT_EQ(back, std::vector<uint8_t>(4096, 0));
+  sim::hold_streams(false);
+  rt.event_synchronize(done);
+  EXPECT_EQ(back, src);
+  rt.event_destroy(done);
+  rt.device_free(dev);
+  rt.stream_destroy(s);
+}
+
+TEST(SimGpu, EventsOfOneStreamDoNotWaitForAnother) {
+  Runtime& rt = sim_runtime();
+  Stream a = rt.stream_create(0), b = rt.stream_create(1);
+  void* dev = rt.device_alloc(1, 64);
+  std::vector<uint8_t> src = patterned(64, 4), back(64);
+  Event on_a = rt.event_create(0), on_b = rt.event_create(1);
+  rt.event_record(on_a, a);
+  rt.event_synchronize(on_a);
+  rt.memcpy_async(dev, src.data(), src.size(), b);
+  rt.memcpy_async(back.data(), dev, back.size(), b);
+  rt.event_record(on_b, b);
+  rt.event_record(on_a, a);  // recorded again: complete again only when a's work is
+  rt.event_synchronize(on_b);
+  rt.event_synchronize(on_a);
+  EXPECT_EQ(back, src);
+  EXPECT_EQ(rt.pointer_info(dev).device, 1);
+  rt.event_destroy(on_a);
+  rt.event_destroy(on_b);
+  rt.device_free(dev);
+  rt.stream_destroy(a);
+  rt.stream_destroy(b);
+}
+
+TEST(SimGpu, CopiesPastADeviceAllocationAreRefusedWhenQueued) {
+  Runtime& rt = sim_runtime();
+  void* dev = rt.device_alloc(0, 100);
+  std::vector<uint8_t> host(200);
+  EXPECT_THROW(rt.memcpy_async(dev, host.data(), 101, nullptr), InvalidArgumentError);
+  EXPECT_THROW(rt.memcpy_async(host.data(), static_cast<uint8_t*>(dev) + 50, 51, nullptr), InvalidArgumentError);
+  // A "host" range that runs into device memory is no host range.
+  EXPECT_THROW(rt.memcpy_async(host.data(), static_cast<uint8_t*>(dev) - 8, 16, nullptr), InvalidArgumentError);
+  EXPECT_THROW(rt.device_alloc(sim::kDeviceCount, 64), InvalidArgumentError);
+  EXPECT_THROW(rt.stream_create(-1), InvalidArgumentError);
+  EXPECT_THROW(rt.device_free(static_cast<uint8_t*>(dev) + 1), InvalidArgumentError);
+  EXPECT_THROW(rt.device_free(host.data()), InvalidArgumentError);
+  rt.device_free(dev);
+  EXPECT_EQ(rt.pointer_info(dev).type, MemoryType::kHost);  // freed: no longer device memory
+}
+
+TEST(SimGpu, BadIpcHandlesFailClearly) {
+  Runtime& rt = sim_runtime();
+  void* dev = rt.device_alloc(0, 4096);
+  IpcHandle handle = rt.ipc_get_handle(dev);
+  // CUDA's rule: a process cannot open its own handle.
+  EXPECT_THROW(rt.ipc_open(handle, 0), InvalidArgumentError);
+  EXPECT_THROW(rt.ipc_open(IpcHandle{}, 0), InvalidArgumentError);
+  EXPECT_THROW(IpcHandle::from_hex("zz"), InvalidArgumentError);
+  EXPECT_THROW(IpcHandle::from_hex(std::string(128, 'g')), InvalidArgumentError);
+  std::vector<uint8_t> host(16);
+  EXPECT_THROW(rt.ipc_get_handle(host.data()), InvalidArgumentError);
+  EXPECT_THROW(rt.ipc_close(dev), InvalidArgumentError);  // not opened from a handle
+  rt.device_free(dev);
+  // The allocation is gone: another process cannot open its handle (even if a new
+  // allocation now has the same fd number).
+  void* other = rt.device_alloc(0, 4096);
+  EXPECT_EQ(run_peer("sim", "open", handle, 4096), 3);
+  rt.device_free(other);
+}
+
+TEST(GpuRuntimeSelection, TheVariableSelectsTheSimulatedGpuAndNothingFallsBack) {
+  // The variable is read on each call; the test leaves it as it found it.
+  const char* was = std::getenv("DLSLIME_GPU_SIM");
+  const std::string saved = was ? was : "";
+  struct Restore {
+    const char* was;
+    std::string saved;
+    ~Restore() { was ? setenv("DLSLIME_GPU_SIM", saved.c_str(), 1) : unsetenv("DLSLIME_GPU_SIM"); }
+  } restore{was, saved};
+  ASSERT_EQ(setenv("DLSLIME_GPU_SIM", "1", 1), 0);
+  EXPECT_STREQ(runtime().name(), "sim");
+  EXPECT_EQ(unavailable_reason(), "");
+  ASSERT_EQ(unsetenv("DLSLIME_GPU_SIM"), 0);
+  Runtime* cuda = runtime_named("cuda");
+  if (cuda) {
+    EXPECT_STREQ(runtime().name(), "cuda");
+    return;
+  }
+  // No GPU and no variable: a clear error naming the GPU and the way to the simulated one.
+  try {
+    runtime();
+    FAIL() << "runtime() returned without a GPU";
+  } catch (const GpuUnavailableError& e) {
+    EXPECT_NE(std::string(e.what()).find("GPU"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("DLSLIME_GPU_SIM=1"), std::string::npos) << e.what();
+  }
+  EXPECT_NE(unavailable_reason().find("GPU"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dlslime::gpu
+
+int main(int argc, char** argv) {
+  if (argc == 6 && std::strcmp(argv[1], "--gpu-ipc-peer") == 0) {
+    return dlslime::gpu::peer_main(argv[2], argv[3], argv[4], std::strtoull(argv[5], nullptr, 10));
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  // The death tests run in a process with stream threads: re-exec rather than fork.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  return RUN_ALL_TESTS();
+}
