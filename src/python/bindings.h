@@ -8,6 +8,7 @@ namespace dlslime::py_bind {
 void bind_core(pybind11::module_& m);        // Future, status codes, logging, exceptions
 void bind_endpoint(pybind11::module_& m);    // Endpoint: the surface every transport shares
 void bind_transports(pybind11::module_& m);  // available_transports(), make_endpoint()
+void bind_gpu(pybind11::module_& m);         // _gpu: device buffers, GpuUnavailableError (dlslime.testing)
 #ifdef DLSLIME_WITH_TCP
 void bind_tcp(pybind11::module_& m);  // TcpEndpoint (derives from Endpoint)
 #endif

@@ -7,6 +7,8 @@ PYBIND11_MODULE(_dlslime, m) {
   // Before every transport's class: each derives from Endpoint.
   dlslime::py_bind::bind_endpoint(m);
   dlslime::py_bind::bind_transports(m);
+  // After bind_core: its exception translator must be tried before bind_core's.
+  dlslime::py_bind::bind_gpu(m);
 #ifdef DLSLIME_WITH_TCP
   dlslime::py_bind::bind_tcp(m);
 #endif
