@@ -15,9 +15,21 @@
 
 #include <fmt/format.h>
 
+#include "rdma/sim_link.h"
+
 namespace dlslime::rdma::sim {
 
-GidBytes device_gid() { return GidBytes{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1}; }
+GidBytes device_gid() {
+  const auto pid = static_cast<uint32_t>(::getpid());
+  return GidBytes{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, static_cast<uint8_t>(pid >> 16),
+                  static_cast<uint8_t>(pid >> 8), static_cast<uint8_t>(pid)};
+}
+
+pid_t gid_pid(const GidBytes& gid) {
+  static const GidBytes prefix{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 0};
+  if (!std::equal(gid.begin(), gid.begin() + 13, prefix.begin())) return 0;
+  return static_cast<pid_t>((uint32_t{gid[13]} << 16) | (uint32_t{gid[14]} << 8) | gid[15]);
+}
 
 namespace {
 
@@ -64,6 +76,10 @@ uint64_t sge_total(const std::vector<Sge>& sges) {
 
 std::mutex g_fabric_mu;
 std::weak_ptr<Fabric> g_fabric;
+// Fabrics constructed and not yet fully destroyed. A new one waits for the old one's
+// destructor to finish: its socket name (the pid) is only free once that has closed it.
+int g_live = 0;
+std::condition_variable g_fabric_gone;
 
 }  // namespace
 
@@ -80,12 +96,15 @@ void Cq::signal() {
 }
 
 std::shared_ptr<Fabric> Fabric::acquire() {
-  std::lock_guard<std::mutex> lock(g_fabric_mu);
-  std::shared_ptr<Fabric> fabric = g_fabric.lock();
-  if (!fabric) {
-    fabric = std::make_shared<Fabric>();
-    g_fabric = fabric;
-  }
+  std::unique_lock<std::mutex> lock(g_fabric_mu);
+  if (std::shared_ptr<Fabric> fabric = g_fabric.lock()) return fabric;
+  // The last user may have just let go of the previous fabric, whose destructor is still
+  // running (its weak_ptr has expired already): wait for it to finish.
+  g_fabric_gone.wait(lock, [] { return g_live == 0 || !g_fabric.expired(); });
+  if (std::shared_ptr<Fabric> fabric = g_fabric.lock()) return fabric;
+  auto fabric = std::make_shared<Fabric>();
+  ++g_live;
+  g_fabric = fabric;
   return fabric;
 }
 
@@ -94,8 +113,19 @@ std::shared_ptr<Fabric> Fabric::current() {
   return g_fabric.lock();
 }
 
-Fabric::Fabric() : next_key_(static_cast<uint32_t>(std::random_device{}()) | 1u) {
+Fabric::Fabric() : next_key_(static_cast<uint32_t>(std::random_device{}()) | 1u), gid_(device_gid()) {
   engine_ = std::thread([this] { run(); });
+  try {
+    link_ = std::make_unique<Link>(*this);
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    engine_.join();
+    throw;
+  }
 }
 
 Fabric::~Fabric() {
@@ -105,6 +135,10 @@ Fabric::~Fabric() {
   }
   cv_.notify_all();
   engine_.join();
+  link_.reset();  // closes the socket (peers see a dead host) and frees its name
+  std::lock_guard<std::mutex> lock(g_fabric_mu);
+  --g_live;
+  g_fabric_gone.notify_all();
 }
 
 uint32_t Fabric::new_pd() { return next_pd_++; }
@@ -313,122 +347,204 @@ void Fabric::run() {
   }
 }
 
-// Several progress events may be pending for one QP (one per post); each executes at most
+// Several progress events may be pending for one QP (one per post); each starts at most
 // the head WR, so work stays in order, and a WR waiting for an RNR or ACK retry is only
 // retried by the event scheduled for that time.
 void Fabric::progress(Qp& qp) {
+  const Clock::time_point now = Clock::now();
+  if (qp.inflight_token != 0) {
+    // The head WR awaits another process's answer. Each ACK timeout without one is a
+    // retry (retransmissions that went unanswered too); after retry_cnt, RETRY_EXC_ERR.
+    // A QP in ERR keeps waiting the same bound before it flushes the WR: the responder
+    // may still be copying into its buffers until it answers.
+    if (now < qp.inflight_deadline) return;
+    PostedSend& ps = qp.sq.front();
+    ++ps.retry_tries;
+    if (qp.rts.timeout == 0 || ps.retry_tries <= qp.rts.retry_cnt) {
+      qp.inflight_deadline = now + ack_timeout(qp.rts.timeout);
+      schedule_progress(qp, qp.inflight_deadline);
+      return;
+    }
+    qp.inflight_token = 0;
+    if (qp.state == QpState::kErr) {
+      flush(qp);
+    } else {
+      fail_head(qp, WcStatus::kRetryExcErr);
+    }
+    return;
+  }
   if (qp.state == QpState::kErr) {
     flush(qp);
     return;
   }
   if (qp.state != QpState::kRts || qp.sq.empty()) return;
-  Clock::time_point now = Clock::now();
   if (now < qp.last_retry_at) return;
   execute(qp);
-  if (qp.state == QpState::kRts && !qp.sq.empty() && qp.last_retry_at <= now) schedule_progress(qp, now);
+  if (qp.state == QpState::kRts && !qp.sq.empty() && qp.inflight_token == 0 && qp.last_retry_at <= now) {
+    schedule_progress(qp, now);
+  }
+}
+
+void Fabric::fail_head(Qp& qp, WcStatus status) {
+  PostedSend ps = std::move(qp.sq.front());
+  qp.sq.pop_front();
+  WorkCompletion wc;
+  wc.wr_id = ps.wr.wr_id;
+  wc.opcode = send_wc_opcode(ps.wr.opcode);
+  wc.qp_num = qp.qpn;
+  wc.status = status;
+  complete(qp, true, ps.seq, wc);
+  to_error(qp);
 }
 
 void Fabric::execute(Qp& qp) {
-  PostedSend ps = std::move(qp.sq.front());
-  qp.sq.pop_front();
+  PostedSend& ps = qp.sq.front();
   const SendWr& wr = ps.wr;
   const bool is_read = wr.opcode == WrOpcode::kRdmaRead;
-  const Clock::time_point now = Clock::now();
-
-  WorkCompletion wc;
-  wc.wr_id = wr.wr_id;
-  wc.opcode = send_wc_opcode(wr.opcode);
-  wc.qp_num = qp.qpn;
-  auto fail = [&](WcStatus status) {
-    wc.status = status;
-    complete(qp, true, ps.seq, wc);
-    to_error(qp);
-  };
-  auto retry_at = [&](Clock::time_point at) {
-    qp.last_retry_at = at;
-    qp.sq.push_front(std::move(ps));
-    schedule_progress(qp, at);
-  };
 
   // Requester: the local buffers must be registered in this QP's PD (a READ writes them).
-  uint64_t total = wr.inline_data ? ps.inline_bytes.size() : sge_total(ps.sges);
+  const uint64_t total = wr.inline_data ? ps.inline_bytes.size() : sge_total(ps.sges);
   if (!wr.inline_data) {
     for (const Sge& s : ps.sges) {
       const Mr* mr = find_key(s.lkey, false);
       if (!mr || mr->pd != qp.pd || !in_range(*mr, s.addr, s.length) || (is_read && !(mr->access & kLocalWrite))) {
-        fail(WcStatus::kLocProtErr);
+        fail_head(qp, WcStatus::kLocProtErr);
         return;
       }
     }
   }
 
-  // The packet reaches the responder only if it exists, is connected back to this QP, can
-  // receive (RTR or RTS), is addressed by the right GID and expects this PSN. Otherwise
-  // nothing acknowledges it: retry after the ACK timeout, then RETRY_EXC_ERR.
-  Qp* peer = find_qp(qp.rtr.remote_qpn);
-  const bool reachable = peer && peer->rtr.remote_qpn == qp.qpn &&
-                         (peer->state == QpState::kRtr || peer->state == QpState::kRts) &&
-                         qp.rtr.remote_gid == device_gid() && qp.next_send_psn == peer->expected_psn;
-  if (!reachable) {
-    ++ps.retry_tries;
-    if (qp.rts.timeout != 0 && ps.retry_tries > qp.rts.retry_cnt) {
-      fail(WcStatus::kRetryExcErr);
-    } else {
-      retry_at(now + ack_timeout(qp.rts.timeout));
-    }
+  Request rq;
+  rq.h.token = ++next_token_;
+  rq.h.src_gid = gid_;
+  rq.h.src_qpn = qp.qpn;
+  rq.h.dst_qpn = qp.rtr.remote_qpn;
+  rq.h.psn = qp.next_send_psn;
+  // Each WR takes ceil(bytes / path MTU) PSNs (at least one) on both sides.
+  const uint64_t mtu = static_cast<uint64_t>(mtu_bytes(qp.rtr.path_mtu));
+  rq.h.packets = static_cast<uint32_t>(std::max<uint64_t>(1, (total + mtu - 1) / mtu));
+  rq.h.opcode = wr.opcode;
+  rq.h.rkey = wr.rkey;
+  rq.h.remote_addr = wr.remote_addr;
+  rq.h.imm_data = wr.imm_data;
+  rq.h.total = total;
+  rq.h.inline_data = wr.inline_data;
+  if (wr.inline_data) {
+    rq.inline_bytes = ps.inline_bytes;
+  } else {
+    rq.sges = ps.sges;
+  }
+
+  // The packet goes where the remote GID points: this process's own fabric answers at
+  // once; another process's answers over the link (or, when nothing listens for that
+  // GID, nobody does: an ACK timeout, as for any unreachable responder).
+  if (qp.rtr.remote_gid == gid_) {
+    finish(qp, respond(rq, 0));
     return;
   }
-
-  // Responder: an RDMA op needs a valid rkey in the responder's PD covering the range, with
-  // the access the op needs granted both by the MR and by the responder QP.
-  if (!needs_recv(wr.opcode) || wr.opcode == WrOpcode::kRdmaWriteWithImm) {
-    const uint32_t need = is_read ? kRemoteRead : kRemoteWrite;
-    const Mr* rmr = find_key(wr.rkey, true);
-    if (!rmr || rmr->pd != peer->pd || !in_range(*rmr, wr.remote_addr, total) || !(rmr->access & need) ||
-        !(peer->init.access & need)) {
-      fail(WcStatus::kRemAccessErr);
-      return;
-    }
+  const pid_t pid = gid_pid(qp.rtr.remote_gid);
+  uint64_t link = 0;
+  if (pid <= 0 || !link_ || link_->send_request(pid, rq, &link) != 0) {
+    finish(qp, Answer{Reply::kNoAck, 0});
+    return;
   }
+  qp.inflight_token = rq.h.token;
+  qp.inflight_link = link;
+  qp.inflight_deadline = Clock::now() + ack_timeout(qp.rts.timeout);
+  schedule_progress(qp, qp.inflight_deadline);
+}
 
-  // Ops that consume a receive: none posted is an RNR NAK, retried after the responder's
-  // RNR timer, rnr_retry times (7: forever), then RNR_RETRY_EXC_ERR.
-  std::optional<PostedRecv> recv;
-  if (needs_recv(wr.opcode)) {
-    if (peer->rq.empty()) {
+void Fabric::finish(Qp& qp, const Answer& answer) {
+  PostedSend& ps = qp.sq.front();
+  const Clock::time_point now = Clock::now();
+  auto retry_at = [&](Clock::time_point at) {
+    qp.last_retry_at = at;
+    schedule_progress(qp, at);
+  };
+  switch (answer.reply) {
+    case Reply::kNoAck:
+      ++ps.retry_tries;
+      if (qp.rts.timeout != 0 && ps.retry_tries > qp.rts.retry_cnt) {
+        fail_head(qp, WcStatus::kRetryExcErr);
+      } else {
+        retry_at(now + ack_timeout(qp.rts.timeout));
+      }
+      return;
+    case Reply::kRnr:
+      // No receive posted: retried after the responder's RNR timer, rnr_retry times (7:
+      // forever), then RNR_RETRY_EXC_ERR.
       ++qp.rnr_naks;
       ++ps.rnr_tries;
       if (qp.rts.rnr_retry != 7 && ps.rnr_tries > qp.rts.rnr_retry) {
-        fail(WcStatus::kRnrRetryExcErr);
+        fail_head(qp, WcStatus::kRnrRetryExcErr);
       } else {
-        retry_at(now + rnr_delay(peer->rtr.min_rnr_timer));
+        retry_at(now + rnr_delay(answer.min_rnr_timer));
       }
       return;
+    case Reply::kRemAccess: fail_head(qp, WcStatus::kRemAccessErr); return;
+    case Reply::kRemInvReq: fail_head(qp, WcStatus::kRemInvReqErr); return;
+    case Reply::kRemOpErr: fail_head(qp, WcStatus::kRemOpErr); return;
+    case Reply::kAck: break;
+  }
+  PostedSend done = std::move(ps);
+  qp.sq.pop_front();
+  const uint64_t mtu = static_cast<uint64_t>(mtu_bytes(qp.rtr.path_mtu));
+  const uint64_t total = done.wr.inline_data ? done.inline_bytes.size() : sge_total(done.sges);
+  const uint32_t packets = static_cast<uint32_t>(std::max<uint64_t>(1, (total + mtu - 1) / mtu));
+  qp.next_send_psn = (qp.next_send_psn + packets) & 0xffffff;
+  if (done.wr.signaled) {
+    WorkCompletion wc;
+    wc.wr_id = done.wr.wr_id;
+    wc.opcode = send_wc_opcode(done.wr.opcode);
+    wc.qp_num = qp.qpn;
+    wc.status = WcStatus::kSuccess;
+    // verbs: byte_len is for reads and receives
+    wc.byte_len = done.wr.opcode == WrOpcode::kRdmaRead ? static_cast<uint32_t>(total) : 0;
+    complete(qp, true, done.seq, wc);
+  }
+}
+
+Answer Fabric::respond(const Request& rq, pid_t requester) {
+  const RequestHeader& h = rq.h;
+  // The packet is accepted only by a QP that exists, is connected back to the requester
+  // (QPN and GID), can receive (RTR or RTS) and expects this PSN. Otherwise nothing
+  // acknowledges it: the requester retries after its ACK timeout, then RETRY_EXC_ERR.
+  Qp* peer = find_qp(h.dst_qpn);
+  const bool reachable = peer && peer->rtr.remote_qpn == h.src_qpn && peer->rtr.remote_gid == h.src_gid &&
+                         (peer->state == QpState::kRtr || peer->state == QpState::kRts) &&
+                         h.psn == peer->expected_psn;
+  if (!reachable) return Answer{Reply::kNoAck, 0};
+  const bool is_read = h.opcode == WrOpcode::kRdmaRead;
+
+  // An RDMA op needs a valid rkey in the responder's PD covering the range, with the
+  // access the op needs granted both by the MR and by the responder QP.
+  if (!needs_recv(h.opcode) || h.opcode == WrOpcode::kRdmaWriteWithImm) {
+    const uint32_t need = is_read ? kRemoteRead : kRemoteWrite;
+    const Mr* rmr = find_key(h.rkey, true);
+    if (!rmr || rmr->pd != peer->pd || !in_range(*rmr, h.remote_addr, h.total) || !(rmr->access & need) ||
+        !(peer->init.access & need)) {
+      return Answer{Reply::kRemAccess, 0};
     }
+  }
+
+  // Ops that consume a receive: none posted is an RNR NAK.
+  std::optional<PostedRecv> recv;
+  if (needs_recv(h.opcode)) {
+    if (peer->rq.empty()) return Answer{Reply::kRnr, peer->rtr.min_rnr_timer};
     recv = std::move(peer->rq.front());
     peer->rq.pop_front();
   }
-  ps.rnr_tries = 0;
-  ps.retry_tries = 0;
 
-  // The bytes the requester sends (or, for READ, where they go).
-  std::vector<uint8_t> payload;
-  if (!is_read) {
-    if (wr.inline_data) {
-      payload = std::move(ps.inline_bytes);
-    } else {
-      payload.resize(total);
-      size_t at = 0;
-      for (const Sge& s : ps.sges) {
-        std::memcpy(payload.data() + at, reinterpret_cast<const void*>(s.addr), s.length);
-        at += s.length;
-      }
-    }
-  }
+  // Where the requester's bytes are: its buffers in its process, or the inline copy here.
+  const std::vector<Sge> inline_src{Sge{reinterpret_cast<uint64_t>(rq.inline_bytes.data()),
+                                        static_cast<uint32_t>(rq.inline_bytes.size()), 0}};
+  const std::vector<Sge>& src = h.inline_data ? inline_src : rq.sges;
+  const pid_t src_pid = h.inline_data ? 0 : requester;
 
   WorkCompletion rwc;
   rwc.qp_num = peer->qpn;
-  if (wr.opcode == WrOpcode::kSend || wr.opcode == WrOpcode::kSendWithImm) {
+  int err = 0;
+  if (h.opcode == WrOpcode::kSend || h.opcode == WrOpcode::kSendWithImm) {
     rwc.wr_id = recv->wr_id;
     rwc.opcode = WcOpcode::kRecv;
     bool recv_ok = true;
@@ -439,50 +555,61 @@ void Fabric::execute(Qp& qp) {
     // A bad receive buffer is the responder's protection error (the requester sees a
     // remote operational error); a message longer than the receive is a length error at
     // the responder and an invalid request at the requester. Both QPs go to ERR.
-    if (!recv_ok || total > sge_total(recv->sges)) {
+    if (!recv_ok || h.total > sge_total(recv->sges)) {
       rwc.status = recv_ok ? WcStatus::kLocLenErr : WcStatus::kLocProtErr;
       complete(*peer, false, recv->seq, rwc);
       to_error(*peer);
-      fail(recv_ok ? WcStatus::kRemInvReqErr : WcStatus::kRemOpErr);
-      return;
+      return Answer{recv_ok ? Reply::kRemInvReq : Reply::kRemOpErr, 0};
     }
-    size_t at = 0;
-    for (const Sge& s : recv->sges) {
-      size_t n = std::min<size_t>(s.length, payload.size() - at);
-      std::memmove(reinterpret_cast<void*>(s.addr), payload.data() + at, n);
-      at += n;
-    }
+    err = move_bytes(0, recv->sges, src_pid, src, h.total);
   } else if (is_read) {
-    size_t at = 0;
-    for (const Sge& s : ps.sges) {
-      std::memmove(reinterpret_cast<void*>(s.addr), reinterpret_cast<const void*>(wr.remote_addr + at), s.length);
-      at += s.length;
-    }
-  } else if (!payload.empty()) {
-    std::memmove(reinterpret_cast<void*>(wr.remote_addr), payload.data(), payload.size());
+    err = move_bytes(requester, rq.sges, 0, {Sge{h.remote_addr, static_cast<uint32_t>(h.total), 0}}, h.total);
+  } else if (h.total > 0) {
+    err = move_bytes(0, {Sge{h.remote_addr, static_cast<uint32_t>(h.total), 0}}, src_pid, src, h.total);
   }
-
-  // Each WR takes ceil(bytes / path MTU) PSNs (at least one) on both sides.
-  const uint64_t mtu = static_cast<uint64_t>(mtu_bytes(qp.rtr.path_mtu));
-  const uint32_t packets = static_cast<uint32_t>(std::max<uint64_t>(1, (total + mtu - 1) / mtu));
-  qp.next_send_psn = (qp.next_send_psn + packets) & 0xffffff;
-  peer->expected_psn = (peer->expected_psn + packets) & 0xffffff;
+  if (err != 0) {
+    // The requester's memory could not be reached (ptrace permission, a process that is
+    // gone, unmapped pages): nothing was consumed here, the requester's WR fails.
+    if (recv) peer->rq.push_front(std::move(*recv));
+    report_copy_error(requester, err);
+    return Answer{Reply::kRemOpErr, 0};
+  }
+  peer->expected_psn = (peer->expected_psn + h.packets) & 0xffffff;
 
   if (recv) {
-    if (wr.opcode == WrOpcode::kRdmaWriteWithImm) {
+    if (h.opcode == WrOpcode::kRdmaWriteWithImm) {
       rwc.wr_id = recv->wr_id;
       rwc.opcode = WcOpcode::kRecvRdmaWithImm;
     }
     rwc.status = WcStatus::kSuccess;
-    rwc.byte_len = static_cast<uint32_t>(total);
-    rwc.has_imm = wr.opcode == WrOpcode::kSendWithImm || wr.opcode == WrOpcode::kRdmaWriteWithImm;
-    rwc.imm_data = rwc.has_imm ? wr.imm_data : 0;
+    rwc.byte_len = static_cast<uint32_t>(h.total);
+    rwc.has_imm = h.opcode == WrOpcode::kSendWithImm || h.opcode == WrOpcode::kRdmaWriteWithImm;
+    rwc.imm_data = rwc.has_imm ? h.imm_data : 0;
     complete(*peer, false, recv->seq, rwc);
   }
-  if (wr.signaled) {
-    wc.status = WcStatus::kSuccess;
-    wc.byte_len = is_read ? static_cast<uint32_t>(total) : 0;  // verbs: byte_len is for reads and receives
-    complete(qp, true, ps.seq, wc);
+  return Answer{Reply::kAck, 0};
+}
+
+void Fabric::on_answer(uint32_t qpn, uint64_t token, const Answer& answer) {
+  Qp* qp = find_qp(qpn);
+  if (!qp || qp->inflight_token == 0 || qp->inflight_token != token) return;  // late: already given up
+  qp->inflight_token = 0;
+  if (qp->state == QpState::kErr) {
+    flush(*qp);
+    return;
+  }
+  finish(*qp, answer);
+  if (qp->state == QpState::kRts && !qp->sq.empty() && qp->inflight_token == 0) {
+    schedule_progress(*qp, std::max(Clock::now(), qp->last_retry_at));
+  }
+}
+
+void Fabric::on_link_lost(uint64_t link) {
+  // A closed connection is a dead peer: its requests will never be answered. That is a
+  // lost packet, so the requester sees no ACK (and retries, reconnecting, until its
+  // retry count runs out).
+  for (auto& [qpn, qp] : qps_) {
+    if (qp->inflight_token != 0 && qp->inflight_link == link) on_answer(qpn, qp->inflight_token, Answer{Reply::kNoAck, 0});
   }
 }
 
@@ -530,7 +657,10 @@ void Fabric::flush(Qp& qp) {
   WorkCompletion wc;
   wc.status = WcStatus::kWrFlushErr;
   wc.qp_num = qp.qpn;
-  while (!qp.sq.empty()) {
+  // A WR another process is answering is flushed (with those after it, in order) once
+  // its answer came or the wait for it ran out: until then the responder may still be
+  // copying into its buffers.
+  while (qp.inflight_token == 0 && !qp.sq.empty()) {
     PostedSend ps = std::move(qp.sq.front());
     qp.sq.pop_front();
     wc.wr_id = ps.wr.wr_id;

@@ -5,8 +5,11 @@
 //
 // One Fabric per process, shared by every open "sim_rdma0" context: two QPs of two
 // contexts connected to each other talk through it, as two ports on one switch would.
-// Everything is guarded by one mutex; the engine thread is the only one that moves
-// data or produces completions, so nothing completes inside post_send.
+// Every process is its own host: its port's GID encodes its pid (device_gid()), and a QP
+// addressed by another process's GID is reached over the host-local link (sim_link.h),
+// where that process's fabric answers as the responder and moves the bytes itself.
+// Everything is guarded by one mutex; the engine thread is the only one that starts work
+// or produces send completions, so nothing completes inside post_send.
 #pragma once
 
 #include <chrono>
@@ -19,6 +22,8 @@
 #include <thread>
 #include <unordered_map>
 #include <vector>
+
+#include <sys/types.h>
 
 #include "rdma/verbs.h"
 
@@ -33,8 +38,11 @@ inline constexpr uint32_t kMaxSge = 30;
 inline constexpr uint32_t kMaxInline = 256;
 inline constexpr int kMaxCqe = 65536;
 
-// The one GID of port 1: ::ffff:127.0.0.1 (IPv4-mapped), RoCE v2.
+// The one GID of port 1 in this process: ::ffff:127.a.b.c (IPv4-mapped, RoCE v2) where
+// a.b.c is the pid (pids fit in 22 bits), so each process is a separate, addressable host.
 GidBytes device_gid();
+// The pid a simulated GID names, or 0 for a GID no simulated device has.
+pid_t gid_pid(const GidBytes& gid);
 
 using Clock = std::chrono::steady_clock;
 
@@ -73,6 +81,46 @@ struct PostedSend {
   uint32_t retry_tries = 0;
 };
 
+// What the requester's engine sends the responder for one WR (its packets, as one unit).
+// Addresses in `sges` are the requester's: the responder copies from or to them itself.
+struct RequestHeader {
+  uint64_t token = 0;  // names this attempt in the answer
+  GidBytes src_gid{};
+  uint32_t src_qpn = 0;
+  uint32_t dst_qpn = 0;
+  uint32_t psn = 0;
+  uint32_t packets = 1;  // PSNs the WR takes: ceil(bytes / path MTU), at least one
+  WrOpcode opcode = WrOpcode::kRdmaWrite;
+  uint32_t rkey = 0;
+  uint64_t remote_addr = 0;
+  uint32_t imm_data = 0;
+  uint64_t total = 0;  // payload bytes
+  bool inline_data = false;
+};
+
+struct Request {
+  RequestHeader h;
+  std::vector<Sge> sges;             // the requester's buffers (not for inline)
+  std::vector<uint8_t> inline_bytes;  // the payload itself, for inline WRs
+};
+
+// The responder's answer, as the requester's NIC would see it on the wire.
+enum class Reply : uint8_t {
+  kAck,
+  kNoAck,      // nothing answered (no such QP, not connected back, wrong state or PSN): retry
+  kRnr,        // no receive posted: retry after min_rnr_timer
+  kRemAccess,  // NAK remote access error
+  kRemInvReq,  // NAK invalid request (message longer than the receive)
+  kRemOpErr,   // NAK remote operational error (bad receive buffer, or the copy failed)
+};
+
+struct Answer {
+  Reply reply = Reply::kNoAck;
+  uint8_t min_rnr_timer = 0;  // for kRnr
+};
+
+class Link;
+
 struct PostedRecv {
   uint64_t wr_id = 0;
   std::vector<Sge> sges;
@@ -99,6 +147,11 @@ struct Qp {
   uint64_t rq_posted = 0, rq_freed = 0;
   // A WR waiting for an RNR or ACK retry runs again no earlier than this.
   Clock::time_point last_retry_at{};
+  // The head WR was sent to another process and awaits its answer (token != 0). The
+  // wait counts as ACK timeouts: each `inflight_deadline` passed is one retry.
+  uint64_t inflight_token = 0;
+  uint64_t inflight_link = 0;  // the connection it went on (its loss is a lost answer)
+  Clock::time_point inflight_deadline{};
   // Completions not yet delivered because of an injected delay (they keep their order).
   int delayed_in_flight = 0;
   Clock::time_point last_delivery_at{};
@@ -137,6 +190,16 @@ class Fabric {
   void drop_completions(uint32_t qpn, int count);                  // lose the next `count`
   uint64_t rnr_naks(uint32_t qpn);                                 // RNR NAKs its sends got
 
+  // The responder side of one WR (lock held): checks it against this fabric's QPs and MRs
+  // exactly as an RC responder does, moves the bytes (from or to the requester's process,
+  // `requester` = 0 for this one), completes the receive it consumes. Also the entry
+  // point for requests from other processes (sim_link.cpp).
+  Answer respond(const Request& rq, pid_t requester);
+  // The answer to a request this fabric sent to another process (lock held).
+  void on_answer(uint32_t qpn, uint64_t token, const Answer& answer);
+  // A connection to another process closed: its unanswered requests are lost (lock held).
+  void on_link_lost(uint64_t link);
+
  private:
   struct Event {
     Clock::time_point at;
@@ -151,8 +214,13 @@ class Fabric {
   void run();
   void schedule_progress(Qp& qp, Clock::time_point at);
   void progress(Qp& qp);
-  // Executes qp's first send WR, or puts it back with a retry time (RNR NAK, no ACK).
+  // Starts qp's first send WR: local checks, then the responder's answer (at once for a
+  // QP of this process, later over the link for another process's).
   void execute(Qp& qp);
+  // Applies the responder's answer to qp's first send WR: completes it, or leaves it at
+  // the head with a retry time (RNR NAK, no ACK), or fails it.
+  void finish(Qp& qp, const Answer& answer);
+  void fail_head(Qp& qp, WcStatus status);  // the first send WR fails; the QP goes to ERR
   void complete(Qp& qp, bool send_queue, uint64_t seq, const WorkCompletion& wc);
   void deliver(Cq& cq, const Cq::Entry& entry);
   void to_error(Qp& qp);
@@ -165,6 +233,8 @@ class Fabric {
   uint32_t next_qpn_ = 0x100;
   uint32_t next_key_;
   uint64_t next_order_ = 0;
+  uint64_t next_token_ = 0;
+  GidBytes gid_;
   std::unordered_map<uint32_t, Mr> mrs_;              // by lkey
   std::unordered_map<uint32_t, uint32_t> rkey_to_lkey_;
   std::unordered_map<uint32_t, std::shared_ptr<Qp>> qps_;
@@ -172,6 +242,7 @@ class Fabric {
   std::condition_variable cv_;
   bool stop_ = false;
   std::thread engine_;
+  std::unique_ptr<Link> link_;  // to the other processes' devices; after engine_ (uses mu)
 };
 
 // The fault hooks on the current fabric (NotFoundError when no simulated device is open).

@@ -70,7 +70,8 @@ TEST_F(RdmaEndpointTest, EndpointInfoHasEveryQpAndEveryRegionsRkey) {
   ASSERT_EQ(info["qp_info"].size(), 3u);
   std::vector<uint32_t> qpns;
   for (const auto& q : info["qp_info"]) {
-    EXPECT_EQ(q["gid"], "0000:0000:0000:0000:0000:ffff:7f00:0001");
+    // The simulated device's GID encodes this process's pid (docs/rdma.md).
+    EXPECT_EQ(q["gid"], rdma::gid_to_string(rdma::sim::device_gid()));
     EXPECT_EQ(q["lid"], 0);
     EXPECT_EQ(q["mtu"], 4096);
     EXPECT_LE(q["psn"].get<uint32_t>(), 0xffffffu);

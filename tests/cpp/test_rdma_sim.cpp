@@ -1,18 +1,27 @@
 // The verbs seam (src/rdma/verbs.h) on the strict simulated device (DLSLIME_RDMA_SIM=1):
 // every check a real RC NIC makes, asserted through the completions a user relies on.
 // Every wait has a deadline and goes through the completion channel, as on hardware.
+#include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <numeric>
+#include <optional>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/transport_registry.h"
@@ -20,6 +29,8 @@
 #include "dlslime/transport.h"
 #include "rdma/sim_device.h"
 #include "rdma/verbs.h"
+
+extern char** environ;
 
 namespace dlslime::rdma {
 namespace {
@@ -90,36 +101,54 @@ struct Config {
   size_t buf_size = 1 << 16;
 };
 
+void fill_pattern(std::vector<uint8_t>& v, size_t off, size_t n, uint8_t seed) {
+  for (size_t i = 0; i < n; ++i) v[off + i] = static_cast<uint8_t>(seed + i * 7);
+}
+
+bool has_pattern(const std::vector<uint8_t>& v, size_t off, size_t n, uint8_t seed) {
+  for (size_t i = 0; i < n; ++i) {
+    if (v[off + i] != static_cast<uint8_t>(seed + i * 7)) return false;
+  }
+  return true;
+}
+
+Side open_side(const Config& cfg) {
+  Side s;
+  s.ctx = provider().open("sim_rdma0");
+  s.pd = s.ctx->alloc_pd();
+  s.scq = s.ctx->create_cq(cfg.cq_depth);
+  s.rcq = s.ctx->create_cq(cfg.cq_depth);
+  s.qp = s.pd->create_rc_qp(*s.scq, *s.rcq, cfg.caps);
+  s.buf.assign(cfg.buf_size, 0);
+  s.mr = s.pd->reg_mr(s.buf.data(), s.buf.size(), cfg.mr_access);
+  return s;
+}
+
+// Takes a's QP to RTS towards the QP `remote_qpn` of the device with `remote_gid`; the
+// PSNs are 100 + the sender's QPN on both sides. Returns the first failing modify's errno.
+int connect_qp(Side& a, uint32_t remote_qpn, const GidBytes& remote_gid, const Config& cfg) {
+  if (int err = a.qp->modify_to_init(RcInitAttr{})) return err;
+  RcRtrAttr rtr;
+  rtr.remote_qpn = remote_qpn;
+  rtr.rq_psn = 100 + remote_qpn;
+  rtr.remote_gid = remote_gid;
+  rtr.min_rnr_timer = cfg.min_rnr_timer;
+  if (int err = a.qp->modify_to_rtr(rtr)) return err;
+  RcRtsAttr rts = cfg.rts;
+  rts.sq_psn = 100 + a.qp->qp_num();
+  return a.qp->modify_to_rts(rts);
+}
+
 class RdmaSim : public ::testing::Test {
  protected:
   void SetUp() override {
     ::setenv("DLSLIME_RDMA_SIM", "1", 1);
   }
 
-  Side make_side(const Config& cfg) {
-    Side s;
-    s.ctx = provider().open("sim_rdma0");
-    s.pd = s.ctx->alloc_pd();
-    s.scq = s.ctx->create_cq(cfg.cq_depth);
-    s.rcq = s.ctx->create_cq(cfg.cq_depth);
-    s.qp = s.pd->create_rc_qp(*s.scq, *s.rcq, cfg.caps);
-    s.buf.assign(cfg.buf_size, 0);
-    s.mr = s.pd->reg_mr(s.buf.data(), s.buf.size(), cfg.mr_access);
-    return s;
-  }
+  Side make_side(const Config& cfg) { return open_side(cfg); }
 
   static void connect_one(Side& a, const Side& b, const Config& cfg) {
-    const GidEntry gid = b.ctx->query_gid(1, 0);
-    ASSERT_EQ(a.qp->modify_to_init(RcInitAttr{}), 0);
-    RcRtrAttr rtr;
-    rtr.remote_qpn = b.qp->qp_num();
-    rtr.rq_psn = 100 + b.qp->qp_num();
-    rtr.remote_gid = gid.gid;
-    rtr.min_rnr_timer = cfg.min_rnr_timer;
-    ASSERT_EQ(a.qp->modify_to_rtr(rtr), 0);
-    RcRtsAttr rts = cfg.rts;
-    rts.sq_psn = 100 + a.qp->qp_num();
-    ASSERT_EQ(a.qp->modify_to_rts(rts), 0);
+    ASSERT_EQ(connect_qp(a, b.qp->qp_num(), b.ctx->query_gid(1, 0).gid, cfg), 0);
   }
 
   void connect(const Config& cfg = {}) {
@@ -149,9 +178,7 @@ class RdmaSim : public ::testing::Test {
     return wr;
   }
 
-  static void fill(std::vector<uint8_t>& v, size_t off, size_t n, uint8_t seed) {
-    for (size_t i = 0; i < n; ++i) v[off + i] = static_cast<uint8_t>(seed + i * 7);
-  }
+  static void fill(std::vector<uint8_t>& v, size_t off, size_t n, uint8_t seed) { fill_pattern(v, off, n, seed); }
 
   Side a_, b_;
 };
@@ -178,7 +205,10 @@ TEST_F(RdmaSim, PortIsActiveRoceWithAnIpv4MappedLoopbackGid) {
   EXPECT_EQ(port.gid_table_len, 1);
   GidEntry gid = ctx->query_gid(1, 0);
   EXPECT_EQ(gid.type, GidType::kRoceV2);
-  EXPECT_EQ(gid_to_string(gid.gid), "0000:0000:0000:0000:0000:ffff:7f00:0001");
+  // ::ffff:127.a.b.c with a.b.c = this pid: each process is its own addressable host.
+  const auto pid = static_cast<uint32_t>(::getpid());
+  EXPECT_EQ(gid_to_string(gid.gid), fmt::format("0000:0000:0000:0000:0000:ffff:7f{:02x}:{:04x}", pid >> 16, pid & 0xffff));
+  EXPECT_EQ(sim::gid_pid(gid.gid), static_cast<pid_t>(pid));
   EXPECT_THROW(ctx->query_port(2), VerbsError);
   EXPECT_THROW(ctx->query_gid(1, 1), VerbsError);
 }
@@ -644,5 +674,262 @@ TEST_F(RdmaSim, DroppedCompletionIsNeverDelivered) {
   EXPECT_EQ(a_.scq->poll(1, &wc), 0);
 }
 
+
+// ---- Two processes: each has its own sim_rdma0 (its GID names its pid); the responder's
+// device moves the bytes with process_vm_readv/writev (docs/rdma.md, "Across processes").
+
+// The layout both processes agree on (offsets into each side's 64 KiB buffer).
+constexpr size_t kPeerSource = 0;        // the peer's bytes that the test READs (seed 0x5a)
+constexpr size_t kWriteAt = 8192;        // a WRITE lands here (seed 0x11)
+constexpr size_t kImmAt = 12288;         // a WRITE_WITH_IMM lands here (seed 0x22)
+constexpr size_t kRecvAt = 32768;        // the peer's receive buffer for a SEND (seed 0x33)
+constexpr size_t kInlineAt = 40000;      // an inline WRITE (seed 0x44)
+constexpr uint32_t kLen = 4096, kSendLen = 1000, kInlineLen = 64, kImm = 0xdecaf;
+
+// A cross-process config: the default ACK timeout (67 ms, 7 retries: a dead peer is seen
+// within about 0.54 s) so a loaded machine's scheduling is never mistaken for a lost packet.
+Config two_process_config() {
+  Config cfg;
+  cfg.rts = RcRtsAttr{0, 14, 7, 2, 16};
+  return cfg;
+}
+
+std::string describe(const Side& s) {
+  const GidBytes gid = s.ctx->query_gid(1, 0).gid;
+  std::string hex;
+  for (uint8_t b : gid) hex += fmt::format("{:02x}", b);
+  return fmt::format("{} {} {} {}", s.qp->qp_num(), hex, reinterpret_cast<uint64_t>(s.buf.data()), s.mr->rkey());
+}
+
+struct PeerDesc {
+  uint32_t qpn = 0;
+  GidBytes gid{};
+  uint64_t addr = 0;
+  uint32_t rkey = 0;
+};
+
+std::optional<PeerDesc> parse_desc(const std::string& line) {
+  std::istringstream in(line);
+  PeerDesc d;
+  std::string hex;
+  if (!(in >> d.qpn >> hex >> d.addr >> d.rkey) || hex.size() != 32) return std::nullopt;
+  for (size_t i = 0; i < 16; ++i) d.gid[i] = static_cast<uint8_t>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+  return d;
+}
+
+std::optional<std::string> read_line_from(int fd, std::string& pending, std::chrono::milliseconds deadline) {
+  const auto until = Clock::now() + deadline;
+  while (true) {
+    auto nl = pending.find('\n');
+    if (nl != std::string::npos) {
+      std::string line = pending.substr(0, nl);
+      pending.erase(0, nl + 1);
+      return line;
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+    if (left <= 0ms) return std::nullopt;
+    pollfd pfd{fd, POLLIN, 0};
+    if (::poll(&pfd, 1, static_cast<int>(left.count()) + 1) <= 0) continue;
+    char buf[256];
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n <= 0) return std::nullopt;
+    pending.append(buf, static_cast<size_t>(n));
+  }
+}
+
+// The peer process (this binary with --sim-peer): one QP, driven by lines on stdin.
+int run_sim_peer() {
+  ::setenv("DLSLIME_RDMA_SIM", "1", 1);
+  const Config cfg = two_process_config();
+  Side b = open_side(cfg);
+  fill_pattern(b.buf, kPeerSource, kLen, 0x5a);
+  std::printf("%s\n", describe(b).c_str());
+  std::fflush(stdout);
+  std::string pending;
+  auto line = read_line_from(0, pending, 30s);
+  auto a = line ? parse_desc(*line) : std::nullopt;
+  if (!a || connect_qp(b, a->qpn, a->gid, cfg) != 0) return 2;
+  Sge r = b.sge(kRecvAt, kLen);
+  // Receives are consumed in order: the WRITE_WITH_IMM comes first (it needs no sges).
+  RecvWr imm_recv{1, nullptr, nullptr, 0};
+  RecvWr send_recv{2, nullptr, &r, 1};
+  imm_recv.next = &send_recv;
+  if (b.qp->post_recv(&imm_recv, nullptr) != 0) return 3;
+  std::printf("ready\n");
+  std::fflush(stdout);
+  // "check": report what arrived, in the order the receives completed.
+  if (read_line_from(0, pending, 30s) != std::optional<std::string>("check")) return 4;
+  std::string report;
+  WorkCompletion wc[2];
+  int got = 0;
+  const auto until = Clock::now() + 10s;
+  while (got < 2 && Clock::now() < until) {
+    int n = b.rcq->poll(2 - got, wc + got);
+    if (n < 0) return 5;
+    got += n;
+    if (n == 0) std::this_thread::sleep_for(1ms);  // the peer's own loop; the test itself waits on lines
+  }
+  for (int i = 0; i < got; ++i) {
+    report += fmt::format("recv {} {} {} {} {}; ", wc[i].wr_id, wc_status_name(wc[i].status), wc[i].byte_len,
+                          wc[i].has_imm ? 1 : 0, wc[i].imm_data);
+  }
+  report += fmt::format("write {} imm {} send {} inline {}", has_pattern(b.buf, kWriteAt, kLen, 0x11),
+                        has_pattern(b.buf, kImmAt, kLen, 0x22), has_pattern(b.buf, kRecvAt, kSendLen, 0x33),
+                        has_pattern(b.buf, kInlineAt, kInlineLen, 0x44));
+  std::printf("%s\n", report.c_str());
+  std::fflush(stdout);
+  // Serve (as the responder) until told to stop or killed.
+  read_line_from(0, pending, 60s);
+  return 0;
+}
+
+class RdmaSimTwoProcesses : public RdmaSim {
+ protected:
+  void SetUp() override {
+    RdmaSim::SetUp();
+    int in[2], out[2];
+    ASSERT_EQ(::pipe2(in, O_CLOEXEC), 0);
+    ASSERT_EQ(::pipe2(out, O_CLOEXEC), 0);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    char exe[] = "/proc/self/exe";
+    char flag[] = "--sim-peer";
+    char* argv[] = {exe, flag, nullptr};
+    ASSERT_EQ(::posix_spawn(&child_, exe, &fa, nullptr, argv, environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(in[0]);
+    ::close(out[1]);
+    to_child_ = in[1];
+    from_child_ = out[0];
+    a_ = make_side(two_process_config());
+    auto line = read_line();
+    ASSERT_TRUE(line) << "the peer process did not start";
+    auto b = parse_desc(*line);
+    ASSERT_TRUE(b) << *line;
+    peer_ = *b;
+    ASSERT_EQ(connect_qp(a_, peer_.qpn, peer_.gid, two_process_config()), 0);
+    ASSERT_NE(peer_.gid, a_.ctx->query_gid(1, 0).gid) << "two processes must be two hosts";
+    write_line(describe(a_));
+    ASSERT_EQ(read_line(), std::optional<std::string>("ready"));
+  }
+  void TearDown() override {
+    if (child_ > 0) {
+      ::kill(child_, SIGKILL);
+      ::waitpid(child_, nullptr, 0);
+    }
+    if (to_child_ >= 0) ::close(to_child_);
+    if (from_child_ >= 0) ::close(from_child_);
+  }
+  std::optional<std::string> read_line(std::chrono::milliseconds deadline = 30s) {
+    return read_line_from(from_child_, pending_, deadline);
+  }
+  void write_line(const std::string& line) {
+    std::string l = line + "\n";
+    ASSERT_EQ(::write(to_child_, l.data(), l.size()), static_cast<ssize_t>(l.size()));
+  }
+  // Posts one WR from a's QP and waits for its completion.
+  WorkCompletion run(SendWr wr) {
+    EXPECT_EQ(post(*a_.qp, wr), 0);
+    return wait_one(*a_.scq);
+  }
+  void kill_peer() {
+    ::kill(child_, SIGKILL);
+    ::waitpid(child_, nullptr, 0);
+    child_ = -1;
+  }
+
+  pid_t child_ = -1;
+  int to_child_ = -1, from_child_ = -1;
+  std::string pending_;
+  PeerDesc peer_;
+};
+
+TEST_F(RdmaSimTwoProcesses, ReadWriteWriteWithImmAndSendMoveBytesExactly) {
+  fill(a_.buf, 0, kLen, 0x11);
+  Sge w = a_.sge(0, kLen);
+  EXPECT_EQ(run(rdma(WrOpcode::kRdmaWrite, 1, &w, 1, peer_.addr + kWriteAt, peer_.rkey)).status, WcStatus::kSuccess);
+
+  Sge r = a_.sge(16384, kLen);
+  WorkCompletion rc = run(rdma(WrOpcode::kRdmaRead, 2, &r, 1, peer_.addr + kPeerSource, peer_.rkey));
+  EXPECT_EQ(rc.status, WcStatus::kSuccess);
+  EXPECT_EQ(rc.byte_len, kLen);
+  EXPECT_TRUE(has_pattern(a_.buf, 16384, kLen, 0x5a)) << "READ did not bring the peer's bytes";
+
+  // Two sges on the requester side, gathered into one remote range.
+  fill(a_.buf, 4096, kLen, 0x22);
+  Sge two[2] = {a_.sge(4096, 1000), a_.sge(4096 + 1000, kLen - 1000)};
+  SendWr wimm = rdma(WrOpcode::kRdmaWriteWithImm, 3, two, 2, peer_.addr + kImmAt, peer_.rkey);
+  wimm.imm_data = kImm;
+  EXPECT_EQ(run(wimm).status, WcStatus::kSuccess);
+
+  fill(a_.buf, 20480, kSendLen, 0x33);
+  Sge snd = a_.sge(20480, kSendLen);
+  SendWr send = rdma(WrOpcode::kSend, 4, &snd, 1, 0, 0);
+  EXPECT_EQ(run(send).status, WcStatus::kSuccess);
+
+  // Inline: the payload travels in the request, the buffer is reusable at once.
+  fill(a_.buf, 24576, kInlineLen, 0x44);
+  Sge in = a_.sge(24576, kInlineLen);
+  SendWr inl = rdma(WrOpcode::kRdmaWrite, 5, &in, 1, peer_.addr + kInlineAt, peer_.rkey);
+  inl.inline_data = true;
+  ASSERT_EQ(post(*a_.qp, inl), 0);
+  std::fill(a_.buf.begin() + 24576, a_.buf.begin() + 24576 + kInlineLen, 0);
+  EXPECT_EQ(wait_one(*a_.scq).status, WcStatus::kSuccess);
+
+  write_line("check");
+  EXPECT_EQ(read_line(), std::optional<std::string>(fmt::format(
+                             "recv 1 SUCCESS {} 1 {}; recv 2 SUCCESS {} 0 0; write true imm true send true inline true",
+                             kLen, kImm, kSendLen)));
+}
+
+TEST_F(RdmaSimTwoProcesses, TheResponderChecksTheRkeyAndTheRequesterQpGoesToError) {
+  Sge w = a_.sge(0, 64);
+  // A range past the peer's MR: the peer's device refuses it.
+  EXPECT_EQ(run(rdma(WrOpcode::kRdmaWrite, 1, &w, 1, peer_.addr + (1 << 16) - 32, peer_.rkey)).status,
+            WcStatus::kRemAccessErr);
+  EXPECT_EQ(a_.qp->state(), QpState::kErr);
+  // Work after the error is flushed, in order.
+  EXPECT_EQ(run(rdma(WrOpcode::kRdmaWrite, 2, &w, 1, peer_.addr, peer_.rkey)).status, WcStatus::kWrFlushErr);
+}
+
+TEST_F(RdmaSimTwoProcesses, APeerProcessThatDiedFailsWorkWithRetryExceededWithinTheBound) {
+  Sge w = a_.sge(0, 64);
+  ASSERT_EQ(run(rdma(WrOpcode::kRdmaWrite, 1, &w, 1, peer_.addr + kWriteAt, peer_.rkey)).status, WcStatus::kSuccess);
+  kill_peer();
+  const auto t0 = Clock::now();
+  EXPECT_EQ(run(rdma(WrOpcode::kRdmaWrite, 2, &w, 1, peer_.addr + kWriteAt, peer_.rkey)).status,
+            WcStatus::kRetryExcErr);
+  // 4.096 us x 2^14 x (7 + 1) = 0.54 s, plus scheduling.
+  EXPECT_LT(Clock::now() - t0, 3s);
+  EXPECT_EQ(a_.qp->state(), QpState::kErr);
+}
+
+TEST_F(RdmaSimTwoProcesses, AnUnansweredRequestIsRetryExceededAndItsQpFlushedAfterIt) {
+  // A stopped peer holds the request without answering: the ACK timeouts run out.
+  ASSERT_EQ(::kill(child_, SIGSTOP), 0);
+  int st = 0;
+  ASSERT_EQ(::waitpid(child_, &st, WUNTRACED), child_);  // returns once it has stopped
+  ASSERT_TRUE(WIFSTOPPED(st));
+  Sge w = a_.sge(0, 64);
+  SendWr w1 = rdma(WrOpcode::kRdmaWrite, 1, &w, 1, peer_.addr + kWriteAt, peer_.rkey);
+  SendWr w2 = rdma(WrOpcode::kRdmaWrite, 2, &w, 1, peer_.addr + kWriteAt, peer_.rkey);
+  w1.next = &w2;
+  ASSERT_EQ(a_.qp->post_send(&w1, nullptr), 0);
+  auto wcs = wait_for(*a_.scq, 2);
+  ASSERT_EQ(wcs.size(), 2u);
+  EXPECT_EQ(wcs[0].wr_id, 1u);
+  EXPECT_EQ(wcs[0].status, WcStatus::kRetryExcErr);
+  EXPECT_EQ(wcs[1].status, WcStatus::kWrFlushErr);
+  ::kill(child_, SIGCONT);
+}
+
 }  // namespace
 }  // namespace dlslime::rdma
+
+int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "--sim-peer") return dlslime::rdma::run_sim_peer();
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
