@@ -23,6 +23,10 @@ struct DLSLIME_API PeerAgentOptions {
   std::string alias;
   // Agents see only agents of the same scope.
   std::string scope;
+  // The RDMA device this agent's connections use where connect_to (or a peer's handshake)
+  // names none (upstream DLSlime's `device`); empty: the first with an active port. Must be
+  // one available_transports() lists for rdma (InvalidArgumentError otherwise).
+  std::string device;
   // How often the agent heartbeats; 0 = what NanoCtrl suggests at registration (ttl / 4).
   std::chrono::milliseconds heartbeat_interval{0};
   // Deadline of each control-plane request.
@@ -48,7 +52,10 @@ struct DLSLIME_API RdmaConnectOptions {
 };
 
 struct DLSLIME_API ConnectOptions {
-  // A name from available_transports(). DLSlime's default; "tcp" works on every host.
+  // A name from available_transports(), or "auto": RDMA when both agents publish a usable
+  // RDMA port of the same link layer (within local_device/peer_device when set), TCP
+  // otherwise (PeerConnection::selection_reason() says which and why). "rdma" is DLSlime's
+  // default; "tcp" works on every host.
   std::string transport = "rdma";
   // TCP's bind address for this connection's endpoint (port 0: the OS picks one).
   std::string local_host = "0.0.0.0";
@@ -83,12 +90,22 @@ class DLSLIME_API PeerConnection {
   std::string error() const;
   std::string conn_id() const;
   std::string peer_alias() const;
+  // The transport in use ("auto" while connect_to(transport="auto") waits for the peer to
+  // register, which it needs to choose).
   std::string transport() const;
-  // The underlying endpoint (a TcpEndpoint for transport "tcp"; what wrap_endpoint
-  // returned, when set).
+  // What was chosen and why, e.g. "rdma: both agents serve RoCE ports (sim_rdma0 -> sim_rdma0)"
+  // or "tcp: the peer agent 'b' publishes no RDMA device"; empty while undecided.
+  std::string selection_reason() const;
+  // The RDMA devices of this side and of the peer ("" for TCP, or before they are known).
+  std::string local_nic() const;
+  std::string remote_nic() const;
+  // The underlying endpoint (a TcpEndpoint for transport "tcp", an RDMAEndpoint for "rdma";
+  // what wrap_endpoint returned, when set). Null while the transport is undecided.
   std::shared_ptr<Endpoint> endpoint() const;
   // The peer's endpoint_info() (with its mr_info) once the handshake completed; null before.
   nlohmann::json peer_endpoint_info() const;
+  // PeerAgent::sync_memory_regions for this connection.
+  std::vector<std::string> sync_memory_regions() const;
 
  private:
   std::shared_ptr<PeerConnectionState> state_;
@@ -127,6 +144,19 @@ class DLSLIME_API PeerAgent {
   PeerConnection connect_to(const std::string& peer_alias, const ConnectOptions& options = {});
   std::optional<PeerConnection> connection(const std::string& peer_alias) const;
   std::vector<std::string> peers() const;
+  // The aliases of the agents registered with NanoCtrl in this scope (this one too), sorted.
+  std::vector<std::string> list_agents() const;
+  // A peer's NanoCtrl record ({"name", "address", "metadata": {"transports", ...}, ...}),
+  // this agent's own for its own alias; nullopt for an agent that is not registered.
+  std::optional<nlohmann::json> agent_record(const std::string& alias) const;
+  // The published record of region `name` of agent `peer` (NanoCtrl's copy); nullopt if none.
+  std::optional<nlohmann::json> get_mr_info(const std::string& peer, const std::string& name) const;
+  // The names of this agent's regions.
+  std::vector<std::string> local_region_names() const;
+  // Resolves every region the peer has published for this connection again (NanoCtrl's
+  // records), replacing the cached handles; returns their names. Throws like I/O does when
+  // there is no connection.
+  std::vector<std::string> sync_memory_regions(const std::string& peer);
 
   Future send(const std::string& peer, const Chunk& chunk);
   Future recv(const std::string& peer, const Chunk& chunk);

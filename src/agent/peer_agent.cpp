@@ -50,33 +50,37 @@ std::string instance_of(const std::optional<json>& record) {
 
 // The shared state behind a PeerConnection handle. The agent's mutex guards the map of
 // connections; each connection's own mutex guards its fields.
+class PeerAgentImpl;
+
 class PeerConnectionState {
  public:
-  PeerConnectionState(std::string peer, std::string conn_id, std::string transport, json peer_options,
-                      std::shared_ptr<Endpoint> ep, bool passive)
-      : peer_alias(std::move(peer)),
-        conn_id(std::move(conn_id)),
-        transport(std::move(transport)),
-        peer_options(std::move(peer_options)),
-        endpoint(std::move(ep)),
-        passive(passive) {}
+  PeerConnectionState(std::string peer, std::string conn_id, ConnectOptions requested, bool passive)
+      : peer_alias(std::move(peer)), conn_id(std::move(conn_id)), requested(std::move(requested)), passive(passive) {}
 
   const std::string peer_alias;
   const std::string conn_id;
-  const std::string transport;
-  // The transport options the peer needs to make its side (connect message's
-  // "transport_options"; never a secret: it travels through NanoCtrl).
-  const json peer_options;
-  const std::shared_ptr<Endpoint> endpoint;
+  // What connect_to() asked for (a passive side's: the defaults, with the transport the
+  // peer's message names). transport "auto" is decided once the peer's record is known.
+  const ConnectOptions requested;
   // Random per endpoint made here, sent in every connect message: the peer tells a new
   // endpoint of ours (a reconnect) from a repeat of the same handshake by it.
   const std::string incarnation = random_id();
   // Made for a peer's connect message, not by connect_to(): nobody here asked for it, so
   // it counts against the bound on passive handshakes and is dropped when it fails.
   const bool passive;
+  // The agent, for sync_memory_regions() on a handle that may outlive it.
+  std::weak_ptr<PeerAgentImpl> agent;
 
   mutable std::mutex mu;
   std::condition_variable cv;
+  // The transport, the reason it was chosen, what the peer needs to make its side (the
+  // connect message's "transport_options"; never a secret: it travels through NanoCtrl)
+  // and the endpoint: set together, once (decide()), and never changed after; until then
+  // transport is "auto" and endpoint null.
+  std::string transport = "auto";
+  std::string selection_reason;
+  json peer_options = json::object();
+  std::shared_ptr<Endpoint> endpoint;
   std::string state = "connecting";  // connecting | connected | failed | closed
   std::string error;
   std::string peer_instance;    // the peer agent's instance id, from its first connect message
@@ -106,7 +110,19 @@ class PeerConnectionState {
   bool alive() const {
     std::lock_guard lock(mu);
     if (state == "connecting") return true;
-    return state == "connected" && endpoint->is_connected();
+    return state == "connected" && endpoint && endpoint->is_connected();
+  }
+  std::shared_ptr<Endpoint> ep() const {
+    std::lock_guard lock(mu);
+    return endpoint;
+  }
+  std::string transport_name() const {
+    std::lock_guard lock(mu);
+    return transport;
+  }
+  // Shuts the endpoint down, if one was made.
+  void shutdown_endpoint() const {
+    if (auto e = ep()) e->shutdown();
   }
 };
 
@@ -132,12 +148,12 @@ void PeerConnection::wait(std::chrono::milliseconds timeout) const {
 
 bool PeerConnection::is_connected() const {
   std::lock_guard lock(state_->mu);
-  return state_->state == "connected" && state_->endpoint->is_connected();
+  return state_->state == "connected" && state_->endpoint && state_->endpoint->is_connected();
 }
 
 std::string PeerConnection::state() const {
   std::lock_guard lock(state_->mu);
-  if (state_->state == "connected" && !state_->endpoint->is_connected()) return "closed";
+  if (state_->state == "connected" && !(state_->endpoint && state_->endpoint->is_connected())) return "closed";
   return state_->state;
 }
 
@@ -148,8 +164,33 @@ std::string PeerConnection::error() const {
 
 std::string PeerConnection::conn_id() const { return state_->conn_id; }
 std::string PeerConnection::peer_alias() const { return state_->peer_alias; }
-std::string PeerConnection::transport() const { return state_->transport; }
-std::shared_ptr<Endpoint> PeerConnection::endpoint() const { return state_->endpoint; }
+std::string PeerConnection::transport() const { return state_->transport_name(); }
+std::shared_ptr<Endpoint> PeerConnection::endpoint() const { return state_->ep(); }
+
+std::string PeerConnection::selection_reason() const {
+  std::lock_guard lock(state_->mu);
+  return state_->selection_reason;
+}
+
+namespace {
+
+// The "device" of an RDMA endpoint_info ("" for other transports' infos).
+std::string device_of(const json& info) {
+  if (!info.is_object() || info.value("transport", "") != "rdma") return "";
+  return info.contains("device") && info["device"].is_string() ? info["device"].get<std::string>() : "";
+}
+
+}  // namespace
+
+std::string PeerConnection::local_nic() const {
+  auto e = state_->ep();
+  return e ? device_of(e->endpoint_info()) : "";
+}
+
+std::string PeerConnection::remote_nic() const {
+  std::lock_guard lock(state_->mu);
+  return device_of(state_->peer_info);
+}
 
 json PeerConnection::peer_endpoint_info() const {
   std::lock_guard lock(state_->mu);
@@ -231,6 +272,10 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   int32_t register_region(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length);
   void unregister_region(const std::string& name);
   std::vector<std::string> peers() const;
+  std::vector<std::string> sync_regions(const std::shared_ptr<PeerConnectionState>& c);
+  // The connection to `peer` if it can take ops (connected), else the error numeric I/O raises.
+  std::shared_ptr<PeerConnectionState> connected(const std::string& peer) const;
+  std::vector<std::string> local_region_names() const;
   // Set once by start(), before any thread of the agent runs; never changed after.
   const std::string& alias() const { return alias_; }
 
@@ -238,8 +283,6 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   NanoCtrlClient ctrl;
 
  private:
-  // The connection to `peer` if it can take ops (connected), else the error numeric I/O raises.
-  std::shared_ptr<PeerConnectionState> connected(const std::string& peer) const;
   // `fresh`: ignore the cached handles and the handshake's mr_info (the peer registered a
   // name again); ask NanoCtrl.
   std::vector<Assignment> resolve(const std::shared_ptr<PeerConnectionState>& c,
@@ -264,10 +307,28 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   json passive_options(const std::string& transport, const json& from_peer) const;
   // Whether this agent serves `transport` (published at registration).
   bool serves(const std::string& transport) const;
-  // Makes the endpoint through the transport registry (and wrap_endpoint).
-  std::shared_ptr<PeerConnectionState> make_connection(const std::string& peer, const std::string& transport,
-                                                       const json& endpoint_options, json peer_options,
-                                                       bool passive);
+  // A connection to `peer` for `requested`. Its transport and endpoint are made at once,
+  // except for transport "auto" without the peer's `record` (it has not registered yet):
+  // decide() makes them once the record is known. `reason`: why this transport (for a
+  // transport the caller named or the peer's message did).
+  std::shared_ptr<PeerConnectionState> make_connection(const std::string& peer, const ConnectOptions& requested,
+                                                       const std::optional<json>& record, bool passive,
+                                                       const json& passive_from = nullptr);
+  // Chooses an undecided ("auto") connection's transport from the peer's NanoCtrl record and
+  // makes its endpoint. False (and the connection failed) when that endpoint cannot be made
+  // or the connection ended meanwhile; true once decided (now or before).
+  // `peer_transport` (with the peer's `peer_options`): the peer's connect message arrived
+  // first and names the transport; it is taken as is.
+  bool decide(const std::shared_ptr<PeerConnectionState>& c, const std::optional<json>& record,
+              const std::string& peer_transport = "", const json& peer_options = nullptr);
+  // Makes an endpoint through the transport registry (and wrap_endpoint).
+  std::shared_ptr<Endpoint> make_endpoint(const std::string& transport, const json& endpoint_options);
+  // What NanoCtrl keeps for region `name`: the owner-resolved entry, plus each endpoint's own
+  // entry where it differs (an RDMA endpoint's rkey is its own PD's), keyed by the endpoint's
+  // incarnation, so a peer resolves the name for the endpoint it is connected to.
+  json region_record(const std::string& name) const;
+  // The handle of the peer's region `name` in `c`'s endpoint (cached unless `fresh`).
+  int32_t remote_handle(const std::shared_ptr<PeerConnectionState>& c, const std::string& name, bool fresh);
   // Forgets a connection a peer's message made (map entry and endpoint).
   void drop_passive(const std::shared_ptr<PeerConnectionState>& c, const std::string& why);
   // Runs the handshake's endpoint->connect() on a handshake thread.
@@ -351,13 +412,124 @@ std::string local_address(const TcpOptions& tcp) {
   return "127.0.0.1";
 }
 
-// The transports available here, as published: [{"name", "devices"}].
+// Each RDMA device's port 1 (the port a passive side uses) as transport="auto" compares
+// them: [{"device", "ib_port", "link_layer"}], probed by opening an endpoint on it. A device
+// whose port is down or unusable is left out: auto must not pick what cannot connect.
+json rdma_ports(const std::vector<std::string>& devices) {
+  json out = json::array();
+  for (const auto& d : devices) {
+    try {
+      auto ep = TransportRegistry::instance().make("rdma", {{"device_name", d}}, std::make_shared<MemoryRegistry>());
+      const json info = ep->endpoint_info();
+      ep->shutdown();
+      out.push_back({{"device", d}, {"ib_port", info.at("ib_port")}, {"link_layer", info.at("link_layer")}});
+    } catch (const std::exception& e) {
+      DLSLIME_INFO("PeerAgent: RDMA device {} is not usable, so not published for transport=\"auto\": {}", d,
+                   e.what());
+    }
+  }
+  return out;
+}
+
+// The transports available here, as published: [{"name", "devices"}], and for rdma
+// "ports" (rdma_ports()).
 json available_here() {
   json out = json::array();
   for (const auto& t : TransportRegistry::instance().list()) {
-    if (t.available) out.push_back({{"name", t.name}, {"devices", t.devices}});
+    if (!t.available) continue;
+    json entry = {{"name", t.name}, {"devices", t.devices}};
+    if (t.name == "rdma") entry["ports"] = rdma_ports(t.devices);
+    out.push_back(std::move(entry));
   }
   return out;
+}
+
+// The "ports" of the rdma entry of a published transports list; empty when there is none.
+json rdma_ports_of(const json& transports) {
+  if (!transports.is_array()) return json::array();
+  for (const auto& t : transports) {
+    if (t.is_object() && t.value("name", "") == "rdma" && t.contains("ports") && t["ports"].is_array()) {
+      return t["ports"];
+    }
+  }
+  return json::array();
+}
+
+std::string layer_label(const std::string& layer) {
+  if (layer == "Ethernet") return "RoCE";
+  if (layer == "InfiniBand") return "IB";
+  return layer;
+}
+
+struct Choice {
+  std::string transport;
+  std::string reason;
+  RdmaConnectOptions rdma;
+};
+
+// transport="auto": RDMA when a usable port of this agent (within local_device/ib_port when
+// set) and one the peer publishes (within peer_device) have the same link layer, TCP
+// otherwise. `record` is the peer's NanoCtrl record. Both sides of a connection come to the
+// same answer from the same records, so a peer that also asks for "auto" agrees.
+Choice choose_auto(const json& served, const std::string& served_reason, const json& record, const std::string& peer,
+                   const RdmaConnectOptions& o) {
+  Choice c{"tcp", "", o};
+  std::vector<json> local;
+  for (const auto& p : rdma_ports_of(served)) {
+    if ((o.local_device.empty() || p.value("device", "") == o.local_device) && p.value("ib_port", 0) == o.ib_port) {
+      local.push_back(p);
+    }
+  }
+  if (local.empty()) {
+    c.reason = rdma_ports_of(served).empty()
+                   ? "tcp: this agent serves no RDMA device (" + served_reason + ")"
+                   : fmt::format("tcp: this agent has no usable RDMA port {}{}", o.local_device.empty() ? "" : o.local_device + " ",
+                                 o.ib_port);
+    return c;
+  }
+  const json meta = record.is_object() && record.contains("metadata") ? record["metadata"] : json();
+  if (!meta.is_object() || !meta.contains("transports")) {
+    c.reason = fmt::format("tcp: the peer agent '{}' publishes no transports (another implementation?)", peer);
+    return c;
+  }
+  std::vector<json> remote;
+  for (const auto& p : rdma_ports_of(meta["transports"])) {
+    if (o.peer_device.empty() || p.value("device", "") == o.peer_device) remote.push_back(p);
+  }
+  if (remote.empty()) {
+    c.reason = o.peer_device.empty()
+                   ? fmt::format("tcp: the peer agent '{}' publishes no RDMA device", peer)
+                   : fmt::format("tcp: the peer agent '{}' publishes no RDMA device '{}'", peer, o.peer_device);
+    return c;
+  }
+  for (const auto& l : local) {
+    for (const auto& r : remote) {
+      const std::string layer = l.value("link_layer", "");
+      if (layer.empty() || layer != r.value("link_layer", "")) continue;
+      c.transport = "rdma";
+      c.rdma.local_device = l.value("device", "");
+      c.rdma.peer_device = r.value("device", "");
+      c.reason = fmt::format("rdma: both agents serve {} ({} here, {} on '{}')", layer_label(layer),
+                             c.rdma.local_device, c.rdma.peer_device, peer);
+      return c;
+    }
+  }
+  auto layers = [](const std::vector<json>& ports) {
+    std::vector<std::string> out;
+    for (const auto& p : ports) out.push_back(p.value("device", "") + " " + layer_label(p.value("link_layer", "")));
+    return fmt::format("{}", fmt::join(out, ", "));
+  };
+  c.reason = fmt::format("tcp: no RDMA link layer in common (this agent: {}; '{}': {})", layers(local), peer,
+                         layers(remote));
+  return c;
+}
+
+// Why rdma is not served here, for a selection reason ("" when it is).
+std::string rdma_unavailable_reason() {
+  for (const auto& t : TransportRegistry::instance().list()) {
+    if (t.name == "rdma") return t.available ? "" : t.reason;
+  }
+  return "not built";
 }
 
 std::string names_of(const json& transports) {
@@ -391,6 +563,17 @@ PeerAgentImpl::PeerAgentImpl(PeerAgentOptions opts)
       served_(available_here()) {
   options.tcp.validate();
   if (options.heartbeat_interval.count() < 0) throw InvalidArgumentError("heartbeat_interval must be >= 0");
+  if (!options.device.empty()) {
+    std::vector<std::string> devices;
+    for (const auto& t : served_) {
+      if (t["name"] == "rdma") devices = t["devices"].get<std::vector<std::string>>();
+    }
+    if (std::find(devices.begin(), devices.end(), options.device) == devices.end()) {
+      throw InvalidArgumentError(fmt::format("device '{}' is not an RDMA device of this host (available: {}{})",
+                                             options.device, devices.empty() ? "none" : fmt::format("{}", fmt::join(devices, ", ")),
+                                             devices.empty() ? "; " + rdma_unavailable_reason() : ""));
+    }
+  }
 }
 
 json PeerAgentImpl::registration_body() const {
@@ -605,7 +788,8 @@ void PeerAgentImpl::on_message(const json& envelope) {
       const bool same_endpoint = it->second->peer_incarnation == peer_incarnation;
       const bool new_incarnation = !it->second->peer_incarnation.empty() && !same_endpoint;
       const bool dead = it->second->state == "failed" || it->second->state == "closed" ||
-                        (it->second->state == "connected" && !it->second->endpoint->is_connected());
+                        (it->second->state == "connected" &&
+                         !(it->second->endpoint && it->second->endpoint->is_connected()));
       // A repeat from the endpoint a finished handshake was with (it crossed our answer in
       // the mailbox) is not a reconnect, even when that handshake failed (e.g. the tokens
       // differ): replacing would retry it forever and lose the reason.
@@ -641,8 +825,9 @@ void PeerAgentImpl::on_message(const json& envelope) {
       }
       return;
     }
-    auto made = make_connection(from, transport, passive_options(transport, peer_options),
-                                options_for_peer(transport, ConnectOptions{}), /*passive=*/true);
+    ConnectOptions requested;
+    requested.transport = transport;
+    auto made = make_connection(from, requested, std::nullopt, /*passive=*/true, peer_options);
     {
       std::lock_guard lock(mu_);
       if (!stopping_) {
@@ -650,11 +835,14 @@ void PeerAgentImpl::on_message(const json& envelope) {
         c = it->second;  // not inserted: connect_to() raced us
       }
     }
-    if (c != made) made->endpoint->shutdown();
+    if (c != made) made->shutdown_endpoint();
     if (!c) return;  // shutting down
     made_here = c == made;
   }
-  if (c->transport != transport) {
+  // Our connect_to(transport="auto") still waits for the peer's record, and the peer has
+  // chosen: take its transport (one this agent serves, checked above).
+  if (!decide(c, std::nullopt, transport, peer_options)) return;
+  if (const std::string ours = c->transport_name(); ours != transport) {
     // Both sides called connect_to, with different transports: neither can succeed. The
     // peer's repeats of this message count as the same handshake (and get our message, so
     // the peer fails too) instead of making a passive connection over its transport.
@@ -662,9 +850,9 @@ void PeerAgentImpl::on_message(const json& envelope) {
       std::lock_guard lock(c->mu);
       c->peer_incarnation = peer_incarnation;
     }
-    c->endpoint->shutdown();
+    c->shutdown_endpoint();
     c->finish("failed", fmt::format("the peer '{}' connects over \"{}\", this side over \"{}\"", from, transport,
-                                    c->transport));
+                                    ours));
     return;
   }
   bool dial_now = false;
@@ -697,7 +885,7 @@ void PeerAgentImpl::drop_passive(const std::shared_ptr<PeerConnectionState>& c, 
     std::lock_guard lock(mu_);
     if (auto it = conns_.find(c->peer_alias); it != conns_.end() && it->second == c) conns_.erase(it);
   }
-  c->endpoint->shutdown();
+  c->shutdown_endpoint();
   c->finish("failed", why);
 }
 
@@ -721,7 +909,11 @@ json PeerAgentImpl::own_options(const std::string& transport, const ConnectOptio
     j["port"] = o.local_port;
     return j;
   }
-  if (transport == "rdma") return {{"ib_port", o.rdma.ib_port}, {"qp_num", o.rdma.qp_num}, {"device", o.rdma.local_device}};
+  if (transport == "rdma") {
+    return {{"ib_port", o.rdma.ib_port},
+            {"num_qp", o.rdma.qp_num},
+            {"device_name", o.rdma.local_device.empty() ? options.device : o.rdma.local_device}};
+  }
   return json::object();  // a transport without agent-level options: its defaults
 }
 
@@ -734,6 +926,15 @@ json PeerAgentImpl::options_for_peer(const std::string& transport, const Connect
 }
 
 json PeerAgentImpl::passive_options(const std::string& transport, const json& from_peer) const {
+  if (transport == "rdma") {
+    // The connection's shape, in connect_to's terms: the caller's qp_num, and its peer_device
+    // as our device (empty: the first active one). The types are checked here; the values
+    // by RdmaOptions (InvalidArgumentError).
+    ConnectOptions o;
+    if (from_peer.contains("qp_num")) o.rdma.qp_num = from_peer["qp_num"].get<int>();
+    if (from_peer.contains("device")) o.rdma.local_device = from_peer["device"].get<std::string>();
+    return own_options(transport, o);
+  }
   json j = own_options(transport, ConnectOptions{});
   // Only what options_for_peer() sends: a peer must not set our token, timeouts or address.
   const json allowed = options_for_peer(transport, ConnectOptions{});
@@ -751,10 +952,7 @@ bool PeerAgentImpl::serves(const std::string& transport) const {
   return std::any_of(served_.begin(), served_.end(), [&](const json& t) { return t["name"] == transport; });
 }
 
-std::shared_ptr<PeerConnectionState> PeerAgentImpl::make_connection(const std::string& peer,
-                                                                     const std::string& transport,
-                                                                     const json& endpoint_options, json peer_options,
-                                                                     bool passive) {
+std::shared_ptr<Endpoint> PeerAgentImpl::make_endpoint(const std::string& transport, const json& endpoint_options) {
   std::shared_ptr<Endpoint> made = TransportRegistry::instance().make(transport, endpoint_options, regions_);
   std::shared_ptr<Endpoint> ep = made;
   if (options.wrap_endpoint) {
@@ -769,33 +967,102 @@ std::shared_ptr<PeerConnectionState> PeerAgentImpl::make_connection(const std::s
       throw InvalidArgumentError("PeerAgentOptions::wrap_endpoint returned no endpoint");
     }
   }
+  return ep;
+}
+
+std::shared_ptr<PeerConnectionState> PeerAgentImpl::make_connection(const std::string& peer,
+                                                                     const ConnectOptions& requested,
+                                                                     const std::optional<json>& record, bool passive,
+                                                                     const json& passive_from) {
   std::string id;
   {
     std::lock_guard lock(mu_);
     id = fmt::format("{}->{}#{}", alias_, peer, next_conn_++);
   }
-  return std::make_shared<PeerConnectionState>(peer, id, transport, std::move(peer_options), std::move(ep), passive);
+  auto c = std::make_shared<PeerConnectionState>(peer, id, requested, passive);
+  c->agent = weak_from_this();
+  if (requested.transport == "auto") {
+    if (record) decide(c, record);  // a failure fails the connection: wait() says why
+    return c;
+  }
+  const std::string& t = requested.transport;
+  const json endpoint_options = passive ? passive_options(t, passive_from) : own_options(t, requested);
+  auto ep = make_endpoint(t, endpoint_options);
+  std::lock_guard lock(c->mu);
+  c->transport = t;
+  c->selection_reason = passive ? fmt::format("{}: the peer agent '{}' connected over it", t, peer)
+                                : fmt::format("{}: requested", t);
+  c->peer_options = options_for_peer(t, requested);
+  c->endpoint = std::move(ep);
+  return c;
+}
+
+bool PeerAgentImpl::decide(const std::shared_ptr<PeerConnectionState>& c, const std::optional<json>& record,
+                           const std::string& peer_transport, const json& peer_options) {
+  if (c->ep()) return true;
+  Choice choice;
+  if (peer_transport.empty()) {
+    RdmaConnectOptions wanted = c->requested.rdma;
+    if (wanted.local_device.empty()) wanted.local_device = options.device;
+    choice = choose_auto(served_, rdma_unavailable_reason(), record.value_or(json()), c->peer_alias, wanted);
+  } else {
+    choice = {peer_transport, fmt::format("{}: the peer agent '{}' connects over it", peer_transport, c->peer_alias),
+              c->requested.rdma};
+  }
+  ConnectOptions o = c->requested;
+  o.transport = choice.transport;
+  o.rdma = choice.rdma;
+  std::shared_ptr<Endpoint> ep;
+  try {
+    ep = make_endpoint(o.transport, peer_transport.empty() ? own_options(o.transport, o)
+                                                           : passive_options(o.transport, peer_options));
+  } catch (const std::exception& e) {
+    c->finish("failed", fmt::format("{}; but making its endpoint failed: {}", choice.reason, e.what()));
+    return false;
+  }
+  {
+    std::lock_guard lock(c->mu);
+    if (!c->endpoint && c->state == "connecting") {
+      c->transport = o.transport;
+      c->selection_reason = choice.reason;
+      c->peer_options = options_for_peer(o.transport, o);
+      c->endpoint = ep;
+      ep.reset();
+    }
+  }
+  if (ep) {
+    ep->shutdown();  // decided meanwhile by another thread, or the connection ended
+    return c->ep() != nullptr;
+  }
+  DLSLIME_INFO("PeerAgent '{}': transport for '{}': {}", alias_, c->peer_alias, c->selection_reason);
+  return true;
 }
 
 void PeerAgentImpl::post_info(const std::shared_ptr<PeerConnectionState>& c) {
   bool have_peer_info = false;
-  std::string to_instance;
+  std::string to_instance, transport;
+  json peer_options;
+  std::shared_ptr<Endpoint> ep;
   {
     std::lock_guard lock(c->mu);
     have_peer_info = !c->peer_info.is_null();
     to_instance = c->peer_instance;
     c->last_post = std::chrono::steady_clock::now();
+    transport = c->transport;
+    peer_options = c->peer_options;
+    ep = c->endpoint;
   }
+  if (!ep) return;  // undecided: nothing to tell the peer yet
   // have_peer_info tells the peer whether it must (re)send its own info.
   const json msg = {{"type", "connect"},
-                    {"transport", c->transport},
-                    {"transport_options", c->peer_options},
+                    {"transport", transport},
+                    {"transport_options", peer_options},
                     {"incarnation", c->incarnation},
                     {"conn_id", c->conn_id},
                     {"have_peer_info", have_peer_info},
                     {"instance", instance_},
                     {"to_instance", to_instance},
-                    {"endpoint_info", c->endpoint->endpoint_info()}};
+                    {"endpoint_info", ep->endpoint_info()}};
   ctrl.post(c->peer_alias, msg, alias_);
 }
 
@@ -811,9 +1078,10 @@ void PeerAgentImpl::start_dial(const std::shared_ptr<PeerConnectionState>& c, co
 
 void PeerAgentImpl::dial(const std::shared_ptr<PeerConnectionState>& c, const json& peer_info) {
   try {
-    c->endpoint->connect(peer_info);
+    c->ep()->connect(peer_info);  // decided before any dial (on_message)
     c->finish("connected", "");
-    DLSLIME_INFO("PeerAgent '{}': connected to '{}' over {} ({})", alias_, c->peer_alias, c->transport, c->conn_id);
+    DLSLIME_INFO("PeerAgent '{}': connected to '{}' over {} ({})", alias_, c->peer_alias, c->transport_name(),
+                 c->conn_id);
   } catch (const std::exception& e) {
     const bool auth = dynamic_cast<const AuthenticationError*>(&e) != nullptr;
     DLSLIME_WARN("PeerAgent '{}': connecting to '{}' failed: {}", alias_, c->peer_alias, e.what());
@@ -826,7 +1094,7 @@ void PeerAgentImpl::dial(const std::shared_ptr<PeerConnectionState>& c, const js
       drop_passive(c, e.what());
     } else {
       // The caller's handle keeps the state and reason; the listener and sockets close now.
-      c->endpoint->shutdown();
+      c->shutdown_endpoint();
       c->finish("failed", e.what());
     }
   }
@@ -838,15 +1106,15 @@ void PeerAgentImpl::dial(const std::shared_ptr<PeerConnectionState>& c, const js
 }
 
 void PeerAgentImpl::retire(const std::shared_ptr<PeerConnectionState>& c, const std::string& why) {
-  c->endpoint->shutdown();
+  c->shutdown_endpoint();
   c->finish("closed", why);
 }
 
 void PeerAgentImpl::retire_after_peer_loss(const std::shared_ptr<PeerConnectionState>& c, const std::string& why) {
   c->finish("closed", why);
-  {
+  if (auto ep = c->ep()) {
     std::lock_guard lock(mu_);
-    retired_.emplace_back(c->endpoint, std::chrono::steady_clock::now() + kPeerGoneGrace);
+    retired_.emplace_back(std::move(ep), std::chrono::steady_clock::now() + kPeerGoneGrace);
   }
   shut_down_retired(false);
 }
@@ -871,10 +1139,14 @@ PeerConnection PeerAgentImpl::connect_to(const std::string& peer, const ConnectO
   if (stopping_) throw ConnectionError("connect_to() on a PeerAgent that was shut down", StatusCode::kCancelled);
   if (peer.empty()) throw InvalidArgumentError("peer alias must be a non-empty string");
   if (peer == alias_) throw InvalidArgumentError(fmt::format("an agent cannot connect to itself ('{}')", peer));
-  try {
-    TransportRegistry::instance().require(o.transport);  // unknown: InvalidArgumentError naming the known ones
-  } catch (const NotImplementedError& e) {
-    throw NotImplementedError(fmt::format("{}; available here: {}", e.what(), names_of(served_)));
+  if (o.transport != "auto") {
+    try {
+      TransportRegistry::instance().require(o.transport);  // unknown: InvalidArgumentError naming the known ones
+    } catch (const NotImplementedError& e) {
+      throw NotImplementedError(fmt::format("{}; available here: {}", e.what(), names_of(served_)));
+    } catch (const InvalidArgumentError& e) {
+      throw InvalidArgumentError(fmt::format("{} (or \"auto\")", e.what()));
+    }
   }
   std::shared_ptr<PeerConnectionState> stale;
   {
@@ -888,25 +1160,26 @@ PeerConnection PeerAgentImpl::connect_to(const std::string& peer, const ConnectO
     }
   }
   if (stale) retire(stale, "replaced by a new connect_to()");
-  auto c = make_connection(peer, o.transport, own_options(o.transport, o), options_for_peer(o.transport, o),
-                           /*passive=*/false);
+  // The peer's record, if it has registered: "auto" chooses from it. Agents of one job start
+  // concurrently: a peer that has not registered yet gets our endpoint_info as soon as it
+  // does (post_pending, from the mailbox thread), and "auto" chooses then.
+  const std::optional<json> record = ctrl.get_peer_agent(peer);
+  auto c = make_connection(peer, o, record, /*passive=*/false);
   {
     std::lock_guard lock(mu_);
     auto [it, inserted] = conns_.emplace(peer, c);
     if (!inserted) {
       // The peer's handshake arrived meanwhile and made the connection: use that one.
-      c->endpoint->shutdown();
+      c->shutdown_endpoint();
       return PeerConnection(it->second);
     }
   }
-  // Agents of one job start concurrently: a peer that has not registered yet gets our
-  // endpoint_info as soon as it does (post_pending, from the mailbox thread).
   try {
-    if (auto record = ctrl.get_peer_agent(peer)) claim_and_post(c, *record);
+    if (record) claim_and_post(c, *record);
   } catch (...) {
     std::lock_guard lock(mu_);
     conns_.erase(peer);
-    c->endpoint->shutdown();
+    c->shutdown_endpoint();
     throw;
   }
   return PeerConnection(c);
@@ -918,9 +1191,10 @@ void PeerAgentImpl::claim_and_post(const std::shared_ptr<PeerConnectionState>& c
     if (c->info_sent) return;
     c->info_sent = true;
   }
+  if (!decide(c, record)) return;  // "auto": the peer's record is known now
   // Known before any handshake: say so now rather than let wait() time out.
-  if (auto why = not_served_by(record, c->peer_alias, c->transport)) {
-    c->endpoint->shutdown();
+  if (auto why = not_served_by(record, c->peer_alias, c->transport_name())) {
+    c->shutdown_endpoint();
     c->finish("failed", *why);
     return;
   }
@@ -1007,7 +1281,53 @@ std::shared_ptr<PeerConnectionState> PeerAgentImpl::connected(const std::string&
 }
 
 std::shared_ptr<Endpoint> PeerAgentImpl::endpoint_for_io(const std::string& peer) {
-  return connected(peer)->endpoint;
+  return connected(peer)->ep();
+}
+
+int32_t PeerAgentImpl::remote_handle(const std::shared_ptr<PeerConnectionState>& c, const std::string& name,
+                                     bool fresh) {
+  json entry, handshake_entry;
+  std::string peer_incarnation;
+  {
+    std::lock_guard lock(c->mu);
+    peer_incarnation = c->peer_incarnation;
+    if (c->peer_info.contains("mr_info") && c->peer_info["mr_info"].contains(name)) {
+      handshake_entry = c->peer_info["mr_info"][name];
+    }
+    if (!fresh) {
+      if (auto it = c->remote_handles.find(name); it != c->remote_handles.end()) return it->second;
+      if (c->peer_info.contains("mr_info") && c->peer_info["mr_info"].contains(name)) entry = c->peer_info["mr_info"][name];
+    }
+  }
+  if (entry.is_null()) {
+    // Registered after the handshake (or again): NanoCtrl has the peer's current record.
+    auto record = ctrl.get_mr_info(c->peer_alias, name);
+    if (!record) {
+      throw NotFoundError(fmt::format("peer '{}' has no memory region named '{}' (not registered, or not yet "
+                                      "published)",
+                                      c->peer_alias, name));
+    }
+    entry = *record;
+    // The entry of the peer endpoint we are connected to, where it has its own (RDMA: its rkey).
+    if (entry.is_object() && entry.contains("endpoints")) {
+      const json own = entry["endpoints"].is_object() && entry["endpoints"].contains(peer_incarnation)
+                           ? entry["endpoints"][peer_incarnation]
+                           : json();
+      entry.erase("endpoints");
+      if (!own.is_null()) entry = own;
+    }
+    // A region registered before our endpoint existed has no entry of its own for it in
+    // the record; the handshake's mr_info has it, for the same registration (handle).
+    if (handshake_entry.is_object() && entry.is_object() &&
+        handshake_entry.value("handle", -1) == entry.value("handle", -2)) {
+      entry = handshake_entry;
+    }
+  }
+  // Registering a known name again updates that handle's entry in place.
+  const int32_t remote = c->ep()->register_remote_memory_region(name, entry);
+  std::lock_guard lock(c->mu);
+  c->remote_handles[name] = remote;
+  return remote;
 }
 
 std::vector<Assignment> PeerAgentImpl::resolve(const std::shared_ptr<PeerConnectionState>& c,
@@ -1019,35 +1339,40 @@ std::vector<Assignment> PeerAgentImpl::resolve(const std::shared_ptr<PeerConnect
     auto local = regions_->find(n.local_name);
     if (!local) throw NotFoundError(fmt::format("no local memory region named '{}'", n.local_name));
     int32_t remote = -1;
-    json entry;
-    if (auto it = refreshed.find(n.remote_name); it != refreshed.end()) remote = it->second;
-    if (remote < 0 && !fresh) {
-      std::lock_guard lock(c->mu);
-      if (auto it = c->remote_handles.find(n.remote_name); it != c->remote_handles.end()) {
-        remote = it->second;
-      } else if (c->peer_info.contains("mr_info") && c->peer_info["mr_info"].contains(n.remote_name)) {
-        entry = c->peer_info["mr_info"][n.remote_name];
-      }
-    }
-    if (remote < 0) {
-      if (entry.is_null()) {
-        // Registered after the handshake (or again): NanoCtrl has the peer's current record.
-        auto record = ctrl.get_mr_info(c->peer_alias, n.remote_name);
-        if (!record) {
-          throw NotFoundError(fmt::format("peer '{}' has no memory region named '{}' (not registered, or not yet "
-                                          "published)",
-                                          c->peer_alias, n.remote_name));
-        }
-        entry = *record;
-      }
-      // Registering a known name again updates that handle's entry in place.
-      remote = c->endpoint->register_remote_memory_region(n.remote_name, entry);
-      std::lock_guard lock(c->mu);
-      c->remote_handles[n.remote_name] = remote;
+    if (auto it = refreshed.find(n.remote_name); it != refreshed.end()) {
+      remote = it->second;
+    } else {
+      remote = remote_handle(c, n.remote_name, fresh);
       if (fresh) refreshed[n.remote_name] = remote;
     }
     out.push_back({*local, remote, n.remote_offset, n.local_offset, n.length});
   }
+  return out;
+}
+
+std::vector<std::string> PeerAgentImpl::sync_regions(const std::shared_ptr<PeerConnectionState>& c) {
+  {
+    std::lock_guard lock(c->mu);
+    if (c->state != "connected") {
+      throw ConnectionError(fmt::format("the connection to '{}' is {}; sync_memory_regions() needs a connected one",
+                                        c->peer_alias, c->state),
+                            StatusCode::kNotConnected);
+    }
+  }
+  std::vector<std::string> names;
+  if (auto record = ctrl.get_peer_agent(c->peer_alias); record && record->contains("memory_keys")) {
+    for (const auto& k : (*record)["memory_keys"]) {
+      if (k.is_string()) names.push_back(k.get<std::string>());
+    }
+  }
+  for (const auto& n : names) remote_handle(c, n, /*fresh=*/true);
+  return names;
+}
+
+std::vector<std::string> PeerAgentImpl::local_region_names() const {
+  std::vector<std::string> out;
+  const json info = regions_->mr_info();
+  for (const auto& [name, entry] : info.items()) out.push_back(name);
   return out;
 }
 
@@ -1063,7 +1388,7 @@ Future PeerAgentImpl::named_op(const std::string& peer, const std::vector<NamedA
   // One lookup: the handles are resolved in this connection's remote table, so they must
   // be submitted on this connection's endpoint, even if a reconnect replaces it meanwhile.
   auto c = connected(peer);
-  Future first = submit_named(*c->endpoint, resolve(c, named, /*fresh=*/false), kind);
+  Future first = submit_named(*c->ep(), resolve(c, named, /*fresh=*/false), kind);
   // An unknown handle means the peer registered a name again (a new buffer, a new handle)
   // since we cached it: resolve once more from NanoCtrl and retry once, off the I/O thread
   // that completes `first` (resolving is an HTTP call).
@@ -1092,7 +1417,7 @@ void PeerAgentImpl::retry_named(const std::shared_ptr<PeerConnectionState>& c,
                                 const std::vector<NamedAssignment>& named, OpKind kind,
                                 const std::shared_ptr<OpState>& outer, const Status& first) {
   try {
-    Future again = submit_named(*c->endpoint, resolve(c, named, /*fresh=*/true), kind);
+    Future again = submit_named(*c->ep(), resolve(c, named, /*fresh=*/true), kind);
     again.state()->on_complete([outer](const OpState& done) { outer->complete(done.status(), done.nbytes()); });
   } catch (const Error& e) {
     outer->complete(Status(e.code(), fmt::format("{} (resolving again after: {})", e.what(), first.message())));
@@ -1104,7 +1429,7 @@ void PeerAgentImpl::retry_named(const std::shared_ptr<PeerConnectionState>& c,
 int32_t PeerAgentImpl::register_region(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length) {
   const int32_t handle = regions_->add(name, addr, offset, length);
   try {
-    ctrl.register_mr(alias_, name, regions_->mr_info()[name]);
+    ctrl.register_mr(alias_, name, region_record(name));
   } catch (...) {
     regions_->remove(handle);
     throw;
@@ -1120,7 +1445,25 @@ void PeerAgentImpl::unregister_region(const std::string& name) {
 void PeerAgentImpl::publish_regions() {
   // Held in a local: items() of the temporary would iterate a destroyed object.
   const json info = regions_->mr_info();
-  for (const auto& [name, entry] : info.items()) ctrl.register_mr(alias_, name, entry);
+  for (const auto& [name, entry] : info.items()) ctrl.register_mr(alias_, name, region_record(name));
+}
+
+json PeerAgentImpl::region_record(const std::string& name) const {
+  json record = regions_->mr_info()[name];
+  std::vector<std::shared_ptr<PeerConnectionState>> conns;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [peer, c] : conns_) conns.push_back(c);
+  }
+  json own = json::object();
+  for (const auto& c : conns) {
+    auto ep = c->ep();
+    if (!ep) continue;
+    json info = ep->mr_info();
+    if (info.contains(name) && info[name] != record) own[c->incarnation] = info[name];
+  }
+  if (!own.empty()) record["endpoints"] = std::move(own);
+  return record;
 }
 
 void PeerAgentImpl::shutdown() {
@@ -1188,6 +1531,35 @@ std::optional<PeerConnection> PeerAgent::connection(const std::string& peer_alia
 }
 
 std::vector<std::string> PeerAgent::peers() const { return impl_->peers(); }
+
+std::vector<std::string> PeerConnection::sync_memory_regions() const {
+  auto agent = state_->agent.lock();
+  if (!agent) throw ConnectionError("sync_memory_regions(): the agent of this connection is gone", StatusCode::kNotConnected);
+  return agent->sync_regions(state_);
+}
+
+std::vector<std::string> PeerAgent::list_agents() const {
+  std::vector<std::string> out;
+  for (const auto& a : impl_->ctrl.query()) {
+    if (a.is_object() && a.contains("name") && a["name"].is_string()) out.push_back(a["name"].get<std::string>());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::optional<nlohmann::json> PeerAgent::agent_record(const std::string& alias) const {
+  return impl_->ctrl.get_peer_agent(alias);
+}
+
+std::optional<nlohmann::json> PeerAgent::get_mr_info(const std::string& peer, const std::string& name) const {
+  return impl_->ctrl.get_mr_info(peer, name);
+}
+
+std::vector<std::string> PeerAgent::local_region_names() const { return impl_->local_region_names(); }
+
+std::vector<std::string> PeerAgent::sync_memory_regions(const std::string& peer) {
+  return impl_->sync_regions(impl_->connected(peer));
+}
 
 Future PeerAgent::send(const std::string& peer, const Chunk& chunk) { return impl_->endpoint_for_io(peer)->send(chunk); }
 Future PeerAgent::recv(const std::string& peer, const Chunk& chunk) { return impl_->endpoint_for_io(peer)->recv(chunk); }

@@ -10,6 +10,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <filesystem>
 #include <functional>
 #include <mutex>
@@ -459,4 +461,182 @@ TEST(PeerAgentCpp, WrapEndpointIsAppliedOnBothSides) {
   PeerAgent c(broken);
   EXPECT_THROW(c.connect_to("we_b", tcp()), InvalidArgumentError);
   EXPECT_TRUE(c.peers().empty());
+}
+
+namespace {
+
+// DLSLIME_RDMA_SIM=1 (the simulated RDMA device) for the agents made while it lives: each
+// agent probes its transports when it is made. The previous value comes back after.
+class SimRdmaDevice {
+ public:
+  SimRdmaDevice() {
+    if (const char* v = std::getenv("DLSLIME_RDMA_SIM")) saved_ = v;
+    ::setenv("DLSLIME_RDMA_SIM", "1", 1);
+  }
+  ~SimRdmaDevice() {
+    if (saved_) {
+      ::setenv("DLSLIME_RDMA_SIM", saved_->c_str(), 1);
+    } else {
+      ::unsetenv("DLSLIME_RDMA_SIM");
+    }
+  }
+
+ private:
+  std::optional<std::string> saved_;
+};
+
+bool rdma_built() {
+  for (const auto& t : available_transports()) {
+    if (t.name == "rdma") return t.built;
+  }
+  return false;
+}
+
+ConnectOptions with_transport(const std::string& transport) {
+  ConnectOptions o;
+  o.transport = transport;
+  return o;
+}
+
+}  // namespace
+
+// transport="rdma" over the mailbox handshake, on the simulated device: named regions
+// resolve to the peer endpoint's rkeys, from the handshake and, for a region registered
+// later, from its published record; bytes, messages and immediates arrive.
+TEST(PeerAgentCpp, RdmaConnectionOnTheSimulatedDeviceMovesNamedRegionsMessagesAndImmediates) {
+  SimRdmaDevice sim;
+  StartedCtrl ctrl;
+  PeerAgent a(agent(ctrl.server.url(), "rd_a"));
+  PeerAgent b(agent(ctrl.server.url(), "rd_b"));
+  ConnectOptions o = with_transport("rdma");
+  o.rdma.local_device = "sim_rdma0";
+  o.rdma.peer_device = "sim_rdma0";
+  o.rdma.qp_num = 2;
+  if (!rdma_built()) {
+    // A build without RDMA keeps the clear error.
+    EXPECT_THROW(a.connect_to("rd_b", o), NotImplementedError);
+    return;
+  }
+  std::vector<uint8_t> src(1 << 16), dst(1 << 16, 0), late(4096, 0), back(4096, 0);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 13 + 1);
+  a.register_memory_region("src", addr_of(src), 0, src.size());
+  a.register_memory_region("back", addr_of(back), 0, back.size());
+  b.register_memory_region("dst", addr_of(dst), 0, dst.size());
+
+  PeerConnection ca = a.connect_to("rd_b", o);  // b never calls connect_to: its side is passive
+  ca.wait(10s);
+  ASSERT_TRUE(wait_until([&] { return b.connection("rd_a") && b.connection("rd_a")->is_connected(); }));
+  PeerConnection cb = *b.connection("rd_a");
+  EXPECT_EQ(ca.transport(), "rdma");
+  EXPECT_EQ(cb.transport(), "rdma");
+  EXPECT_EQ(ca.selection_reason(), "rdma: requested");
+  EXPECT_NE(cb.selection_reason().find("the peer agent 'rd_a' connected over it"), std::string::npos)
+      << cb.selection_reason();
+  EXPECT_EQ(ca.local_nic(), "sim_rdma0");
+  EXPECT_EQ(ca.remote_nic(), "sim_rdma0");
+  EXPECT_EQ(ca.peer_endpoint_info()["num_qp"], 2) << "qp_num did not reach the passive side";
+  EXPECT_TRUE(ca.peer_endpoint_info()["mr_info"]["dst"].contains("rkey")) << ca.peer_endpoint_info().dump();
+
+  EXPECT_EQ(named_write(a, "rd_b", "src", "dst", src.size()), 0);
+  EXPECT_EQ(src, dst);
+
+  // Registered after the handshake: resolved from NanoCtrl, with the rkey of the endpoint
+  // a is connected to (each RDMA endpoint has its own).
+  b.register_memory_region("late", addr_of(late), 0, late.size());
+  EXPECT_EQ(named_write(a, "rd_b", "src", "late", late.size()), 0);
+  EXPECT_TRUE(std::equal(late.begin(), late.end(), src.begin()));
+  auto rd = a.read("rd_b", std::vector<NamedAssignment>{{"back", "late", 0, 0, back.size()}});
+  ASSERT_EQ(rd.wait_for(10s), std::optional<int>(0)) << rd.message();
+  EXPECT_EQ(back, late);
+  EXPECT_EQ(a.sync_memory_regions("rd_b"), (std::vector<std::string>{"dst", "late"}));
+
+  std::string msg = "over rdma";
+  std::vector<char> inbox(32, 0);
+  auto rv = b.recv("rd_a", {reinterpret_cast<uintptr_t>(inbox.data()), 0, inbox.size()});
+  ASSERT_EQ(a.send("rd_b", {reinterpret_cast<uintptr_t>(msg.data()), 0, msg.size()}).wait_for(10s),
+            std::optional<int>(0));
+  ASSERT_EQ(rv.wait_for(10s), std::optional<int>(0)) << rv.message();
+  EXPECT_EQ(std::string(inbox.data(), rv.nbytes()), msg);
+
+  auto imm = b.imm_recv("rd_a");
+  auto local = a.connection("rd_b")->endpoint()->mr_info();
+  const int32_t src_handle = local["src"]["handle"].get<int32_t>();
+  const int32_t dst_handle = a.connection("rd_b")->endpoint()->register_remote_memory_region(
+      "dst", ca.peer_endpoint_info()["mr_info"]["dst"]);
+  ASSERT_EQ(a.write_with_imm("rd_b", {{src_handle, dst_handle, 0, 0, 64}}, 0xabcd).wait_for(10s),
+            std::optional<int>(0));
+  ASSERT_EQ(imm.wait_for(10s), std::optional<int>(0)) << imm.message();
+  EXPECT_EQ(imm.imm_data(), 0xabcdu);
+}
+
+// transport="auto": RDMA when both agents publish a usable device with the same link
+// layer; TCP otherwise, saying why, in both directions.
+TEST(PeerAgentCpp, AutoPicksRdmaWhenBothAgentsServeTheSameLinkLayerAndTcpOtherwise) {
+  StartedCtrl ctrl;
+  PeerAgent plain(agent(ctrl.server.url(), "au_tcp"));  // made before the device exists
+  SimRdmaDevice sim;
+  PeerAgent a(agent(ctrl.server.url(), "au_a"));
+  PeerAgent b(agent(ctrl.server.url(), "au_b"));
+
+  PeerConnection to_plain = a.connect_to("au_tcp", with_transport("auto"));
+  to_plain.wait(10s);
+  EXPECT_EQ(to_plain.transport(), "tcp");
+  EXPECT_EQ(to_plain.selection_reason().rfind(rdma_built() ? "tcp: the peer agent 'au_tcp' publishes no RDMA device"
+                                                            : "tcp: this agent serves no RDMA device (",
+                                              0),
+            0u)
+      << to_plain.selection_reason();
+  PeerConnection from_plain = plain.connect_to("au_b", with_transport("auto"));
+  from_plain.wait(10s);
+  EXPECT_EQ(from_plain.transport(), "tcp");
+  EXPECT_EQ(from_plain.selection_reason().rfind("tcp: this agent serves no RDMA device (", 0), 0u)
+      << from_plain.selection_reason();
+
+  std::vector<uint8_t> src(8192), dst(8192, 0);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i ^ 0x5a);
+  a.register_memory_region("src", addr_of(src), 0, src.size());
+  b.register_memory_region("dst", addr_of(dst), 0, dst.size());
+  // Both call it: both choose from the same records, so they agree.
+  PeerConnection ca = a.connect_to("au_b", with_transport("auto"));
+  PeerConnection cb = b.connect_to("au_a", with_transport("auto"));
+  ca.wait(10s);
+  cb.wait(10s);
+  const std::string expected = rdma_built() ? "rdma" : "tcp";
+  EXPECT_EQ(ca.transport(), expected);
+  EXPECT_EQ(cb.transport(), expected);
+  if (rdma_built()) {
+    EXPECT_EQ(ca.selection_reason(), "rdma: both agents serve RoCE (sim_rdma0 here, sim_rdma0 on 'au_b')");
+  }
+  EXPECT_EQ(named_write(a, "au_b", "src", "dst", src.size()), 0);
+  EXPECT_EQ(src, dst);
+
+  if (rdma_built()) {
+    // The published record: each RDMA device with its port and link layer.
+    NanoCtrlClient client(ctrl.server.url());
+    auto record = client.get_peer_agent("au_a");
+    ASSERT_TRUE(record.has_value());
+    bool found = false;
+    for (const auto& t : (*record)["metadata"]["transports"]) {
+      if (t["name"] != "rdma") continue;
+      found = true;
+      EXPECT_EQ(t["ports"], nlohmann::json::parse(R"([{"device":"sim_rdma0","ib_port":1,"link_layer":"Ethernet"}])"))
+          << t.dump();
+    }
+    EXPECT_TRUE(found) << record->dump();
+  }
+}
+
+// "auto" towards a peer that registers only later: chosen once its record appears.
+TEST(PeerAgentCpp, AutoWaitsForAPeerThatRegistersLater) {
+  SimRdmaDevice sim;
+  StartedCtrl ctrl;
+  PeerAgent a(agent(ctrl.server.url(), "al_a"));
+  PeerConnection ca = a.connect_to("al_b", with_transport("auto"));
+  EXPECT_EQ(ca.transport(), "auto");
+  EXPECT_EQ(ca.selection_reason(), "");
+  EXPECT_EQ(ca.endpoint(), nullptr);
+  PeerAgent b(agent(ctrl.server.url(), "al_b"));
+  ca.wait(10s);
+  EXPECT_EQ(ca.transport(), rdma_built() ? "rdma" : "tcp") << ca.selection_reason();
+  EXPECT_FALSE(ca.selection_reason().empty());
 }
