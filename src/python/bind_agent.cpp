@@ -120,6 +120,60 @@ std::string peer_arg_of(py::handle peer, py::handle peer_alias, const char* call
   return str_arg(renamed_arg(peer, peer_alias, call, "peer", "peer_alias"), "peer");
 }
 
+py::object nic_or_none(const std::string& nic) { return nic.empty() ? py::object(py::none()) : py::object(py::str(nic)); }
+
+// Upstream DLSlime's connection filters (local_nic=, remote_nic=): the connection to `peer`
+// when it is on those NICs (None matches any), nullopt otherwise. One connection per peer here.
+std::optional<PeerConnection> matching_connection(const PeerAgent& a, const std::string& peer, py::handle local_nic,
+                                                  py::handle remote_nic) {
+  const std::string want_local = optional_str_arg(local_nic, "local_nic");
+  const std::string want_remote = optional_str_arg(remote_nic, "remote_nic");
+  auto c = a.connection(peer);
+  if (!c) return std::nullopt;
+  if (!want_local.empty() && c->local_nic() != want_local) return std::nullopt;
+  if (!want_remote.empty() && c->remote_nic() != want_remote) return std::nullopt;
+  return c;
+}
+
+// I/O with local_nic=/remote_nic=: the agent's connection to `peer` must be on those NICs.
+void require_nics(const PeerAgent& a, const std::string& peer, py::handle local_nic, py::handle remote_nic) {
+  if (local_nic.is_none() && remote_nic.is_none()) return;
+  if (matching_connection(a, peer, local_nic, remote_nic)) return;
+  auto c = a.connection(peer);
+  throw ConnectionError(
+      c ? fmt::format("the connection to '{}' is on local_nic={} remote_nic={}, not the ones asked for", peer,
+                      c->local_nic().empty() ? "None" : "'" + c->local_nic() + "'",
+                      c->remote_nic().empty() ? "None" : "'" + c->remote_nic() + "'")
+        : fmt::format("no connection to '{}'; call connect_to(\"{}\") first", peer, peer),
+      StatusCode::kNotConnected);
+}
+
+// get_resource(): an agent's NanoCtrl record in upstream DLSlime's resource shape
+// (schema_version, host, nics, memory_keys), plus the transports it publishes.
+py::dict resource_of(const nlohmann::json& record) {
+  nlohmann::json nics = nlohmann::json::array();
+  nlohmann::json transports = nlohmann::json::array();
+  if (record.contains("metadata") && record["metadata"].is_object() && record["metadata"].contains("transports")) {
+    transports = record["metadata"]["transports"];
+    for (const auto& t : transports) {
+      if (!t.is_object() || t.value("name", "") != "rdma" || !t.contains("ports")) continue;
+      for (const auto& p : t["ports"]) {
+        const std::string layer = p.value("link_layer", "");
+        nics.push_back({{"name", p.value("device", "")},
+                        {"device", p.value("device", "")},
+                        {"ib_port", p.value("ib_port", 1)},
+                        {"link_type", layer == "Ethernet" ? "RoCE" : layer == "InfiniBand" ? "IB" : layer}});
+      }
+    }
+  }
+  nlohmann::json out = {{"schema_version", 1},
+                        {"host", {{"address", record.value("address", "")}}},
+                        {"nics", nics},
+                        {"memory_keys", record.value("memory_keys", nlohmann::json::array())},
+                        {"transports", transports}};
+  return from_json(out, "resource").cast<py::dict>();
+}
+
 }  // namespace
 
 void bind_agent(py::module_& m) {
@@ -143,6 +197,12 @@ void bind_agent(py::module_& m) {
       .def_property_readonly("conn_id", &PeerConnection::conn_id)
       .def_property_readonly("peer_alias", &PeerConnection::peer_alias)
       .def_property_readonly("transport", &PeerConnection::transport)
+      .def_property_readonly("selection_reason", &PeerConnection::selection_reason)
+      // The RDMA devices of each side (upstream DLSlime's); None for TCP.
+      .def_property_readonly("local_nic", [](const PeerConnection& c) { return nic_or_none(c.local_nic()); })
+      .def_property_readonly("remote_nic", [](const PeerConnection& c) { return nic_or_none(c.remote_nic()); })
+      .def("sync_memory_regions", &PeerConnection::sync_memory_regions, py::call_guard<ReleaseGil>(),
+           "Resolves every region the peer has published again; returns their names.")
       // pybind11 returns the endpoint as its own (most derived, bound) class: a TcpEndpoint
       // for transport "tcp".
       .def_property_readonly("endpoint", &PeerConnection::endpoint)
@@ -156,8 +216,8 @@ void bind_agent(py::module_& m) {
 
   py::class_<PeerAgent, std::shared_ptr<PeerAgent>>(m, "PeerAgent",
                                                      "Finds peers and connects them through NanoCtrl.")
-      .def(py::init([](py::handle ctrl_url, py::handle alias, py::handle scope, py::handle nanoctrl_url,
-                       py::handle heartbeat_interval, const py::kwargs& kwargs) {
+      .def(py::init([](py::handle ctrl_url, py::handle alias, py::handle device, py::handle scope,
+                       py::handle nanoctrl_url, py::handle heartbeat_interval, const py::kwargs& kwargs) {
              PeerAgentOptions o;
              const std::string url = optional_str_arg(ctrl_url, "ctrl_url");
              const std::string url2 = optional_str_arg(nanoctrl_url, "nanoctrl_url");
@@ -168,6 +228,7 @@ void bind_agent(py::module_& m) {
              if (!url2.empty()) o.ctrl_url = url2;
              o.alias = optional_str_arg(alias, "alias");
              o.scope = optional_str_arg(scope, "scope");
+             o.device = optional_str_arg(device, "device");
              if (!heartbeat_interval.is_none()) {
                o.heartbeat_interval = millis_arg(heartbeat_interval, "heartbeat_interval");
              }
@@ -205,11 +266,67 @@ void bind_agent(py::module_& m) {
              if (auto t = token_kw("tcp_token")) o.tcp.token = *t;
              return make_without_gil<PeerAgent>(std::move(o));
            }),
-           py::arg("ctrl_url") = py::none(), py::arg("alias") = py::none(), py::arg("scope") = py::none(),
-           py::arg("nanoctrl_url") = py::none(), py::arg("heartbeat_interval") = py::none())
+           // Upstream DLSlime's positional order: (nanoctrl_url, alias, device, scope).
+           py::arg("ctrl_url") = py::none(), py::arg("alias") = py::none(), py::arg("device") = py::none(),
+           py::arg("scope") = py::none(), py::kw_only(), py::arg("nanoctrl_url") = py::none(),
+           py::arg("heartbeat_interval") = py::none())
       .def_property_readonly("alias", &PeerAgent::alias)
       .def_property_readonly("scope", &PeerAgent::scope)
       .def_property_readonly("ctrl_url", &PeerAgent::ctrl_url)
+      // Discovery (upstream DLSlime's names), from NanoCtrl.
+      .def("list_agents", &PeerAgent::list_agents, py::call_guard<ReleaseGil>(),
+           "The aliases registered in this agent's scope, sorted.")
+      .def(
+          "get_mr_info",
+          [](const PeerAgent& a, py::handle peer, py::handle name) -> py::object {
+            const auto p = str_arg(peer, "peer_alias");
+            const auto n = str_arg(name, "mr_name");
+            std::optional<nlohmann::json> info;
+            {
+              ReleaseGil release;
+              info = a.get_mr_info(p, n);
+            }
+            return info ? from_json(*info, "mr_info") : py::object(py::none());
+          },
+          py::arg("peer_alias"), py::arg("mr_name"), "The published record of a peer's region; None if there is none.")
+      .def(
+          "list_mem_keys",
+          [](const PeerAgent& a, py::handle peer) {
+            std::vector<std::string> names;
+            if (peer.is_none()) {
+              names = a.local_region_names();
+            } else {
+              const auto p = str_arg(peer, "peer");
+              std::optional<nlohmann::json> record;
+              {
+                ReleaseGil release;
+                record = a.agent_record(p);
+              }
+              if (record && record->contains("memory_keys")) {
+                for (const auto& k : (*record)["memory_keys"]) {
+                  if (k.is_string()) names.push_back(k.get<std::string>());
+                }
+              }
+            }
+            std::sort(names.begin(), names.end());
+            return names;
+          },
+          py::arg("peer") = py::none(), "Region names: this agent's (peer=None) or a peer's as published.")
+      .def(
+          "get_resource",
+          [](const PeerAgent& a, py::handle peer) -> py::object {
+            const std::string p = peer.is_none() ? a.alias() : str_arg(peer, "peer");
+            std::optional<nlohmann::json> record;
+            {
+              ReleaseGil release;
+              record = a.agent_record(p);
+            }
+            if (!record) return py::none();
+            return resource_of(*record);
+          },
+          py::arg("peer") = py::none(),
+          "An agent's published resources (upstream's shape: schema_version, host, nics, memory_keys, plus "
+          "transports); None for an agent that is not registered.")
       .def(
           "register_memory_region",
           [](PeerAgent& a, py::handle name, py::handle addr, py::handle offset, py::handle length) {
@@ -277,35 +394,52 @@ void bind_agent(py::module_& m) {
            })
       .def(
           "query_connection",
-          [](const PeerAgent& a, py::handle peer) { return a.connection(str_arg(peer, "peer_alias")); },
+          [](const PeerAgent& a, py::handle peer, py::handle local_nic, py::handle remote_nic) {
+            return matching_connection(a, str_arg(peer, "peer_alias"), local_nic, remote_nic);
+          },
+          py::arg("peer_alias"), py::kw_only(), py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none())
+      .def(
+          "sync_memory_regions",
+          [](PeerAgent& a, py::handle peer) {
+            const auto p = str_arg(peer, "peer_alias");
+            ReleaseGil release;
+            return a.sync_memory_regions(p);
+          },
           py::arg("peer_alias"))
       // I/O. Upstream DLSlime's forms work too: `peer_alias=` for `peer`, `assign=` for
       // `assignments`, and a `stream` after the batch (unused: no device streams yet).
       .def(
           "send",
-          [](PeerAgent& a, py::handle peer_arg, py::handle chunk, py::handle /*stream*/, py::handle peer_alias) {
+          [](PeerAgent& a, py::handle peer_arg, py::handle chunk, py::handle /*stream*/, py::handle peer_alias,
+             py::handle local_nic, py::handle remote_nic) {
             const auto peer = peer_arg_of(peer_arg, peer_alias, "send");
+            require_nics(a, peer, local_nic, remote_nic);
             const Chunk c = to_chunk(chunk);
             ReleaseGil release;
             return a.send(peer, c);
           },
           py::arg_v("peer", missing_arg(), "<required>"), py::arg("chunk"), py::arg("stream") = py::none(),
-          py::kw_only(), py::arg_v("peer_alias", missing_arg(), "<unset>"))
+          py::kw_only(), py::arg_v("peer_alias", missing_arg(), "<unset>"),
+          py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none())
       .def(
           "recv",
-          [](PeerAgent& a, py::handle peer_arg, py::handle chunk, py::handle /*stream*/, py::handle peer_alias) {
+          [](PeerAgent& a, py::handle peer_arg, py::handle chunk, py::handle /*stream*/, py::handle peer_alias,
+             py::handle local_nic, py::handle remote_nic) {
             const auto peer = peer_arg_of(peer_arg, peer_alias, "recv");
+            require_nics(a, peer, local_nic, remote_nic);
             const Chunk c = to_chunk(chunk);
             ReleaseGil release;
             return a.recv(peer, c);
           },
           py::arg_v("peer", missing_arg(), "<required>"), py::arg("chunk"), py::arg("stream") = py::none(),
-          py::kw_only(), py::arg_v("peer_alias", missing_arg(), "<unset>"))
+          py::kw_only(), py::arg_v("peer_alias", missing_arg(), "<unset>"),
+          py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none())
       .def(
           "read",
           [](PeerAgent& a, py::handle peer_arg, py::handle assignments, py::handle /*stream*/, py::handle peer_alias,
-             py::handle assign) {
+             py::handle assign, py::handle local_nic, py::handle remote_nic) {
             const auto peer = peer_arg_of(peer_arg, peer_alias, "read");
+            require_nics(a, peer, local_nic, remote_nic);
             return one_sided(
                 renamed_arg(assignments, assign, "read", "assignments", "assign"),
                 [&](const std::vector<NamedAssignment>& n) { return a.read(peer, n); },
@@ -313,12 +447,14 @@ void bind_agent(py::module_& m) {
           },
           py::arg_v("peer", missing_arg(), "<required>"), py::arg_v("assignments", missing_arg(), "<required>"),
           py::arg("stream") = py::none(), py::kw_only(), py::arg_v("peer_alias", missing_arg(), "<unset>"),
-          py::arg_v("assign", missing_arg(), "<unset>"))
+          py::arg_v("assign", missing_arg(), "<unset>"),
+          py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none())
       .def(
           "write",
           [](PeerAgent& a, py::handle peer_arg, py::handle assignments, py::handle /*stream*/, py::handle peer_alias,
-             py::handle assign) {
+             py::handle assign, py::handle local_nic, py::handle remote_nic) {
             const auto peer = peer_arg_of(peer_arg, peer_alias, "write");
+            require_nics(a, peer, local_nic, remote_nic);
             return one_sided(
                 renamed_arg(assignments, assign, "write", "assignments", "assign"),
                 [&](const std::vector<NamedAssignment>& n) { return a.write(peer, n); },
@@ -326,12 +462,14 @@ void bind_agent(py::module_& m) {
           },
           py::arg_v("peer", missing_arg(), "<required>"), py::arg_v("assignments", missing_arg(), "<required>"),
           py::arg("stream") = py::none(), py::kw_only(), py::arg_v("peer_alias", missing_arg(), "<unset>"),
-          py::arg_v("assign", missing_arg(), "<unset>"))
+          py::arg_v("assign", missing_arg(), "<unset>"),
+          py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none())
       .def(
           "write_with_imm",
           [](PeerAgent& a, py::handle peer_arg, py::handle assignments, py::handle imm_data, py::handle /*stream*/,
-             py::handle peer_alias, py::handle assign) {
+             py::handle peer_alias, py::handle assign, py::handle local_nic, py::handle remote_nic) {
             const auto peer = peer_arg_of(peer_arg, peer_alias, "write_with_imm");
+            require_nics(a, peer, local_nic, remote_nic);
             auto batch = to_assignments(renamed_arg(assignments, assign, "write_with_imm", "assignments", "assign"));
             const auto imm = int_arg<uint32_t>(imm_data, "imm_data");
             ReleaseGil release;
@@ -339,16 +477,20 @@ void bind_agent(py::module_& m) {
           },
           py::arg_v("peer", missing_arg(), "<required>"), py::arg_v("assignments", missing_arg(), "<required>"),
           py::arg("imm_data") = 0, py::arg("stream") = py::none(), py::kw_only(),
-          py::arg_v("peer_alias", missing_arg(), "<unset>"), py::arg_v("assign", missing_arg(), "<unset>"))
+          py::arg_v("peer_alias", missing_arg(), "<unset>"), py::arg_v("assign", missing_arg(), "<unset>"),
+          py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none())
       .def(
           "imm_recv",
-          [](PeerAgent& a, py::handle peer_arg, py::handle /*stream*/, py::handle peer_alias) {
+          [](PeerAgent& a, py::handle peer_arg, py::handle /*stream*/, py::handle peer_alias,
+             py::handle local_nic, py::handle remote_nic) {
             const auto peer = peer_arg_of(peer_arg, peer_alias, "imm_recv");
+            require_nics(a, peer, local_nic, remote_nic);
             ReleaseGil release;
             return a.imm_recv(peer);
           },
           py::arg_v("peer", missing_arg(), "<required>"), py::arg("stream") = py::none(), py::kw_only(),
-          py::arg_v("peer_alias", missing_arg(), "<unset>"))
+          py::arg_v("peer_alias", missing_arg(), "<unset>"),
+          py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none())
       .def("shutdown", &PeerAgent::shutdown, py::call_guard<ReleaseGil>())
       .def("__enter__", [](std::shared_ptr<PeerAgent> a) { return a; })
       .def("__exit__",

@@ -1,0 +1,176 @@
+"""PeerAgent over RDMA and transport="auto" (on the simulated device, in a child process so
+DLSLIME_RDMA_SIM=1 is set before the library looks for devices), and upstream DLSlime
+0.1.23's PeerAgent and NanoCtrl names (docs/upstream-compat.md), byte-exact on TCP here."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import dlslime
+from dlslime import PeerAgent
+from conftest import Buffer, wait_until
+
+OK = 0
+
+SIM_SCRIPT = textwrap.dedent(
+    """
+    import ctypes
+    import dlslime
+    from dlslime import PeerAgent, nanoctrl
+
+    def wait_until(pred, timeout=10.0):
+        import time
+        deadline = time.monotonic() + timeout
+        while not pred():
+            assert time.monotonic() < deadline, "condition not reached"
+            time.sleep(0.005)
+
+    with nanoctrl.serve(port=0) as url:
+        a = PeerAgent(url, "ua_a")
+        b = PeerAgent(nanoctrl_url=url, alias="ua_b", device=None, scope=None)
+        src = ctypes.create_string_buffer(bytes(range(256)) * 64)  # 16 KiB
+        dst = ctypes.create_string_buffer(len(src.raw))
+        late = ctypes.create_string_buffer(4096)
+        back = ctypes.create_string_buffer(4096)
+        a.register_memory_region("src", ctypes.addressof(src), 0, len(src.raw))
+        a.register_memory_region("back", ctypes.addressof(back), 0, 4096)
+        b.register_memory_region("dst", ctypes.addressof(dst), 0, len(dst.raw))
+        if not hasattr(dlslime, "RDMAEndpoint"):
+            # No RDMA in this build: rdma keeps its clear error, auto picks tcp saying why.
+            try:
+                a.connect_to("ua_b", transport="rdma")
+            except NotImplementedError as e:
+                assert "rdma" in str(e), e
+            else:
+                raise AssertionError("rdma accepted without the transport")
+            c = a.connect_to("ua_b", transport="auto").wait(10)
+            assert c.transport == "tcp" and c.selection_reason.startswith("tcp: this agent serves no RDMA"), c.selection_reason
+            print("OK")
+            raise SystemExit(0)
+
+        ca = a.connect_to("ua_b", transport="rdma", local_device="sim_rdma0", peer_device="sim_rdma0",
+                          ib_port=1, qp_num=2).wait(10)
+        wait_until(lambda: b.query_connection("ua_a") is not None and b.query_connection("ua_a").is_connected())
+        cb = b.query_connection("ua_a")
+        assert ca.transport == "rdma" and cb.transport == "rdma", (ca.transport, cb.transport)
+        assert isinstance(ca.endpoint, dlslime.RDMAEndpoint), type(ca.endpoint)
+        assert ca.selection_reason == "rdma: requested", ca.selection_reason
+        assert ca.local_nic == "sim_rdma0" and ca.remote_nic == "sim_rdma0", (ca.local_nic, ca.remote_nic)
+        assert ca.peer_endpoint_info["num_qp"] == 2
+
+        # Named regions: from the handshake, and one registered later (its published record).
+        assert a.write("ua_b", [("src", "dst", 0, 0, len(src.raw))], None, local_nic="sim_rdma0",
+                       remote_nic="sim_rdma0").wait() == 0
+        assert dst.raw == src.raw
+        b.register_memory_region("late", ctypes.addressof(late), 0, 4096)
+        assert a.write("ua_b", ("src", "late", 0, 0, 4096)).wait() == 0
+        assert late.raw == src.raw[:4096]
+        assert a.read(peer_alias="ua_b", assign=[("back", "late", 0, 0, 4096)]).wait() == 0
+        assert back.raw == late.raw
+        assert sorted(ca.sync_memory_regions()) == ["dst", "late"]
+        info = a.get_mr_info("ua_b", "late")
+        assert info["length"] == 4096 and info["endpoints"], info
+        try:
+            a.send("ua_b", (ctypes.addressof(src), 0, 8), local_nic="mlx5_9")
+        except ConnectionError as e:
+            assert "local_nic" in str(e), e
+        else:
+            raise AssertionError("a NIC filter that matches nothing was ignored")
+        msg = ctypes.create_string_buffer(b"over rdma", 9)
+        inbox = ctypes.create_string_buffer(32)
+        rv = b.recv("ua_a", (ctypes.addressof(inbox), 0, 32), None)
+        assert a.send("ua_b", (ctypes.addressof(msg), 0, 9), None).wait() == 0
+        assert rv.wait() == 0 and inbox.raw[: rv.nbytes] == b"over rdma"
+
+        # auto: both agents publish sim_rdma0 (RoCE).
+        c = PeerAgent(url, "ua_c")
+        cc = c.connect_to("ua_a", transport="auto").wait(10)
+        assert cc.transport == "rdma", cc.selection_reason
+        assert cc.selection_reason == "rdma: both agents serve RoCE (sim_rdma0 here, sim_rdma0 on 'ua_a')", cc.selection_reason
+        res = c.get_resource("ua_a")
+        assert res["nics"] == [{"name": "sim_rdma0", "device": "sim_rdma0", "ib_port": 1, "link_type": "RoCE"}], res
+        try:
+            PeerAgent(url, "ua_d", "mlx5_0")
+        except ValueError as e:
+            assert "mlx5_0" in str(e) and "sim_rdma0" in str(e), e
+        else:
+            raise AssertionError("an unknown device was accepted")
+        for x in (c, a, b):
+            x.shutdown()
+    print("OK")
+    """
+)
+
+
+def test_peer_agent_rdma_and_auto_on_the_simulated_device():
+    env = dict(os.environ, DLSLIME_RDMA_SIM="1")
+    proc = subprocess.run([sys.executable, "-c", SIM_SCRIPT], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout + proc.stderr
+
+
+@pytest.fixture
+def agent():
+    made = []
+
+    def make(*args, **kw):
+        made.append(PeerAgent(*args, **kw))
+        return made[-1]
+
+    yield make
+    for a in made:
+        a.shutdown()
+
+
+def test_upstream_peer_agent_names_on_tcp(agent, ctrl_url, unique):
+    # Upstream's positional order: (nanoctrl_url, alias, device, scope).
+    a = agent(ctrl_url, f"up_a_{unique}", None, f"s{unique}")
+    b = agent(nanoctrl_url=ctrl_url, alias=f"up_b_{unique}", device=None, scope=f"s{unique}")
+    assert a.scope == f"s{unique}"
+    src = Buffer(8192, bytes(range(199)))
+    dst = Buffer(8192)
+    a.register_memory_region("src", src.addr, 0, 8192)
+    b.register_memory_region("dst", dst.addr, 0, 8192)
+    assert a.list_agents() == sorted([a.alias, b.alias])
+    assert a.list_mem_keys() == ["src"]
+    assert a.list_mem_keys(b.alias) == ["dst"]
+    assert a.list_mem_keys("nobody") == []
+    assert a.get_mr_info(b.alias, "dst")["length"] == 8192
+    assert a.get_mr_info(b.alias, "nope") is None
+    res = a.get_resource()
+    assert res["schema_version"] == 1 and res["memory_keys"] == ["src"], res
+    assert res["host"]["address"] and res["transports"][0]["name"] == "tcp", res
+    assert a.get_resource("nobody") is None
+
+    ca = a.connect_to(b.alias, transport="tcp").wait(10)
+    b.connect_to(a.alias, transport="tcp").wait(10)
+    assert ca.selection_reason == "tcp: requested"
+    assert ca.local_nic is None and ca.remote_nic is None
+    assert a.query_connection(b.alias, local_nic=None, remote_nic=None) is not None
+    assert a.query_connection(b.alias, local_nic="mlx5_0") is None
+    assert a.write(b.alias, [("src", "dst", 0, 0, 8192)], None, local_nic=None, remote_nic=None).wait() == OK
+    assert dst.bytes() == src.bytes()
+    late = Buffer(64)
+    b.register_memory_region("late", late.addr, 0, 64)
+    assert sorted(ca.sync_memory_regions()) == ["dst", "late"]
+    assert sorted(a.sync_memory_regions(b.alias)) == ["dst", "late"]
+    with pytest.raises(ConnectionError, match="remote_nic"):
+        a.send(b.alias, (src.addr, 0, 8), remote_nic="mlx5_1")
+
+
+def test_auto_without_rdma_devices_picks_tcp_and_says_why(agent, ctrl_url, unique):
+    if os.environ.get("DLSLIME_RDMA_SIM"):
+        pytest.fail("this test checks the no-device path: run it without DLSLIME_RDMA_SIM")
+    a = agent(ctrl_url=ctrl_url, alias=f"an_a_{unique}")
+    b = agent(ctrl_url=ctrl_url, alias=f"an_b_{unique}")
+    ca = a.connect_to(b.alias, transport="auto")
+    ca.wait(10)
+    assert ca.transport == "tcp"
+    assert ca.selection_reason.startswith("tcp: this agent serves no RDMA device ("), ca.selection_reason
+    with pytest.raises(NotImplementedError, match="rdma"):
+        a.connect_to(f"an_c_{unique}", transport="rdma")
+    with pytest.raises(ValueError, match="device"):
+        PeerAgent(ctrl_url=ctrl_url, alias=f"an_d_{unique}", device="mlx5_0")
+
