@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -9,6 +10,7 @@
 
 #include "dlslime/export.h"
 #include "dlslime/future.h"
+#include "dlslime/status.h"
 
 namespace dlslime {
 
@@ -41,7 +43,25 @@ struct OpRequest {
   std::vector<Assignment> assignments;  // read, write, write_with_imm
   Chunk chunk;                          // send, recv
   uint32_t imm_data = 0;                // write_with_imm
+  // read, write, write_with_imm, send: this op's deadline, counted from submit. Zero: the
+  // endpoint's op_timeout (which may be "none"). Either way the op fails with kTimeout
+  // once it passes, and its message names the limit that applied. Longer or shorter than
+  // op_timeout alike; at most kMaxOpTimeout. A recv or imm_recv takes none (the
+  // transport's own recv deadline, if any, applies): a non-zero one is InvalidArgument.
+  std::chrono::milliseconds timeout{0};
+  // recv: the message must fill the buffer exactly (upstream DLSlime's exact_size). A
+  // shorter one is consumed by this recv and fails it (kFailed, naming both sizes;
+  // nbytes 0; the buffer may hold some or all of its bytes), and the sender's send fails
+  // with the same status, so that the sender learns the message was refused, as for a
+  // message longer than the buffer (kMessageTooLarge). Ignored by other ops.
+  bool exact_size = false;
+
+  static constexpr std::chrono::milliseconds kMaxOpTimeout{365LL * 24 * 3600 * 1000};  // a year
 };
+
+// The status every transport fails a recv(exact_size) with when its message (`message_bytes`)
+// is shorter than the buffer (`buffer_bytes`): kFailed, naming both sizes.
+DLSLIME_API Status exact_size_mismatch(uint64_t message_bytes, uint64_t buffer_bytes);
 
 // What a transport can do, as data (NIXL/Mooncake style). Endpoint::submit rejects an op
 // the capabilities exclude with NotImplementedError before the transport sees it.
@@ -101,11 +121,14 @@ class DLSLIME_API Endpoint {
   // the op runs (bounds, handles, peer loss, deadline) complete the future with a status.
   Future submit(OpRequest request);
 
-  Future read(std::vector<Assignment> assignments);
-  Future write(std::vector<Assignment> assignments);
-  Future write_with_imm(std::vector<Assignment> assignments, uint32_t imm_data = 0);
-  Future send(const Chunk& chunk);
-  Future recv(const Chunk& chunk);
+  // `timeout`: OpRequest::timeout (zero: the endpoint's op_timeout); `exact_size`:
+  // OpRequest::exact_size.
+  Future read(std::vector<Assignment> assignments, std::chrono::milliseconds timeout = {});
+  Future write(std::vector<Assignment> assignments, std::chrono::milliseconds timeout = {});
+  Future write_with_imm(std::vector<Assignment> assignments, uint32_t imm_data = 0,
+                        std::chrono::milliseconds timeout = {});
+  Future send(const Chunk& chunk, std::chrono::milliseconds timeout = {});
+  Future recv(const Chunk& chunk, bool exact_size = false);
   Future imm_recv();
 
   virtual Capabilities capabilities() const = 0;

@@ -15,7 +15,6 @@ where ours differs on purpose.
 from ._dlslime import (  # noqa: F401
     Endpoint,
     Future,
-    RecvFuture,
     StatusCode,
     __version__,
     available_transports,
@@ -25,16 +24,16 @@ from .logging import get_log_level, get_logger, set_log_level  # noqa: E402
 from .memory_pool import TcpMemoryPool  # noqa: E402
 from .topology import available_nic, discover_topology  # noqa: E402
 
-# Upstream DLSlime's future classes. Every op here returns a Future (recv a RecvFuture,
-# which is one), so isinstance() holds for each name as upstream scripts check it.
+# Upstream DLSlime's future classes. Every op here returns a Future (recv's
+# exact_size=True check is made by the transport, OpRequest::exact_size), so isinstance()
+# holds for each name as upstream scripts check it.
 SlimeTcpSendFuture = Future
-SlimeTcpRecvFuture = RecvFuture
+SlimeTcpRecvFuture = Future
 SlimeTcpReadWriteFuture = Future
 
 __all__ = [
     "Endpoint",
     "Future",
-    "RecvFuture",
     "SlimeTcpReadWriteFuture",
     "SlimeTcpRecvFuture",
     "SlimeTcpSendFuture",

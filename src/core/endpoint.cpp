@@ -18,6 +18,11 @@ const char* op_kind_name(OpKind kind) noexcept {
   return "unknown";
 }
 
+Status exact_size_mismatch(uint64_t message_bytes, uint64_t buffer_bytes) {
+  return Status::failed(fmt::format("recv(exact_size): the message has {} bytes, the buffer {}", message_bytes,
+                                    buffer_bytes));
+}
+
 Endpoint::~Endpoint() = default;
 
 bool Capabilities::supports(OpKind kind) const noexcept {
@@ -38,6 +43,14 @@ Future Endpoint::submit(OpRequest request) {
     throw NotImplementedError(fmt::format("{} is not supported by the {} transport", op_kind_name(request.kind),
                                           caps.transport));
   }
+  if (request.timeout.count() < 0 || request.timeout > OpRequest::kMaxOpTimeout) {
+    throw InvalidArgumentError(fmt::format("{}: timeout {} ms is outside [0, {}] ms", op_kind_name(request.kind),
+                                           request.timeout.count(), OpRequest::kMaxOpTimeout.count()));
+  }
+  if (request.timeout.count() != 0 && (request.kind == OpKind::kRecv || request.kind == OpKind::kImmRecv)) {
+    throw InvalidArgumentError(fmt::format("{}: takes no per-op timeout (the transport's recv deadline applies)",
+                                           op_kind_name(request.kind)));
+  }
   switch (request.kind) {
     case OpKind::kRead:
     case OpKind::kWrite:
@@ -57,22 +70,50 @@ Future Endpoint::submit(OpRequest request) {
   return do_submit(std::move(request));
 }
 
-Future Endpoint::read(std::vector<Assignment> assignments) {
-  return submit({OpKind::kRead, std::move(assignments), {}, 0});
+namespace {
+
+OpRequest one_sided(OpKind kind, std::vector<Assignment> assignments, uint32_t imm_data,
+                    std::chrono::milliseconds timeout) {
+  OpRequest r;
+  r.kind = kind;
+  r.assignments = std::move(assignments);
+  r.imm_data = imm_data;
+  r.timeout = timeout;
+  return r;
 }
 
-Future Endpoint::write(std::vector<Assignment> assignments) {
-  return submit({OpKind::kWrite, std::move(assignments), {}, 0});
+OpRequest two_sided(OpKind kind, const Chunk& chunk, std::chrono::milliseconds timeout, bool exact_size) {
+  OpRequest r;
+  r.kind = kind;
+  r.chunk = chunk;
+  r.timeout = timeout;
+  r.exact_size = exact_size;
+  return r;
 }
 
-Future Endpoint::write_with_imm(std::vector<Assignment> assignments, uint32_t imm_data) {
-  return submit({OpKind::kWriteWithImm, std::move(assignments), {}, imm_data});
+}  // namespace
+
+Future Endpoint::read(std::vector<Assignment> assignments, std::chrono::milliseconds timeout) {
+  return submit(one_sided(OpKind::kRead, std::move(assignments), 0, timeout));
 }
 
-Future Endpoint::send(const Chunk& chunk) { return submit({OpKind::kSend, {}, chunk, 0}); }
+Future Endpoint::write(std::vector<Assignment> assignments, std::chrono::milliseconds timeout) {
+  return submit(one_sided(OpKind::kWrite, std::move(assignments), 0, timeout));
+}
 
-Future Endpoint::recv(const Chunk& chunk) { return submit({OpKind::kRecv, {}, chunk, 0}); }
+Future Endpoint::write_with_imm(std::vector<Assignment> assignments, uint32_t imm_data,
+                                std::chrono::milliseconds timeout) {
+  return submit(one_sided(OpKind::kWriteWithImm, std::move(assignments), imm_data, timeout));
+}
 
-Future Endpoint::imm_recv() { return submit({OpKind::kImmRecv, {}, {}, 0}); }
+Future Endpoint::send(const Chunk& chunk, std::chrono::milliseconds timeout) {
+  return submit(two_sided(OpKind::kSend, chunk, timeout, false));
+}
+
+Future Endpoint::recv(const Chunk& chunk, bool exact_size) {
+  return submit(two_sided(OpKind::kRecv, chunk, std::chrono::milliseconds{0}, exact_size));
+}
+
+Future Endpoint::imm_recv() { return submit(two_sided(OpKind::kImmRecv, Chunk{}, std::chrono::milliseconds{0}, false)); }
 
 }  // namespace dlslime

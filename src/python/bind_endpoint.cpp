@@ -7,7 +7,6 @@
 
 #include <chrono>
 #include <memory>
-#include <optional>
 #include <string>
 
 #include <fmt/format.h>
@@ -47,61 +46,29 @@ py::dict capabilities_dict(const Capabilities& c) {
   return d;
 }
 
-// recv(..., exact_size=True), upstream DLSlime's "the message fills the buffer": a shorter
-// message fails the op (a longer one already fails with MESSAGE_TOO_LARGE). The check is
-// made on the transport's result once its future is done, when the transport no longer
-// owns the buffer, so reporting the failure never races with bytes still landing.
-class RecvFuture : public Future {
- public:
-  RecvFuture(Future f, std::optional<uint64_t> exact_size) : Future(std::move(f)), exact_size_(exact_size) {}
-
-  Status result() const {
-    Status s = Future::result();
-    if (s.code() == StatusCode::kSuccess && exact_size_ && nbytes() != *exact_size_) {
-      return Status::failed(fmt::format("recv(exact_size=True): the message has {} bytes, the buffer {}", nbytes(),
-                                        *exact_size_));
-    }
-    return s;
-  }
-
- private:
-  std::optional<uint64_t> exact_size_;
-};
-
-// Until done the status is PENDING either way; afterwards the checked result's.
-bool wait_done(const Future& f, std::optional<std::chrono::nanoseconds> timeout) {
-  if (f.done()) return true;
-  return wait_interruptibly(timeout, [&](std::chrono::nanoseconds d) { return f.wait_for(d).has_value(); });
-}
-
-int status_of(const RecvFuture& f) { return f.done() ? static_cast<int>(f.result().code()) : f.status(); }
-
-// The per-op deadline argument of send/read/write: upstream's timeout_ms (an int of
-// milliseconds, 0 = none). Validated here; the op's deadline is still the endpoint's
-// op_timeout (default 30 s, upstream's default timeout_ms) until OpRequest can carry one
-// (docs/upstream-compat.md, "Not yet").
-void check_timeout_ms(py::handle timeout_ms) {
-  if (!timeout_ms.is_none()) int_arg<uint32_t>(timeout_ms, "timeout_ms");
+// The per-op deadline argument of send/read/write/write_with_imm: upstream's timeout_ms
+// (an int of milliseconds). None or 0: the endpoint's op_timeout (OpRequest::timeout).
+std::chrono::milliseconds timeout_arg(py::handle timeout_ms) {
+  if (timeout_ms.is_none()) return std::chrono::milliseconds{0};
+  return std::chrono::milliseconds{int_arg<uint32_t>(timeout_ms, "timeout_ms")};
 }
 
 // `stream` (upstream's CUDA stream handle) is accepted by every op and unused: no
 // transport here orders its ops against a device stream yet.
 Future send_op(Endpoint& ep, py::handle chunk, py::handle /*stream*/, py::handle timeout_ms) {
   const Chunk c = to_chunk(chunk);
-  check_timeout_ms(timeout_ms);
+  const auto timeout = timeout_arg(timeout_ms);
   ReleaseGil release;
-  return ep.send(c);
+  return ep.send(c, timeout);
 }
 
-RecvFuture recv_op(Endpoint& ep, py::handle chunk, py::handle /*stream*/, py::handle exact_size) {
+// exact_size=True (OpRequest::exact_size): the transport fails a recv whose message is
+// shorter than the buffer.
+Future recv_op(Endpoint& ep, py::handle chunk, py::handle /*stream*/, py::handle exact_size) {
   const Chunk c = to_chunk(chunk);
   const bool exact = bool_arg(exact_size, "exact_size");
-  Future f;
-  {
-    ReleaseGil release;
-    f = ep.recv(c);
-  }
-  return RecvFuture(std::move(f), exact ? std::optional<uint64_t>(c.length) : std::nullopt);
+  ReleaseGil release;
+  return ep.recv(c, exact);
 }
 
 template <OpKind Kind>
@@ -109,15 +76,15 @@ Future one_sided_op(Endpoint& ep, py::handle assignments, py::handle /*stream*/,
                     py::handle assign) {
   const char* call = Kind == OpKind::kRead ? "read" : "write";
   auto batch = to_assignments(renamed_arg(assignments, assign, call, "assignments", "assign"));
-  check_timeout_ms(timeout_ms);
+  const auto timeout = timeout_arg(timeout_ms);
   ReleaseGil release;
-  return Kind == OpKind::kRead ? ep.read(std::move(batch)) : ep.write(std::move(batch));
+  return Kind == OpKind::kRead ? ep.read(std::move(batch), timeout) : ep.write(std::move(batch), timeout);
 }
 
 void def_send(py::class_<Endpoint, std::shared_ptr<Endpoint>>& cls, const char* name) {
   cls.def(name, &send_op, py::arg("chunk"), py::arg("stream") = py::none(), py::arg("timeout_ms") = py::none(),
           "Two-sided send of (addr, offset, length); FIFO-matched to the peer's recvs. stream is unused; "
-          "timeout_ms: see docs/upstream-compat.md.");
+          "timeout_ms: this op's deadline (None or 0: the endpoint's op_timeout).");
 }
 
 void def_recv(py::class_<Endpoint, std::shared_ptr<Endpoint>>& cls, const char* name) {
@@ -132,42 +99,13 @@ void def_one_sided(py::class_<Endpoint, std::shared_ptr<Endpoint>>& cls, const c
           py::arg("stream") = py::none(), py::arg("timeout_ms") = py::none(), py::kw_only(),
           py::arg_v("assign", missing_arg(), "<unset>"),
           "A batch of (local_handle, remote_handle, target_offset, source_offset, length) items (or one); "
-          "`assign` is upstream's name for `assignments`.");
+          "`assign` is upstream's name for `assignments`. timeout_ms: this op's deadline (None or 0: the "
+          "endpoint's op_timeout).");
 }
 
 }  // namespace
 
 void bind_endpoint(py::module_& m) {
-  // recv()'s future: a dlslime.Future that also applies recv(exact_size=True)'s check.
-  // Upstream DLSlime's name for it is SlimeTcpRecvFuture (python/dlslime/__init__.py).
-  py::class_<RecvFuture, Future>(m, "RecvFuture", "The future of a recv (a Future; see recv's exact_size).")
-      .def(
-          "wait",
-          [](const RecvFuture& f) {
-            wait_done(f, std::nullopt);
-            return status_of(f);
-          },
-          "Block until done; return the status code (0 = success). Ctrl-C raises KeyboardInterrupt.")
-      .def(
-          "wait_for",
-          [](const RecvFuture& f, py::handle seconds, py::handle timeout_seconds) -> std::optional<int> {
-            py::handle s = renamed_arg(seconds, timeout_seconds, "wait_for", "seconds", "timeout_seconds");
-            std::optional<std::chrono::nanoseconds> timeout;
-            if (!s.is_none()) timeout = seconds_arg(s, "seconds");
-            if (!wait_done(f, timeout)) return std::nullopt;
-            return status_of(f);
-          },
-          py::arg_v("seconds", missing_arg(), "<required>"), py::kw_only(),
-          py::arg_v("timeout_seconds", missing_arg(), "<unset>"),
-          "Wait up to `seconds` (None or inf: no limit); None if still running, else the status code.")
-      .def_property_readonly("status", &status_of)
-      .def_property_readonly("message",
-                             [](const RecvFuture& f) { return f.done() ? f.result().message() : f.message(); })
-      .def("__repr__", [](const RecvFuture& f) {
-        if (!f.done()) return std::string("<dlslime.RecvFuture running>");
-        return "<dlslime.RecvFuture " + f.result().to_string() + ">";
-      });
-
   // No constructor: an Endpoint is made by its transport's class or by make_endpoint().
   // Every call that can block on I/O or on transfers in flight runs without the GIL; the
   // arguments are converted before it is released. Upstream DLSlime's argument names and
@@ -226,14 +164,17 @@ void bind_endpoint(py::module_& m) {
       .def("mr_info", [](const Endpoint& ep) { return from_json(ep.mr_info(), "mr_info"); })
       .def(
           "write_with_imm",
-          [](Endpoint& ep, py::handle assignments, py::handle imm_data, py::handle /*stream*/, py::handle assign) {
+          [](Endpoint& ep, py::handle assignments, py::handle imm_data, py::handle /*stream*/, py::handle timeout_ms,
+             py::handle assign) {
             auto batch = to_assignments(renamed_arg(assignments, assign, "write_with_imm", "assignments", "assign"));
             const auto imm = int_arg<uint32_t>(imm_data, "imm_data");
+            const auto timeout = timeout_arg(timeout_ms);
             ReleaseGil release;
-            return ep.write_with_imm(std::move(batch), imm);
+            return ep.write_with_imm(std::move(batch), imm, timeout);
           },
           py::arg_v("assignments", missing_arg(), "<required>"), py::arg("imm_data") = 0,
-          py::arg("stream") = py::none(), py::kw_only(), py::arg_v("assign", missing_arg(), "<unset>"))
+          py::arg("stream") = py::none(), py::arg("timeout_ms") = py::none(), py::kw_only(),
+          py::arg_v("assign", missing_arg(), "<unset>"))
       .def(
           "imm_recv", [](Endpoint& ep, py::handle /*stream*/) { return ep.imm_recv(); },
           py::arg("stream") = py::none())

@@ -283,14 +283,14 @@ Future RdmaEndpointImpl::submit(OpRequest request) {
     imm_waiters_.push_back(state);
     return future;
   }
-  if (request.kind == OpKind::kRecv && !lanes_[0].failed) return submit_recv(request.chunk, state, lock);
+  if (request.kind == OpKind::kRecv && !lanes_[0].failed) return submit_recv(request, state, lock);
   if (!connected_) return lock.unlock(), fail(Status::not_connected("RDMAEndpoint is not connected"));
   for (size_t i = 0; i < lanes_.size(); ++i) {
     if (!lanes_[i].failed) continue;
     if (peer_closed_) return lock.unlock(), fail(Status::peer_closed("the peer shut its endpoint down"));
     return lock.unlock(), fail(lane_failed_status(lanes_[i], i));
   }
-  if (request.kind == OpKind::kSend) return submit_send(request.chunk, state, lock);
+  if (request.kind == OpKind::kSend) return submit_send(request, state, lock);
 
   // Resolve every item first: a bad one fails the whole op before anything is posted.
   const auto& items = request.assignments;
@@ -344,7 +344,7 @@ Future RdmaEndpointImpl::submit(OpRequest request) {
   config.stripe_min_bytes = 64 << 10;
   plan_batch(items, config, plan_);
   const uint64_t op_id = next_op_id_++;
-  const auto deadline = options.op_timeout.count() > 0 ? Clock::now() + options.op_timeout : PendingOps<Op>::kNever;
+  const auto deadline = start_deadline(request, op);
   const WrOpcode opcode = request.kind == OpKind::kRead ? WrOpcode::kRdmaRead : WrOpcode::kRdmaWrite;
   std::vector<size_t> touched;
   for (uint16_t l = 0; l < plan_.lanes.size(); ++l) {
@@ -376,10 +376,8 @@ Future RdmaEndpointImpl::submit(OpRequest request) {
   ops_.insert(op_id, std::move(op), deadline);
   for (size_t l : touched) pump(lanes_[l], l, done);
   plan_.trim(1 << 16);
-  const bool earlier = deadline != PendingOps<Op>::kNever &&
-                       deadline.time_since_epoch().count() < sleep_until_ns_.load(std::memory_order_relaxed);
   lock.unlock();
-  if (earlier) wake();
+  wake_for_deadline(deadline);
   complete_all(done);
   return future;
 }
@@ -583,9 +581,11 @@ void RdmaEndpointImpl::expire(std::vector<Done>& done) {
     // Posted work cannot be taken back from a QP except by moving it to the error state;
     // the op completes (TIMEOUT) once its WRs are flushed, never while the NIC may still
     // touch its memory.
+    const auto limit = op.timeout.count();
+    const char* limit_name = op.own_timeout ? "its timeout" : "op_timeout";
     if (op.error.is_ok()) {
-      op.error = Status::timeout(fmt::format("the op's deadline ({} ms) passed before it completed",
-                                             options.op_timeout.count()));
+      op.error = Status::timeout(fmt::format("{} did not complete within {} ms ({}): its deadline passed",
+                                             op_kind_name(op.state->kind()), limit, limit_name));
     }
     const uint64_t lanes = op.lanes;
     if (lanes == 0) {
@@ -599,9 +599,9 @@ void RdmaEndpointImpl::expire(std::vector<Done>& done) {
     for (size_t l = 0; l < lanes_.size(); ++l) {
       if (lanes & (uint64_t(1) << l)) {
         fail_lane(lanes_[l], l,
-                  Status::failed(fmt::format("an op's deadline ({} ms) passed: the QP was moved to the error state "
-                                             "to take back its work requests",
-                                             options.op_timeout.count())),
+                  Status::failed(fmt::format("an op's deadline ({} ms, {}) passed: the QP was moved to the error "
+                                             "state to take back its work requests",
+                                             limit, limit_name)),
                   done);
       }
     }
@@ -614,6 +614,21 @@ void RdmaEndpointImpl::wake() {
   [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof(one));
 }
 
+PendingOps<RdmaEndpointImpl::Op>::TimePoint RdmaEndpointImpl::start_deadline(const OpRequest& request, Op& op) const {
+  op.own_timeout = request.timeout.count() > 0;
+  op.timeout = op.own_timeout ? request.timeout : options.op_timeout;
+  return op.timeout.count() > 0 ? Clock::now() + op.timeout : PendingOps<Op>::kNever;
+}
+
+void RdmaEndpointImpl::wake_for_deadline(PendingOps<Op>::TimePoint deadline) {
+  // run() publishes its wake-up time under mu_ after reading ops_.next_deadline(): either
+  // it saw this op, or the time read here is the later one it sleeps until.
+  if (deadline != PendingOps<Op>::kNever &&
+      deadline.time_since_epoch().count() < sleep_until_ns_.load(std::memory_order_relaxed)) {
+    wake();
+  }
+}
+
 void RdmaEndpointImpl::complete_all(std::vector<Done>& done) {
   for (Done& d : done) d.state->complete(std::move(d.status), d.nbytes);
   done.clear();
@@ -621,6 +636,11 @@ void RdmaEndpointImpl::complete_all(std::vector<Done>& done) {
 
 void RdmaEndpointImpl::run() {
   std::vector<Done> done;
+  // Whatever way the thread ends, a waiter must not sleep out its bound for nothing.
+  struct NotifyAtExit {
+    std::condition_variable& cv;
+    ~NotifyAtExit() { cv.notify_all(); }
+  } notify_at_exit{progress_cv_};
   while (!stop_) {
     {
       CompletionScope scope;  // continuations run after this turn's bookkeeping
@@ -651,6 +671,8 @@ void RdmaEndpointImpl::run() {
         timeout_ms = static_cast<int>(std::clamp<int64_t>(left, 0, 1 << 30));
       }
     }
+    // Once per turn, not per completion: shutdown() and say_bye() recheck what they wait for.
+    progress_cv_.notify_all();
     pollfd fds[2] = {{cq_->channel_fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     ::poll(fds, 2, timeout_ms);
     cq_->ack_events();
@@ -684,15 +706,8 @@ void RdmaEndpointImpl::shutdown() {
   // The flushed WRs complete the ops (CANCELLED) on the completion thread. Wait for that,
   // unless this is that thread (a continuation shutting down): it completes them itself.
   if (!on_own_thread()) {
-    const auto until = Clock::now() + kShutdownDrain;
-    for (;;) {
-      {
-        std::lock_guard lock(mu_);
-        if (ops_.empty()) break;
-      }
-      if (Clock::now() > until) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    std::unique_lock lock(mu_);
+    progress_cv_.wait_for(lock, kShutdownDrain, [&] { return ops_.empty(); });
   }
   // What the device never flushed (a dropped completion): the QPs are in ERR, so the NIC no
   // longer touches the memory; complete them here.

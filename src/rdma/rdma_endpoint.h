@@ -107,6 +107,9 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
     bool one_sided = false;  // read, write, write_with_imm: it reaches the peer's regions
     uint64_t msg_seq = 0;
     std::unique_ptr<rdma::MemoryRegion> temp_mr;  // a buffer outside registered memory
+    // The limit its deadline was set from (start_deadline), for the timeout's message.
+    std::chrono::milliseconds timeout{0};
+    bool own_timeout = false;  // OpRequest::timeout, not the endpoint's op_timeout
   };
   struct Done {
     std::shared_ptr<OpState> state;
@@ -136,6 +139,7 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
     std::shared_ptr<OpState> state;
     uint64_t addr = 0;
     uint64_t length = 0;
+    bool exact_size = false;  // OpRequest::exact_size: a shorter message fails it
   };
   struct Unexpected {
     uint32_t type = 0;
@@ -146,8 +150,8 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
     std::vector<uint8_t> payload;  // eager: the bytes, copied out of the receive buffer
   };
   void setup_messages();
-  Future submit_send(const Chunk& chunk, std::shared_ptr<OpState> state, std::unique_lock<std::mutex>& lock);
-  Future submit_recv(const Chunk& chunk, std::shared_ptr<OpState> state, std::unique_lock<std::mutex>& lock);
+  Future submit_send(const OpRequest& request, std::shared_ptr<OpState> state, std::unique_lock<std::mutex>& lock);
+  Future submit_recv(const OpRequest& request, std::shared_ptr<OpState> state, std::unique_lock<std::mutex>& lock);
   // Queues a control message on lane 0 (header + payload copied into a send slot).
   bool post_control(uint32_t type, uint32_t status, uint64_t seq, uint64_t length, uint64_t addr, uint32_t rkey,
                     const void* payload, size_t payload_len, std::vector<Done>& done);
@@ -198,6 +202,12 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
   Status lane_failed_status(const Lane& lane, size_t index) const;
   Status flushed_status(const Lane& lane, size_t index) const;
   void wake();
+  // The deadline of an op starting now: its own timeout (OpRequest::timeout) or the
+  // endpoint's op_timeout, recorded in `op` for the timeout's message. kNever: none.
+  PendingOps<Op>::TimePoint start_deadline(const OpRequest& request, Op& op) const;
+  // Called once an op with `deadline` is in ops_ (with or without mu_): wakes the
+  // completion thread if it sleeps past that deadline, so that it is not missed.
+  void wake_for_deadline(PendingOps<Op>::TimePoint deadline);
   static void complete_all(std::vector<Done>& done);
 
   std::shared_ptr<rdma::Device> device_;
@@ -217,6 +227,9 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
   std::deque<std::shared_ptr<OpState>> imm_waiters_;  // imm_recv ops, no event yet
   BatchPlan plan_;
   std::atomic<int64_t> sleep_until_ns_{INT64_MAX};  // the completion thread's wake-up time
+  // Notified (with mu_ not held) by the completion thread after each turn and when it
+  // ends: shutdown() waits on it for its flushed ops, say_bye() for its BYE's completion.
+  std::condition_variable progress_cv_;
 
   RemoteRegions<RdmaRemoteKey> remote_;
   std::atomic<bool> stop_{false};

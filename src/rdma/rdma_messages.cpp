@@ -118,7 +118,7 @@ bool RdmaEndpointImpl::post_control(uint32_t type, uint32_t status, uint64_t seq
   return true;
 }
 
-Future RdmaEndpointImpl::submit_send(const Chunk& chunk, std::shared_ptr<OpState> state,
+Future RdmaEndpointImpl::submit_send(const OpRequest& request, std::shared_ptr<OpState> state,
                                      std::unique_lock<std::mutex>& lock) {
   Future future(state);
   const uint64_t op_id = next_op_id_++;
@@ -126,16 +126,13 @@ Future RdmaEndpointImpl::submit_send(const Chunk& chunk, std::shared_ptr<OpState
   op.state = std::move(state);
   op.wrs_left = 1;  // the receiver's DONE
   op.nbytes = 0;
-  const auto deadline = options.op_timeout.count() > 0 ? std::chrono::steady_clock::now() + options.op_timeout
-                                                         : PendingOps<Op>::kNever;
+  const auto deadline = start_deadline(request, op);
   ops_.insert(op_id, std::move(op), deadline);
-  pending_sends_.push_back({op_id, chunk});
+  pending_sends_.push_back({op_id, request.chunk});
   std::vector<Done> done;
   start_pending_sends(done);
-  const bool earlier = deadline != PendingOps<Op>::kNever &&
-                       deadline.time_since_epoch().count() < sleep_until_ns_.load(std::memory_order_relaxed);
   lock.unlock();
-  if (earlier) wake();
+  wake_for_deadline(deadline);
   complete_all(done);
   return future;
 }
@@ -185,10 +182,11 @@ void RdmaEndpointImpl::start_pending_sends(std::vector<Done>& done) {
   }
 }
 
-Future RdmaEndpointImpl::submit_recv(const Chunk& chunk, std::shared_ptr<OpState> state,
+Future RdmaEndpointImpl::submit_recv(const OpRequest& request, std::shared_ptr<OpState> state,
                                      std::unique_lock<std::mutex>& lock) {
   Future future(state);
-  recvs_.push_back({std::move(state), chunk.addr + chunk.offset, chunk.length});
+  const Chunk& chunk = request.chunk;
+  recvs_.push_back({std::move(state), chunk.addr + chunk.offset, chunk.length, request.exact_size});
   std::vector<Done> done;
   match(done);
   lock.unlock();
@@ -269,6 +267,12 @@ void RdmaEndpointImpl::deliver(PostedRecv r, Unexpected m, std::vector<Done>& do
                            fmt::format("a {}-byte message arrived for a {}-byte recv buffer", m.length, r.length)),
                     0});
     post_control(kDone, static_cast<uint32_t>(StatusCode::kMessageTooLarge), m.seq, m.length, 0, 0, nullptr, 0, done);
+    return;
+  }
+  if (r.exact_size && m.length != r.length) {
+    // Refused before a byte is copied or read; the sender's send fails the same way.
+    done.push_back({std::move(r.state), exact_size_mismatch(m.length, r.length), 0});
+    post_control(kDone, static_cast<uint32_t>(StatusCode::kFailed), m.seq, m.length, 0, 0, nullptr, 0, done);
     return;
   }
   if (m.type == kEager) {
@@ -382,16 +386,13 @@ void RdmaEndpointImpl::say_bye() {
   lock.unlock();
   complete_all(done);
   // Bounded: the BYE is acknowledged within microseconds by a live peer; a dead one is
-  // about to be cut off anyway.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-  while (std::chrono::steady_clock::now() < until) {
-    lock.lock();
+  // about to be cut off anyway. Its completion is seen by the completion thread, which
+  // notifies progress_cv_ after each turn.
+  lock.lock();
+  progress_cv_.wait_for(lock, std::chrono::milliseconds(500), [&] {
     const Lane& lane = lanes_[0];
-    const bool acked = lane.failed || (lane.waiting.empty() && (lane.posted.empty() || lane.posted.front().seq > bye_seq));
-    lock.unlock();
-    if (acked) return;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
+    return lane.failed || (lane.waiting.empty() && (lane.posted.empty() || lane.posted.front().seq > bye_seq));
+  });
 }
 
 }  // namespace dlslime

@@ -190,8 +190,8 @@ void Initiator::expire(Clock::time_point now) {
   pending_.expire(now, [&](uint64_t id, PendingOp&& op) {
     const OpKind kind = op.state->kind();
     end_op(id, std::move(op),
-           Status::timeout(fmt::format("{} did not complete within {} ms (op_timeout)", op_kind_name(kind),
-                                       options_.op_timeout.count())));
+           Status::timeout(fmt::format("{} did not complete within {} ms ({})", op_kind_name(kind),
+                                       op.timeout.count(), op.own_timeout ? "its timeout" : "op_timeout")));
   });
 }
 

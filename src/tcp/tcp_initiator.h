@@ -50,6 +50,10 @@ class Initiator {
     std::vector<uint16_t> read_runs;
     uint64_t nbytes = 0;      // read: bytes placed so far
     Status error;             // the first error an answer reported
+    // The limit its deadline was set from, for the timeout's message: the op's own
+    // (OpRequest::timeout) or the endpoint's op_timeout.
+    std::chrono::milliseconds timeout{0};
+    bool own_timeout = false;
   };
   // A prepared op on its way from the submitting thread to the I/O thread.
   struct Submission {

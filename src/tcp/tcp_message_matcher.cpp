@@ -120,6 +120,10 @@ void MessageMatcher::finish_message(InboundMessage& m) {
                             m.recv.length));
   } else if (!m.recv.state) {
     st = Status::timeout("the receiver's recv timed out before the message arrived");
+  } else if (m.recv.exact_size && m.received != m.recv.length) {
+    // Known only now (a frame does not carry the message's length): its bytes may be in
+    // the buffer already, but the recv fails and the sender learns it was refused.
+    st = exact_size_mismatch(m.received, m.recv.length);
   }
   if (m.recv.state) m.recv.state->complete(st, st.is_ok() ? m.received : 0);
   m.recv.state.reset();

@@ -31,6 +31,7 @@ class MessageMatcher {
     uint8_t* addr = nullptr;
     uint64_t length = 0;
     uint64_t local_id = 0;
+    bool exact_size = false;  // OpRequest::exact_size: a shorter message fails it
     // Set on the I/O thread when it is posted (post_recv), so that recvs_, in posting
     // order, is in deadline order too.
     Clock::time_point deadline = Clock::time_point::max();

@@ -113,6 +113,15 @@ class LaneWriter final : public DataMover {
   uint32_t next_index_ = 0;
 };
 
+// The limit an op's deadline is set from: its own timeout (OpRequest::timeout), else the
+// endpoint's op_timeout. Recorded in the op for its timeout's message.
+std::chrono::milliseconds op_limit(const OpRequest& req, std::chrono::milliseconds op_timeout,
+                                   Initiator::PendingOp& op) {
+  op.own_timeout = req.timeout.count() > 0;
+  op.timeout = op.own_timeout ? req.timeout : op_timeout;
+  return op.timeout;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------
@@ -143,6 +152,7 @@ Future TcpEndpointImpl::submit(OpRequest req) {
     recv.addr = reinterpret_cast<uint8_t*>(req.chunk.addr + req.chunk.offset);
     recv.length = req.chunk.length;
     recv.local_id = op_id;
+    recv.exact_size = req.exact_size;
     Future f(recv.state);
     hand_off(std::move(recv));
     return f;
@@ -231,7 +241,7 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
              plan);
 
   sub.op_id = op_id;
-  sub.deadline = deadline_after(options_.op_timeout);
+  sub.deadline = deadline_after(op_limit(req, options_.op_timeout, sub.op));
   if (is_read) {
     sub.op.reads.reserve(plan.pieces.size());
     sub.op.read_runs.assign(plan.pieces.size(), 0);
@@ -250,7 +260,7 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
 
 void TcpEndpointImpl::prepare_send(const OpRequest& req, uint64_t op_id, Submission& sub) {
   sub.op_id = op_id;
-  sub.deadline = deadline_after(options_.op_timeout);
+  sub.deadline = deadline_after(op_limit(req, options_.op_timeout, sub.op));
   sub.op.state = std::make_shared<OpState>(OpKind::kSend);
   WriteItem item(op_id);
   const auto* data = reinterpret_cast<const uint8_t*>(req.chunk.addr + req.chunk.offset);

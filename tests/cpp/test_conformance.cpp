@@ -53,6 +53,15 @@ json transport_options(const std::string& transport) {
   return json::object();
 }
 
+// `transport_options` for a peer that takes no message while it has no recv posted (so a
+// send to it waits for its answer until a deadline ends the send), with `op_timeout`.
+json refusing_receiver_options(const std::string& transport, std::chrono::milliseconds op_timeout) {
+  json o = transport_options(transport);
+  o["op_timeout_ms"] = op_timeout.count();
+  if (transport == "tcp") o["unexpected_buffer_bytes"] = 0;  // holds nothing: the lane pauses
+  return o;  // rdma: a send waits for the receiver's DONE, which only a posted recv sends
+}
+
 std::vector<std::string> usable_transports() {
   std::vector<std::string> names;
   for (const auto& t : available_transports()) {
@@ -290,6 +299,88 @@ TEST_P(Conformance, MessageLongerThanThePostedBufferFailsThatRecvAlone) {
   ASSERT_EQ(status_within(rv2), 0) << rv2.message();
   EXPECT_EQ(rv2.nbytes(), msg.size());
   EXPECT_TRUE(std::equal(msg.begin(), msg.end(), box.begin()));
+}
+
+TEST_P(Conformance, ExactSizeRecvFailsAShorterMessageAndItsSenderLearns) {
+  REQUIRE_CAPABILITY(OpKind::kSend);
+  connect();
+  // Eager-sized and large (a transport may move those differently: RDMA's rendezvous).
+  for (const size_t size : {size_t{64}, size_t{256} << 10}) {
+    std::vector<uint8_t> box(size, 0);
+    auto shorter = pattern(size / 2, 3);
+    auto rv = b_->recv({addr_of(box), 0, box.size()}, /*exact_size=*/true);
+    auto sd = a_->send({addr_of(shorter), 0, shorter.size()});
+    EXPECT_EQ(status_within(rv), code(StatusCode::kFailed)) << size << ": " << rv.message();
+    EXPECT_NE(rv.message().find("exact_size"), std::string::npos) << rv.message();
+    EXPECT_EQ(rv.nbytes(), 0u);
+    EXPECT_EQ(status_within(sd), code(StatusCode::kFailed)) << size << ": the sender must learn the refusal";
+    // The message was consumed by that recv; the next one fitting exactly is delivered.
+    auto exact = pattern(size, 9);
+    auto rv2 = b_->recv({addr_of(box), 0, box.size()}, /*exact_size=*/true);
+    auto sd2 = a_->send({addr_of(exact), 0, exact.size()});
+    ASSERT_EQ(status_within(sd2), 0) << sd2.message();
+    ASSERT_EQ(status_within(rv2), 0) << rv2.message();
+    EXPECT_EQ(rv2.nbytes(), size);
+    EXPECT_TRUE(std::equal(exact.begin(), exact.end(), box.begin()));
+  }
+}
+
+// --- per-op deadlines (OpRequest::timeout) ----------------------------------------------
+
+TEST_P(Conformance, AnOpsOwnTimeoutEndsItLongBeforeTheEndpointsOpTimeout) {
+  REQUIRE_CAPABILITY(OpKind::kSend);
+  a_ = make_endpoint(GetParam(), refusing_receiver_options(GetParam(), 20s));
+  b_ = make_endpoint(GetParam(), refusing_receiver_options(GetParam(), 20s));
+  connect();
+  auto msg = pattern(4096, 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto sd = a_->send({addr_of(msg), 0, msg.size()}, 200ms);  // b posts no recv: no answer
+  EXPECT_EQ(status_within(sd), code(StatusCode::kTimeout)) << sd.message();
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(took, 190ms) << "the deadline passed early";
+  EXPECT_LT(took, 10s) << "the endpoint's op_timeout (20 s) applied instead of the op's";
+  EXPECT_NE(sd.message().find("200 ms (its timeout)"), std::string::npos) << sd.message();
+}
+
+TEST_P(Conformance, AnOpsOwnTimeoutLongerThanTheEndpointsOpTimeoutWins) {
+  REQUIRE_CAPABILITY(OpKind::kSend);
+  a_ = make_endpoint(GetParam(), refusing_receiver_options(GetParam(), 100ms));
+  b_ = make_endpoint(GetParam(), refusing_receiver_options(GetParam(), 100ms));
+  connect();
+  auto msg = pattern(4096, 2);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto sd = a_->send({addr_of(msg), 0, msg.size()}, 1500ms);
+  // op_timeout (100 ms) would have ended it by now.
+  EXPECT_EQ(sd.wait_for(700ms), std::nullopt) << sd.message();
+  EXPECT_EQ(status_within(sd), code(StatusCode::kTimeout)) << sd.message();
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 1400ms);
+  EXPECT_NE(sd.message().find("1500 ms (its timeout)"), std::string::npos) << sd.message();
+  // An op without one still has the endpoint's.
+  auto sd2 = a_->send({addr_of(msg), 0, msg.size()});
+  EXPECT_EQ(status_within(sd2), code(StatusCode::kTimeout)) << sd2.message();
+  EXPECT_NE(sd2.message().find("100 ms (op_timeout)"), std::string::npos) << sd2.message();
+}
+
+TEST_P(Conformance, APerOpTimeoutOutOfRangeOrOnARecvIsInvalid) {
+  connect();
+  std::vector<uint8_t> buf(16, 0);
+  OpRequest req;
+  req.kind = OpKind::kSend;
+  req.chunk = {addr_of(buf), 0, buf.size()};
+  if (caps_.supports(OpKind::kSend)) {
+    req.timeout = -1ms;
+    EXPECT_THROW(a_->submit(req), InvalidArgumentError);
+    req.timeout = OpRequest::kMaxOpTimeout + 1ms;
+    EXPECT_THROW(a_->submit(req), InvalidArgumentError);
+    req.kind = OpKind::kRecv;
+    req.timeout = 100ms;
+    EXPECT_THROW(a_->submit(req), InvalidArgumentError);
+  }
+  if (caps_.supports(OpKind::kImmRecv)) {
+    req.kind = OpKind::kImmRecv;
+    req.timeout = 100ms;
+    EXPECT_THROW(a_->submit(req), InvalidArgumentError);
+  }
 }
 
 // --- waits and shutdown ----------------------------------------------------------------

@@ -24,6 +24,8 @@ CANCELLED = int(dlslime.StatusCode.CANCELLED)
 PEER_CLOSED = int(dlslime.StatusCode.PEER_CLOSED)
 NOT_CONNECTED = int(dlslime.StatusCode.NOT_CONNECTED)
 TOO_LARGE = int(dlslime.StatusCode.MESSAGE_TOO_LARGE)
+FAILED = int(dlslime.StatusCode.FAILED)
+TIMEOUT = int(dlslime.StatusCode.TIMEOUT)
 
 DEADLINE = 20  # seconds, any single op in this file on a loaded 2-core CI box
 
@@ -34,6 +36,15 @@ def transport_options(transport):
     if transport == "tcp":
         return {"ip": "127.0.0.1", "port": 0, "connect_timeout_ms": 5000, "op_timeout_ms": 20000}
     return {}
+
+
+def refusing_receiver_options(transport, op_timeout_ms):
+    """transport_options() for a peer that takes no message while it has no recv posted (a
+    send to it waits for its answer until a deadline ends it), with `op_timeout_ms`."""
+    options = dict(transport_options(transport), op_timeout_ms=op_timeout_ms)
+    if transport == "tcp":
+        options["unexpected_buffer_bytes"] = 0  # holds nothing: the lane pauses
+    return options  # rdma: a send waits for the receiver's DONE, which only a posted recv sends
 
 
 def usable_transports():
@@ -222,6 +233,72 @@ def test_message_longer_than_the_posted_buffer_fails_that_recv_alone(pair):
     assert a.send((msg.addr, 0, 40)).wait_for(DEADLINE) == OK
     assert rv.wait_for(DEADLINE) == OK and rv.nbytes == 40
     assert box.bytes(0, 40) == msg.bytes()
+
+
+@pytest.mark.parametrize("size", [64, 256 << 10])  # eager-sized and large (RDMA: rendezvous)
+def test_exact_size_recv_fails_a_shorter_message_and_its_sender_learns(pair, size):
+    a, b = pair
+    require(a, "send", "recv")
+    connect(a, b)
+    box, short = Buffer(size), Buffer(size // 2, pattern(size // 2, 3))
+    rv = b.recv((box.addr, 0, size), None, True)  # upstream's positional exact_size
+    sd = a.send((short.addr, 0, size // 2))
+    assert rv.wait_for(DEADLINE) == FAILED, rv.message
+    assert "exact_size" in rv.message and rv.nbytes == 0
+    assert sd.wait_for(DEADLINE) == FAILED, "the sender must learn the refusal"
+    assert isinstance(rv, dlslime.SlimeTcpRecvFuture)
+    # That message was consumed; the next one, filling the buffer, is delivered.
+    exact = Buffer(size, pattern(size, 9))
+    rv = b.recv((box.addr, 0, size), exact_size=True)
+    assert a.send((exact.addr, 0, size)).wait_for(DEADLINE) == OK
+    assert rv.wait_for(DEADLINE) == OK and rv.nbytes == size and rv.message == ""
+    assert box.bytes() == exact.bytes()
+
+
+# --- per-op deadlines (timeout_ms) -------------------------------------------------------
+
+
+def refusing_pair(transport, op_timeout_ms):
+    a = dlslime.make_endpoint(transport, **refusing_receiver_options(transport, op_timeout_ms))
+    b = dlslime.make_endpoint(transport, **refusing_receiver_options(transport, op_timeout_ms))
+    connect(a, b)
+    return a, b
+
+
+def test_timeout_ms_ends_an_op_long_before_the_endpoints_op_timeout(transport):
+    a, b = refusing_pair(transport, 20000)
+    try:
+        require(a, "send")
+        msg = Buffer(4096, pattern(4096, 1))
+        t0 = time.monotonic()
+        sd = a.send((msg.addr, 0, 4096), None, 200)  # b posts no recv: no answer
+        assert sd.wait_for(DEADLINE) == TIMEOUT, sd.message
+        took = time.monotonic() - t0
+        assert 0.19 <= took < 10, f"{took:.3f} s: the endpoint's op_timeout (20 s) applied instead"
+        assert "200 ms (its timeout)" in sd.message, sd.message
+    finally:
+        a.shutdown()
+        b.shutdown()
+
+
+def test_timeout_ms_longer_than_the_endpoints_op_timeout_wins(transport):
+    a, b = refusing_pair(transport, 100)
+    try:
+        require(a, "send")
+        msg = Buffer(4096, pattern(4096, 2))
+        t0 = time.monotonic()
+        sd = a.send((msg.addr, 0, 4096), timeout_ms=1500)
+        assert sd.wait_for(0.7) is None, f"op_timeout (100 ms) ended it: {sd.message}"
+        assert sd.wait_for(DEADLINE) == TIMEOUT, sd.message
+        assert time.monotonic() - t0 >= 1.4
+        assert "1500 ms (its timeout)" in sd.message, sd.message
+        # Without timeout_ms (or with 0) the endpoint's op_timeout applies.
+        for sd in (a.send((msg.addr, 0, 4096)), a.send((msg.addr, 0, 4096), timeout_ms=0)):
+            assert sd.wait_for(DEADLINE) == TIMEOUT, sd.message
+            assert "100 ms (op_timeout)" in sd.message, sd.message
+    finally:
+        a.shutdown()
+        b.shutdown()
 
 
 # --- waits and shutdown ----------------------------------------------------------------
