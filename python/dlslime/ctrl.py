@@ -5,8 +5,8 @@ Upstream's conventions, kept here: the entity calls never raise (``register`` an
 ``unregister`` return a bool, ``heartbeat`` ``"ok"``/``"not_found"``/``"error"``,
 ``get_entity_info`` ``None`` when absent, ``list_entities`` a list); the peer calls raise
 on an error reply (ours: the exception of its status, docs/api.md "Exceptions").
-``get_redis_url()`` returns ``None``: NanoCtrl here never hands its store's address to
-clients (agents speak only HTTP to it). docs/upstream-compat.md lists the rest.
+``get_redis_url()`` returns the Redis URL of a NanoCtrl on the Redis store, ``None`` on the
+memory store. docs/upstream-compat.md lists the rest.
 """
 
 from __future__ import annotations
@@ -83,7 +83,16 @@ class NanoCtrlClient:
         return "ok" if status == "ok" else "not_found" if status == "not_found" else "error"
 
     def get_redis_url(self) -> Optional[str]:
-        return None
+        """The Redis URL NanoCtrl keeps its state in (``/get_redis_address``); ``None`` when it
+        uses the memory store (NanoCtrl answers 404 ``not_found``) or on an error, as upstream."""
+        try:
+            reply = self._client.call("/get_redis_address", {})
+        except Exception:
+            return None
+        url = reply.get("redis_address") if isinstance(reply, dict) else None
+        if not isinstance(url, str) or not url:
+            return None
+        return url if "://" in url else "redis://" + url
 
     def get_entity_info(self, entity_id: str, *, entity_type: str = "service") -> Optional[dict]:
         try:

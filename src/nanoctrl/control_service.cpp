@@ -164,8 +164,18 @@ json ControlService::start_peer_agent(const json& req) {
     if (!done) throw ApiError(409, "could not find a free alias with prefix '" + name_prefix + "'");
   }
   // A new incarnation of the alias starts clean: no mailbox, regions or topology left over
-  // from an earlier agent of the same name that died without /cleanup.
+  // from an earlier agent of the same name that died without /cleanup. A spec set for the
+  // alias before it registered (set_desired_topology "pending") is kept, and becomes this
+  // agent's.
+  const std::string topo_key = prefix(scope) + "topo:" + name;
+  std::optional<std::string> topo = store_.get(topo_key);
+  json pending = topo ? json::parse(*topo, nullptr, false) : json();
+  const bool keep = pending.is_object() && pending.value("pending", false);
   drop_agent_state(scope, name, /*with_record=*/false);
+  if (keep) {
+    pending.erase("pending");
+    store_.set(topo_key, pending.dump(), Millis(0));
+  }
   DLSLIME_INFO("nanoctrl: agent '{}' registered in scope {}", name, scope_label(scope));
   return {{"status", "ok"},
           {"name", name},
@@ -339,13 +349,17 @@ json ControlService::set_desired_topology(const std::string& agent, const json& 
   std::vector<std::string> targets = f.req_name_list("target_peers");
   const bool symmetric = f.opt_bool("symmetric", false);
   auto min_bw = min_bw_of(req);
-  require_agent(scope, agent, "agent");
+  // An agent that has not registered yet may be given its spec first, as upstream DLSlime's
+  // server allows (a job's launcher often runs before its agents): the spec is kept
+  // "pending" through the agent's registration, which drops other leftovers of its alias.
+  const bool registered = agent_exists(scope, agent);
 
   const std::string p = prefix(scope);
   json spec = {{"target_peers", targets},
                {"min_bw", min_bw ? json(*min_bw) : json(nullptr)},
                {"symmetric", symmetric},
                {"updated_at_ms", now_ms()}};
+  if (!registered) spec["pending"] = true;
   store_.set(p + "topo:" + agent, spec.dump(), Millis(0));
 
   json missing = json::array();
@@ -356,7 +370,7 @@ json ControlService::set_desired_topology(const std::string& agent, const json& 
       continue;
     }
     link_peers(scope, agent, target);
-    notify(scope, agent, {{"type", "connect_peer"}, {"peer", target}});
+    if (registered) notify(scope, agent, {{"type", "connect_peer"}, {"peer", target}});
     if (symmetric) {
       // Merge the agent into the target's spec (last writer wins on concurrent updates of
       // the same target's spec; see docs/control-plane.md).
@@ -375,6 +389,14 @@ json ControlService::set_desired_topology(const std::string& agent, const json& 
     }
   }
   return {{"status", "ok"}, {"spec", spec}, {"missing", missing}};
+}
+
+json ControlService::get_redis_address(const json& /*req*/) {
+  if (store_.kind() != "redis") {
+    throw ApiError(404, "not_found: this NanoCtrl keeps its state in memory (no Redis store), so it has no Redis "
+                        "address to give; agents need only its HTTP API");
+  }
+  return {{"status", "ok"}, {"redis_address", store_.describe()}};
 }
 
 json ControlService::get_desired_topology(const std::string& agent, const json& req) {

@@ -42,6 +42,9 @@ class ControlService {
   nlohmann::json unregister_entity(const nlohmann::json& req);
   nlohmann::json get_entity_info(const nlohmann::json& req);
   nlohmann::json list_entities(const nlohmann::json& req);
+  // Upstream DLSlime's /get_redis_address: the Redis URL (without its password) when NanoCtrl
+  // keeps its state in Redis; 404 with the memory store, which has none to hand out.
+  nlohmann::json get_redis_address(const nlohmann::json& req);
   nlohmann::json mailbox_post(const nlohmann::json& req);
   // Blocks up to the requested timeout (clamped to max_wait); the caller bounds concurrency.
   nlohmann::json mailbox_recv(const nlohmann::json& req);

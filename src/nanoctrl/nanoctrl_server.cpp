@@ -552,6 +552,7 @@ void NanoCtrlServerImpl::install_routes() {
   post("/unregister", &nanoctrl::ControlService::unregister_entity);
   post("/get_entity_info", &nanoctrl::ControlService::get_entity_info);
   post("/list_entities", &nanoctrl::ControlService::list_entities);
+  post("/get_redis_address", &nanoctrl::ControlService::get_redis_address);
   post("/mailbox/post", &nanoctrl::ControlService::mailbox_post);
   add("POST", "/mailbox/recv", "/mailbox/recv", [this](const json& body, R) { return mailbox_recv(body); });
 

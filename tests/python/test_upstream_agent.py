@@ -11,6 +11,7 @@ import pytest
 
 import dlslime
 from dlslime import PeerAgent
+from dlslime.ctrl import NanoCtrlClient as UpstreamClient
 from conftest import Buffer, wait_until
 
 OK = 0
@@ -174,3 +175,19 @@ def test_auto_without_rdma_devices_picks_tcp_and_says_why(agent, ctrl_url, uniqu
     with pytest.raises(ValueError, match="device"):
         PeerAgent(ctrl_url=ctrl_url, alias=f"an_d_{unique}", device="mlx5_0")
 
+
+def test_nanoctrl_topology_for_an_agent_not_registered_yet_and_redis_url(agent, ctrl_url, unique):
+    client = UpstreamClient(ctrl_url)
+    alias = f"tp_a_{unique}"
+    reply = client.set_desired_topology(alias, target_peers=[f"tp_b_{unique}"], min_bw="100")
+    assert reply["status"] == "ok", reply
+    a = agent(ctrl_url=ctrl_url, alias=alias)  # registering keeps the spec set before it
+    spec = dlslime.NanoCtrlClient(ctrl_url).get_desired_topology(a.alias)
+    assert spec is not None and spec["target_peers"] == [f"tp_b_{unique}"], spec
+    assert "pending" not in spec, spec
+    redis = os.environ.get("DLSLIME_TEST_REDIS_URL")  # set by scripts/test.sh with its NanoCtrl
+    if not os.environ.get("DLSLIME_TEST_CTRL_URL"):
+        assert client.get_redis_url() is None  # the in-process NanoCtrl uses the memory store
+    elif redis:
+        url = client.get_redis_url()  # NanoCtrl on Redis hands out its address (and db)
+        assert url is not None and url.startswith(redis), (url, redis)
