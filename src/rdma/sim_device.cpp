@@ -74,12 +74,21 @@ uint64_t sge_total(const std::vector<Sge>& sges) {
   return total;
 }
 
-std::mutex g_fabric_mu;
-std::weak_ptr<Fabric> g_fabric;
-// Fabrics constructed and not yet fully destroyed. A new one waits for the old one's
-// destructor to finish: its socket name (the pid) is only free once that has closed it.
-int g_live = 0;
-std::condition_variable g_fabric_gone;
+// The process's fabric. Never destroyed: the last endpoint may let go of the fabric on a
+// detached completion thread while the process exits, after static destructors have run
+// (TSan saw ~Fabric notify a condition variable that exit had already destroyed).
+struct FabricSlot {
+  std::mutex mu;
+  std::weak_ptr<Fabric> fabric;
+  // Fabrics constructed and not yet fully destroyed. A new one waits for the old one's
+  // destructor to finish: its socket name (the pid) is only free once that has closed it.
+  int live = 0;
+  std::condition_variable gone;
+};
+FabricSlot& slot() {
+  static FabricSlot* s = new FabricSlot;
+  return *s;
+}
 
 }  // namespace
 
@@ -96,21 +105,23 @@ void Cq::signal() {
 }
 
 std::shared_ptr<Fabric> Fabric::acquire() {
-  std::unique_lock<std::mutex> lock(g_fabric_mu);
-  if (std::shared_ptr<Fabric> fabric = g_fabric.lock()) return fabric;
+  FabricSlot& g = slot();
+  std::unique_lock<std::mutex> lock(g.mu);
+  if (std::shared_ptr<Fabric> fabric = g.fabric.lock()) return fabric;
   // The last user may have just let go of the previous fabric, whose destructor is still
   // running (its weak_ptr has expired already): wait for it to finish.
-  g_fabric_gone.wait(lock, [] { return g_live == 0 || !g_fabric.expired(); });
-  if (std::shared_ptr<Fabric> fabric = g_fabric.lock()) return fabric;
+  g.gone.wait(lock, [&g] { return g.live == 0 || !g.fabric.expired(); });
+  if (std::shared_ptr<Fabric> fabric = g.fabric.lock()) return fabric;
   auto fabric = std::make_shared<Fabric>();
-  ++g_live;
-  g_fabric = fabric;
+  ++g.live;
+  g.fabric = fabric;
   return fabric;
 }
 
 std::shared_ptr<Fabric> Fabric::current() {
-  std::lock_guard<std::mutex> lock(g_fabric_mu);
-  return g_fabric.lock();
+  FabricSlot& g = slot();
+  std::lock_guard<std::mutex> lock(g.mu);
+  return g.fabric.lock();
 }
 
 Fabric::Fabric() : next_key_(static_cast<uint32_t>(std::random_device{}()) | 1u), gid_(device_gid()) {
@@ -136,9 +147,10 @@ Fabric::~Fabric() {
   cv_.notify_all();
   engine_.join();
   link_.reset();  // closes the socket (peers see a dead host) and frees its name
-  std::lock_guard<std::mutex> lock(g_fabric_mu);
-  --g_live;
-  g_fabric_gone.notify_all();
+  FabricSlot& g = slot();
+  std::lock_guard<std::mutex> lock(g.mu);
+  --g.live;
+  g.gone.notify_all();
 }
 
 uint32_t Fabric::new_pd() { return next_pd_++; }

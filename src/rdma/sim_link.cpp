@@ -280,7 +280,8 @@ bool Link::handle_message(uint64_t id, const uint8_t* data, size_t size) {
   rq.h.total = w.total;
   rq.h.inline_data = w.inline_data != 0;
   rq.sges.resize(w.num_sge);
-  std::memcpy(rq.sges.data(), data + sizeof(w), w.num_sge * sizeof(Sge));
+  // A zero-SGE request (a zero-length send or write) has no list: sges.data() is null then.
+  if (w.num_sge > 0) std::memcpy(rq.sges.data(), data + sizeof(w), w.num_sge * sizeof(Sge));
   rq.inline_bytes.assign(data + sizeof(w) + w.num_sge * sizeof(Sge), data + size);
   const Conn& c = conns_[id];
   // The requester's GID must name the process at the other end of the socket: the
