@@ -15,6 +15,9 @@ void bind_tcp(pybind11::module_& m);  // TcpEndpoint (derives from Endpoint)
 #ifdef DLSLIME_WITH_RDMA
 void bind_rdma(pybind11::module_& m);  // RDMAEndpoint (derives from Endpoint), available_nic()
 #endif
+#ifdef DLSLIME_WITH_NVLINK
+void bind_nvlink(pybind11::module_& m);  // NVLinkEndpoint (derives from Endpoint)
+#endif
 #ifdef DLSLIME_WITH_NANOCTRL
 void bind_nanoctrl(pybind11::module_& m);  // NanoCtrl server (embedded) and client
 void bind_agent(pybind11::module_& m);     // PeerAgent, PeerConnection

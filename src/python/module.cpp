@@ -15,6 +15,9 @@ PYBIND11_MODULE(_dlslime, m) {
 #ifdef DLSLIME_WITH_RDMA
   dlslime::py_bind::bind_rdma(m);
 #endif
+#ifdef DLSLIME_WITH_NVLINK
+  dlslime::py_bind::bind_nvlink(m);
+#endif
 #ifdef DLSLIME_WITH_NANOCTRL
   dlslime::py_bind::bind_nanoctrl(m);
   dlslime::py_bind::bind_agent(m);
