@@ -6,6 +6,7 @@ a message naming the capability.
 
 The C++ suite (tests/cpp/test_conformance.cpp) holds the same contract."""
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -258,34 +259,33 @@ def test_exact_size_recv_fails_a_shorter_message_and_its_sender_learns(pair, siz
 # --- per-op deadlines (timeout_ms) -------------------------------------------------------
 
 
+@contextlib.contextmanager
 def refusing_pair(transport, op_timeout_ms):
+    """A connected pair whose receiver never answers a send (no recv is posted): only a
+    deadline can end the sender's op."""
     a = dlslime.make_endpoint(transport, **refusing_receiver_options(transport, op_timeout_ms))
     b = dlslime.make_endpoint(transport, **refusing_receiver_options(transport, op_timeout_ms))
-    connect(a, b)
-    return a, b
-
-
-def test_timeout_ms_ends_an_op_long_before_the_endpoints_op_timeout(transport):
-    a, b = refusing_pair(transport, 20000)
     try:
+        connect(a, b)
         require(a, "send")
-        msg = Buffer(4096, pattern(4096, 1))
-        t0 = time.monotonic()
-        sd = a.send((msg.addr, 0, 4096), None, 200)  # b posts no recv: no answer
-        assert sd.wait_for(DEADLINE) == TIMEOUT, sd.message
-        took = time.monotonic() - t0
-        assert 0.19 <= took < 10, f"{took:.3f} s: the endpoint's op_timeout (20 s) applied instead"
-        assert "200 ms (its timeout)" in sd.message, sd.message
+        yield a, Buffer(4096, pattern(4096, op_timeout_ms))
     finally:
         a.shutdown()
         b.shutdown()
 
 
+def test_timeout_ms_ends_an_op_long_before_the_endpoints_op_timeout(transport):
+    with refusing_pair(transport, 20000) as (a, msg):
+        t0 = time.monotonic()
+        sd = a.send((msg.addr, 0, 4096), None, 200)
+        assert sd.wait_for(DEADLINE) == TIMEOUT, sd.message
+        took = time.monotonic() - t0
+        assert 0.19 <= took < 10, f"{took:.3f} s: the endpoint's op_timeout (20 s) applied instead"
+        assert "200 ms (its timeout)" in sd.message, sd.message
+
+
 def test_timeout_ms_longer_than_the_endpoints_op_timeout_wins(transport):
-    a, b = refusing_pair(transport, 100)
-    try:
-        require(a, "send")
-        msg = Buffer(4096, pattern(4096, 2))
+    with refusing_pair(transport, 100) as (a, msg):
         t0 = time.monotonic()
         sd = a.send((msg.addr, 0, 4096), timeout_ms=1500)
         assert sd.wait_for(0.7) is None, f"op_timeout (100 ms) ended it: {sd.message}"
@@ -296,9 +296,6 @@ def test_timeout_ms_longer_than_the_endpoints_op_timeout_wins(transport):
         for sd in (a.send((msg.addr, 0, 4096)), a.send((msg.addr, 0, 4096), timeout_ms=0)):
             assert sd.wait_for(DEADLINE) == TIMEOUT, sd.message
             assert "100 ms (op_timeout)" in sd.message, sd.message
-    finally:
-        a.shutdown()
-        b.shutdown()
 
 
 # --- waits and shutdown ----------------------------------------------------------------
