@@ -62,6 +62,13 @@ class Initiator {
   DataPath& data_;
 };
 
+// The table title's name of a transport: "TCP", "RDMA"; others as registered.
+std::string transport_title(const std::string& transport) {
+  if (transport == "tcp") return "TCP";
+  if (transport == "rdma") return "RDMA";
+  return transport;
+}
+
 // host:port of an endpoint_info, for transports that have one.
 std::string address_of(const nlohmann::json& info) {
   if (!info.contains("host")) return "-";
@@ -79,6 +86,11 @@ void Initiator::print_configuration() const {
   if (options.contains("lanes")) {
     out += fmt::format("  lanes: {}\n  chunk_size: {} B\n", options["lanes"].dump(), options["chunk_size"].dump());
   }
+  if (self.contains("device")) {
+    out += fmt::format("  device: {} port {} ({}), num_qp: {}\n", self.value("device", std::string()),
+                       self.value("ib_port", 0), self.value("link_layer", std::string()), self.value("num_qp", 0));
+  }
+  if (data_.simulated_device()) out += fmt::format("  {}\n", kSimulatedDeviceNote);
   if (!cfg_.transport_options.empty()) out += fmt::format("  transport options: {}\n", cfg_.transport_options.dump());
   out += fmt::format("  batch: {}\n  layout: {}\n", cfg_.batch, layout_name(cfg_));
   out += fmt::format("  sizes: {}\n  warmup: {}\n  iters: {}\n", sizes_text(cfg_.sizes), cfg_.warmup, cfg_.iters);
@@ -199,6 +211,8 @@ nlohmann::json Initiator::config_json(bool all_verified, double cpu_target_total
   c["target"] = address_of(data_.peer_info);
   c["endpoint"] = self;  // the transport's endpoint_info (regions left out) and options
   if (cfg_.transport == "tcp") c["tcp_options"] = options;
+  if (cfg_.transport == "rdma") c["rdma_options"] = options;
+  c["simulated_device"] = data_.simulated_device();
   c["verified"] = all_verified;
   c["buffer_bytes"] = data_.buffer->size();
   c["version"] = kVersion;
@@ -218,7 +232,7 @@ nlohmann::json Initiator::config_json(bool all_verified, double cpu_target_total
 int Initiator::run() {
   if (!cfg_.quiet) print_configuration();
   const std::string title =
-      fmt::format("DLSlime {} Benchmark: {} ({}{})", cfg_.transport == "tcp" ? "TCP" : cfg_.transport,
+      fmt::format("DLSlime {} Benchmark: {} ({}{})", transport_title(cfg_.transport),
                   op_name(cfg_.op),
                   self_lanes().empty() ? std::string() : fmt::format("lanes {}, ", self_lanes()), layout_name(cfg_));
   TablePrinter table(title, cfg_.op == Op::kSend);
@@ -267,6 +281,7 @@ int Initiator::run() {
                 last.bytes_per_cpu_s / 1e9, static_cast<unsigned long long>(last.msg_size), last.cpu_initiator_s,
                 last.cpu_target_s);
   }
+  if (data_.simulated_device()) std::printf("%s\n", kSimulatedDeviceNote);
   std::fflush(stdout);
 
   const std::string json_path = report_path();

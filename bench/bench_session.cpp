@@ -5,6 +5,9 @@
 #include <fmt/format.h>
 
 #include "dlslime/errors.h"
+#ifdef DLSLIME_BENCH_RDMA
+#include "dlslime/rdma_endpoint.h"
+#endif
 #include "dlslime/tcp_endpoint.h"
 #include "dlslime/transport.h"
 
@@ -97,7 +100,11 @@ nlohmann::json endpoint_options(const BenchConfig& cfg, const std::string& bind_
     o["op_timeout_ms"] = std::max<int64_t>(1, static_cast<int64_t>(cfg.timeout_s * 1000));
     if (cfg.batch > defaults.max_batch_items) o["max_batch_items"] = cfg.batch;
     if (cfg.batch > defaults.max_inflight_ops) o["max_inflight_ops"] = cfg.batch;
-  } else if (cfg.lanes || cfg.chunk_size) {
+  } else if (cfg.transport == "rdma") {
+    // As for TCP: --timeout, not the transport's 30 s default, bounds a (slow) benchmark batch.
+    o["op_timeout_ms"] = std::max<int64_t>(1, static_cast<int64_t>(cfg.timeout_s * 1000));
+  }
+  if (cfg.transport != "tcp" && (cfg.lanes || cfg.chunk_size)) {
     throw UsageError(fmt::format("--lanes and --chunk-size are TCP's; give the {} transport its options with "
                                  "--transport-options",
                                  cfg.transport));
@@ -137,7 +144,16 @@ nlohmann::json DataPath::describe() const {
 #ifdef DLSLIME_BENCH_TCP
   if (const auto* tcp = dynamic_cast<const TcpEndpoint*>(endpoint.get())) d["options"] = tcp->options().to_json();
 #endif
+#ifdef DLSLIME_BENCH_RDMA
+  if (const auto* rdma = dynamic_cast<const RDMAEndpoint*>(endpoint.get())) d["options"] = rdma->options().to_json();
+#endif
   return d;
+}
+
+bool DataPath::simulated_device() const {
+  // The simulated provider's one device (src/rdma/sim_device.h, kDeviceName).
+  const nlohmann::json info = endpoint->endpoint_info();
+  return info.value("transport", std::string()) == "rdma" && info.value("device", std::string()) == "sim_rdma0";
 }
 
 nlohmann::json DataPath::hello_payload() const {
@@ -149,7 +165,8 @@ nlohmann::json DataPath::hello_payload() const {
 
 void DataPath::connect(const nlohmann::json& peer_hello, const ControlChannel& channel) {
   peer_info = peer_hello.at("endpoint_info");
-  if (!peer_hello.value("host_explicit", true)) {
+  // Only an endpoint_info with a host (TCP's) is dialed at an address; RDMA's names QPs.
+  if (!peer_hello.value("host_explicit", true) && peer_info.contains("host")) {
     if (const std::string seen = channel.peer_ip(); !seen.empty()) peer_info["host"] = seen;
   }
   try {

@@ -81,7 +81,15 @@ struct DataPath {
   // advertise host, its host is replaced by the address seen on the control connection,
   // which is known to route to it.
   void connect(const nlohmann::json& peer_hello, const ControlChannel& channel);
+  // Whether the endpoint runs on the simulated RDMA device (DLSLIME_RDMA_SIM=1), whose
+  // figures measure this library's code paths in software, not a NIC.
+  bool simulated_device() const;
 };
+
+// Printed with every result on the simulated RDMA device (docs/bench.md).
+inline constexpr const char* kSimulatedDeviceNote =
+    "note: simulated RDMA device (DLSLIME_RDMA_SIM=1): the bytes move in software, so these figures measure the "
+    "code, not RDMA hardware";
 
 // The options the data endpoint is made with: the bench's defaults for the transport,
 // then --lanes/--chunk-size, then --transport-options.
