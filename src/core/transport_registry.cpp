@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "core/log.h"
 #include "dlslime/errors.h"
 
 namespace dlslime {
@@ -84,6 +85,18 @@ std::shared_ptr<Endpoint> TransportRegistry::make(const std::string& name, const
   }
   if (!memory) memory = std::make_shared<MemoryRegistry>();
   return e.make(options.is_null() ? nlohmann::json::object() : options, std::move(memory));
+}
+
+std::vector<TransportPort> TransportRegistry::ports(const std::string& name) const {
+  const TransportEntry* e = find(name);
+  if (!e || !e->ports) return {};
+  try {
+    if (!e->probe().available) return {};
+    return e->ports();
+  } catch (const std::exception& ex) {
+    DLSLIME_WARN("transport \"{}\": listing its ports failed (none published): {}", name, ex.what());
+    return {};
+  }
 }
 
 std::vector<TransportInfo> available_transports() { return TransportRegistry::instance().list(); }

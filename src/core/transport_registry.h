@@ -20,15 +20,28 @@ struct TransportProbe {
   std::vector<std::string> devices;  // the devices it would use
 };
 
+// One usable port of a transport's device (what PeerAgents publish, and compare for
+// transport="auto"): the device, its port number and its link layer ("Ethernet",
+// "InfiniBand").
+struct TransportPort {
+  std::string device;
+  int port = 1;
+  std::string link_layer;
+  bool operator==(const TransportPort&) const = default;
+};
+
 // What each transport registers from its own folder (src/<name>/<name>_transport.cpp):
 // its name, a probe, and a factory. The factory builds an endpoint from the transport's
 // options (JSON; unknown keys rejected) over `memory`, the agent-wide registry of named
-// memory its regions are shared with (a fresh one for a standalone endpoint).
+// memory its regions are shared with (a fresh one for a standalone endpoint). `ports`, for
+// a transport whose devices have ports (RDMA), lists every active one without making an
+// endpoint (no PD, CQ or QP); empty for the others.
 struct TransportEntry {
   std::string name;
   std::function<TransportProbe()> probe;
   std::function<std::shared_ptr<Endpoint>(const nlohmann::json& options, std::shared_ptr<MemoryRegistry> memory)>
       make;
+  std::function<std::vector<TransportPort>()> ports;
 };
 
 // The transports of this build. Filled once, before first use, from the list CMake
@@ -48,6 +61,10 @@ class TransportRegistry {
   const TransportEntry& require(const std::string& name) const;
   std::shared_ptr<Endpoint> make(const std::string& name, const nlohmann::json& options,
                                  std::shared_ptr<MemoryRegistry> memory) const;
+  // The active ports of `name`'s devices (TransportEntry::ports); empty for a transport
+  // without ports, one that is not built or not available here. Never throws: a port
+  // listing that fails is logged and lists nothing.
+  std::vector<TransportPort> ports(const std::string& name) const;
 
   // Used by the generated list only.
   void add(TransportEntry entry);

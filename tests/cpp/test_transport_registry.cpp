@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -96,3 +97,54 @@ TEST(TransportRegistry, TcpOptionsFromJsonAreStrict) {
   EXPECT_EQ(o.lanes, TcpOptions{}.lanes);  // untouched keys keep the base's value
 }
 #endif
+
+namespace {
+// DLSLIME_RDMA_SIM=1 while it lives (the RDMA provider reads it on each call).
+class SimRdma {
+ public:
+  SimRdma() {
+    if (const char* v = std::getenv("DLSLIME_RDMA_SIM")) saved_ = v;
+    ::setenv("DLSLIME_RDMA_SIM", "1", 1);
+  }
+  ~SimRdma() {
+    if (saved_.empty()) {
+      ::unsetenv("DLSLIME_RDMA_SIM");
+    } else {
+      ::setenv("DLSLIME_RDMA_SIM", saved_.c_str(), 1);
+    }
+  }
+
+ private:
+  std::string saved_;
+};
+}  // namespace
+
+// The per-transport port listing agents publish: RDMA lists each active port of each device
+// from the device layer; transports without ports, unknown names and transports that are
+// not built or not available list none (and never throw).
+TEST(TransportRegistry, ListsTheActivePortsOfATransportsDevices) {
+  const auto& registry = TransportRegistry::instance();
+  EXPECT_TRUE(registry.ports("tcp").empty());
+  EXPECT_TRUE(registry.ports("carrier-pigeon").empty());
+  EXPECT_TRUE(registry.ports("ascend").empty());
+  const TransportInfo* rdma = find(available_transports(), "rdma");
+  ASSERT_NE(rdma, nullptr);
+  if (!rdma->built) {
+    EXPECT_TRUE(registry.ports("rdma").empty());
+    return;
+  }
+  SimRdma sim;
+  const std::vector<TransportPort> ports = registry.ports("rdma");
+  ASSERT_EQ(ports.size(), 1u);  // sim_rdma0 has one port; the listing stops past it
+  EXPECT_EQ(ports[0], (TransportPort{"sim_rdma0", 1, "Ethernet"}));
+  // SLIME_VISIBLE_DEVICES hides it: nothing listed, no error.
+  const char* before = std::getenv("SLIME_VISIBLE_DEVICES");
+  const std::string saved = before ? before : "";
+  ::setenv("SLIME_VISIBLE_DEVICES", "mlx5_9", 1);
+  EXPECT_TRUE(registry.ports("rdma").empty());
+  if (before) {
+    ::setenv("SLIME_VISIBLE_DEVICES", saved.c_str(), 1);
+  } else {
+    ::unsetenv("SLIME_VISIBLE_DEVICES");
+  }
+}
