@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -85,30 +86,31 @@ RdmaEndpointImpl::RdmaEndpointImpl(RdmaOptions opts, std::shared_ptr<MemoryRegis
   // Enough CQEs for every send and receive WR that can be outstanding: no overrun.
   const int depth = static_cast<int>(options.num_qp * (options.max_send_wr + options.max_recv_wr));
   cq_ = device_->ctx->create_cq(depth);
-  QpCaps caps;
-  caps.max_send_wr = options.max_send_wr;
-  caps.max_recv_wr = options.max_recv_wr;
-  caps.max_send_sge = 1;
-  caps.max_recv_sge = 1;
-  caps.max_inline_data = options.max_inline_data;
   lanes_.resize(options.num_qp);
-  RcInitAttr init;
-  init.port = device_->port;
-  for (size_t i = 0; i < lanes_.size(); ++i) {
-    Lane& lane = lanes_[i];
-    lane.qp = device_->pd->create_rc_qp(*cq_, *cq_, caps);
-    lane.psn = random_psn();
-    if (int rc = lane.qp->modify_to_init(init); rc != 0) {
-      throw ConnectionError(fmt::format("RDMA QP {} (lane {}): RESET->INIT failed: {}", lane.qp->qp_num(), i,
-                                        std::strerror(rc)));
-    }
-  }
+  for (size_t i = 0; i < lanes_.size(); ++i) lanes_[i].qp = new_qp(i);
   max_inline_ = lanes_[0].qp->caps().max_inline_data;
   // Lane 0 carries write_with_imm (its order with the batch's writes is the QP's) and the
   // two-sided messages, so only it has receives: the eager buffers.
   setup_messages();
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw Error(StatusCode::kFailed, fmt::format("eventfd failed: {}", std::strerror(errno)));
+}
+
+std::unique_ptr<QueuePair> RdmaEndpointImpl::new_qp(size_t index) {
+  QpCaps caps;
+  caps.max_send_wr = options.max_send_wr;
+  caps.max_recv_wr = options.max_recv_wr;
+  caps.max_send_sge = 1;
+  caps.max_recv_sge = 1;
+  caps.max_inline_data = options.max_inline_data;
+  auto qp = device_->pd->create_rc_qp(*cq_, *cq_, caps);
+  RcInitAttr init;
+  init.port = device_->port;
+  if (int rc = qp->modify_to_init(init); rc != 0) {
+    throw ConnectionError(
+        fmt::format("RDMA QP {} (lane {}): RESET->INIT failed: {}", qp->qp_num(), index, std::strerror(rc)));
+  }
+  return qp;
 }
 
 void RdmaEndpointImpl::start() {
@@ -139,12 +141,16 @@ RdmaEndpointImpl::~RdmaEndpointImpl() {
 }
 
 std::vector<uint32_t> RdmaEndpointImpl::qp_nums() const {
+  std::lock_guard lock(mu_);  // reopen() replaces the QPs
   std::vector<uint32_t> out;
   for (const Lane& lane : lanes_) out.push_back(lane.qp->qp_num());
   return out;
 }
 
-nlohmann::json RdmaEndpointImpl::endpoint_info() const {
+nlohmann::json RdmaEndpointImpl::endpoint_info() {
+  std::unique_lock lock(mu_);
+  // A failed connection's QPs can never connect again: the info names fresh ones.
+  if (!closed_) reopen_if_failed(lock);
   nlohmann::json qps = nlohmann::json::array();
   const int mtu = mtu_bytes(device_->port_attr.active_mtu);
   for (const Lane& lane : lanes_) {
@@ -154,6 +160,7 @@ nlohmann::json RdmaEndpointImpl::endpoint_info() const {
                    {"psn", lane.psn},
                    {"mtu", mtu}});
   }
+  lock.unlock();  // mr_info() needs no mu_: the registry has its own lock
   return {{"transport", "rdma"},
           {"device", device_->ctx->device_name()},
           {"ib_port", device_->port},
@@ -167,9 +174,15 @@ nlohmann::json RdmaEndpointImpl::endpoint_info() const {
 nlohmann::json RdmaEndpointImpl::mr_info() const { return regions->mr_info(*domain_); }
 
 void RdmaEndpointImpl::connect(const nlohmann::json& peer) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   if (closed_) throw ConnectionError("RDMAEndpoint is shut down");
-  if (connected_) throw ConnectionError("RDMAEndpoint is already connected (an endpoint connects to one peer once)");
+  reopen_if_failed(lock);
+  if (closed_) throw ConnectionError("RDMAEndpoint is shut down");
+  if (connected_) {
+    throw ConnectionError(
+        "RDMAEndpoint is already connected (connect() again only once that connection has failed: "
+        "is_connected() false)");
+  }
   if (peer.contains("transport") && peer["transport"] != "rdma") {
     throw ConnectionError(fmt::format("peer endpoint_info is of transport {}, not rdma", peer["transport"].dump()));
   }
@@ -201,7 +214,7 @@ void RdmaEndpointImpl::connect(const nlohmann::json& peer) {
     rtr.sgid_index = static_cast<uint8_t>(device_->gid_index);
     Lane& lane = lanes_[i];
     if (int rc = lane.qp->modify_to_rtr(rtr); rc != 0) {
-      throw ConnectionError(fmt::format("RDMA QP {} (lane {}): INIT->RTR to peer QP {} failed: {} (state {})",
+      abandon_connect(lock, fmt::format("RDMA QP {} (lane {}): INIT->RTR to peer QP {} failed: {} (state {})",
                                         lane.qp->qp_num(), i, rtr.remote_qpn, std::strerror(rc),
                                         qp_state_name(lane.qp->state())));
     }
@@ -211,11 +224,98 @@ void RdmaEndpointImpl::connect(const nlohmann::json& peer) {
     rts.retry_cnt = static_cast<uint8_t>(options.retry_cnt);
     rts.rnr_retry = static_cast<uint8_t>(options.rnr_retry);
     if (int rc = lane.qp->modify_to_rts(rts); rc != 0) {
-      throw ConnectionError(fmt::format("RDMA QP {} (lane {}): RTR->RTS failed: {} (state {})", lane.qp->qp_num(), i,
+      abandon_connect(lock, fmt::format("RDMA QP {} (lane {}): RTR->RTS failed: {} (state {})", lane.qp->qp_num(), i,
                                         std::strerror(rc), qp_state_name(lane.qp->state())));
     }
   }
   connected_ = true;
+}
+
+void RdmaEndpointImpl::abandon_connect(std::unique_lock<std::mutex>& lock, const std::string& why) {
+  // Some QPs may be in RTR or RTS already: fail them all, so that the next connect()
+  // reopens fresh ones instead of meeting QPs half-way through their transitions.
+  std::vector<Done> done;
+  for (size_t i = 0; i < lanes_.size(); ++i) fail_lane(lanes_[i], i, Status::failed(why), done);
+  lock.unlock();
+  {
+    CompletionScope scope;
+    complete_all(done);
+  }
+  throw ConnectionError(why);
+}
+
+bool RdmaEndpointImpl::failed_work_drained() const {
+  return ops_.empty() && recvs_posted_ == 0 &&
+         std::all_of(lanes_.begin(), lanes_.end(), [](const Lane& l) { return l.posted.empty() && l.waiting.empty(); });
+}
+
+std::chrono::milliseconds RdmaEndpointImpl::drain_bound() const {
+  // The retry bound (docs/rdma.md): a WR awaiting an answer may come back only once it ran
+  // out. ack_timeout 0 retries forever on the device; cap the wait at a minute.
+  const double us = options.ack_timeout == 0 ? 60e6 : 4.096 * std::ldexp(1.0, int(options.ack_timeout)) *
+                                                          (options.retry_cnt + 1);
+  return std::chrono::milliseconds(int64_t(std::min(us, 60e6) / 1000)) + kShutdownDrain;
+}
+
+void RdmaEndpointImpl::reopen_if_failed(std::unique_lock<std::mutex>& lock) {
+  auto failed = [&] { return std::any_of(lanes_.begin(), lanes_.end(), [](const Lane& l) { return l.failed; }); };
+  if (!failed()) return;
+  const auto first = std::find_if(lanes_.begin(), lanes_.end(), [](const Lane& l) { return l.failed; });
+  const Status cause = first->cause;
+  const size_t first_index = static_cast<size_t>(first - lanes_.begin());
+  // The connection is one unit: a QP that is still healthy goes to ERR too, so that nothing
+  // of the old peer's is in flight when its QPs are destroyed.
+  std::vector<Done> done;
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    if (lanes_[i].failed) continue;
+    fail_lane(lanes_[i], i,
+              Status(cause.code(), fmt::format("QP {} (lane {}) of the connection failed: {}",
+                                               first->qp->qp_num(), first_index, cause.message())),
+              done);
+  }
+  if (!done.empty()) {
+    lock.unlock();
+    {
+      CompletionScope scope;
+      complete_all(done);
+    }
+    lock.lock();
+  }
+  // Every WR of the old QPs must have come back (flushed) before they are destroyed: until
+  // then the device may still touch an op's memory, and a late completion would be taken
+  // for one of the new QPs'. The completion thread sees them; this waits for it.
+  if (!failed_work_drained()) {
+    if (on_own_thread()) {
+      throw ConnectionError(
+          "RDMAEndpoint: cannot reconnect from a completion callback while the failed connection's work requests "
+          "are still coming back");
+    }
+    const auto bound = drain_bound();
+    if (!progress_cv_.wait_for(lock, bound, [&] { return closed_ || !failed() || failed_work_drained(); })) {
+      throw ConnectionError(fmt::format(
+          "RDMAEndpoint: the failed connection's work requests did not all come back within {} ms; try again later",
+          bound.count()));
+    }
+  }
+  if (closed_ || !failed()) return;  // shut down, or another thread reopened it meanwhile
+  // New QPs first: if the device refuses one, the endpoint stays as it was (failed).
+  std::vector<std::unique_ptr<QueuePair>> fresh;
+  for (size_t i = 0; i < lanes_.size(); ++i) fresh.push_back(new_qp(i));
+  previous_failure_ = cause;
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    Lane& lane = lanes_[i];
+    lane.qp = std::move(fresh[i]);  // destroys the old QP: nothing of it is outstanding
+    lane.psn = random_psn();
+    lane.since_signal = 0;
+    lane.failed = false;
+    lane.cause = Status::ok();
+  }
+  connected_ = false;
+  peer_closed_ = false;
+  // The old peer's revocations and its rkeys mean nothing to the next one.
+  revoked_rkeys_.clear();
+  owed_revokes_.clear();
+  arm_messages();
 }
 
 bool RdmaEndpointImpl::is_connected() const {
@@ -284,7 +384,13 @@ Future RdmaEndpointImpl::submit(OpRequest request) {
     return future;
   }
   if (request.kind == OpKind::kRecv && !lanes_[0].failed) return submit_recv(request, state, lock);
-  if (!connected_) return lock.unlock(), fail(Status::not_connected("RDMAEndpoint is not connected"));
+  if (!connected_) {
+    return lock.unlock(), fail(Status::not_connected(
+                              previous_failure_.is_ok()
+                                  ? std::string("RDMAEndpoint is not connected")
+                                  : fmt::format("RDMAEndpoint is not connected (its previous connection failed: {})",
+                                                previous_failure_.message())));
+  }
   for (size_t i = 0; i < lanes_.size(); ++i) {
     if (!lanes_[i].failed) continue;
     if (peer_closed_) return lock.unlock(), fail(Status::peer_closed("the peer shut its endpoint down"));
@@ -511,6 +617,7 @@ void RdmaEndpointImpl::on_send_completion(Lane& lane, size_t index, const WorkCo
 }
 
 void RdmaEndpointImpl::on_recv_completion(const WorkCompletion& wc, std::vector<Done>& done) {
+  --recvs_posted_;
   if (wc.status != WcStatus::kSuccess) {
     // The QP went to error with nothing of ours on its send queue (e.g. a fatal device
     // error): the receive's flush is the only sign of it.

@@ -43,7 +43,8 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
   ~RdmaEndpointImpl() override;
   void start();  // attaches the memory domain and starts the completion thread
 
-  nlohmann::json endpoint_info() const;
+  // Both reopen a failed connection first (reopen_if_failed): the info names fresh QPs.
+  nlohmann::json endpoint_info();
   void connect(const nlohmann::json& peer_info);
   bool is_connected() const;
   int32_t register_remote(const std::string& name, const nlohmann::json& entry);
@@ -121,6 +122,18 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
     uint32_t byte_len = 0;
   };
 
+  // A QP in INIT on the endpoint's port (lane `index`, for errors).
+  std::unique_ptr<rdma::QueuePair> new_qp(size_t index);
+  // Reconnection (docs/rdma.md): once any lane has failed, moves the others to ERR, waits
+  // (bounded by drain_bound(); released while waiting) until every WR of the old QPs has
+  // come back, then replaces them with fresh QPs in INIT (new QPNs and PSNs) and re-arms
+  // the message buffers. Regions and their rkeys stay. Throws ConnectionError if the old
+  // work does not come back in time or a new QP cannot be made (the endpoint stays failed).
+  void reopen_if_failed(std::unique_lock<std::mutex>& lock);
+  bool failed_work_drained() const;
+  std::chrono::milliseconds drain_bound() const;
+  // connect() failed half-way through the transitions: fails every lane, then throws.
+  [[noreturn]] void abandon_connect(std::unique_lock<std::mutex>& lock, const std::string& why);
   void run();
   void poll_cq(std::vector<Done>& done);
   void on_send_completion(Lane& lane, size_t index, const rdma::WorkCompletion& wc, std::vector<Done>& done);
@@ -150,11 +163,13 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
     std::vector<uint8_t> payload;  // eager: the bytes, copied out of the receive buffer
   };
   void setup_messages();
+  void arm_messages();  // frees every send slot and posts every receive buffer on lane 0
   Future submit_send(const OpRequest& request, std::shared_ptr<OpState> state, std::unique_lock<std::mutex>& lock);
   Future submit_recv(const OpRequest& request, std::shared_ptr<OpState> state, std::unique_lock<std::mutex>& lock);
   // Queues a control message on lane 0 (header + payload copied into a send slot).
+  // `reason`: a DONE's DoneReason (rdma_messages.cpp), 0 for other messages.
   bool post_control(uint32_t type, uint32_t status, uint64_t seq, uint64_t length, uint64_t addr, uint32_t rkey,
-                    const void* payload, size_t payload_len, std::vector<Done>& done);
+                    uint32_t reason, const void* payload, size_t payload_len, std::vector<Done>& done);
   void start_pending_sends(std::vector<Done>& done);
   void on_message(const uint8_t* buf, uint32_t len, std::vector<Done>& done);
   // Matches the oldest unexpected message with the oldest posted recv while both exist.
@@ -185,6 +200,8 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
   std::deque<PostedRecv> recvs_;
   std::deque<Unexpected> unexpected_;
   bool peer_closed_ = false;
+  uint32_t recvs_posted_ = 0;  // receive WRs on lane 0 not yet completed (or flushed)
+  Status previous_failure_;    // why the last connection failed, for NOT_CONNECTED's message
   // Owner side: REVOKEs sent and not yet answered; revoke_cv_ wakes their waiters.
   uint64_t next_revoke_seq_ = 1;
   std::unordered_set<uint64_t> revokes_waiting_;

@@ -9,8 +9,9 @@
 // - Messages match posted recvs in FIFO order. One that arrives first waits, copied out
 //   (eager) or as its RTS, for its recv. A sender has at most `credit_` messages that the
 //   receiver has not answered, so what waits is bounded (credit x kEagerBuffer bytes).
-// - The receiver answers every message with DONE(seq, status): the send completes with
-//   it (MESSAGE_TOO_LARGE when the recv was too short, which fails that recv alone).
+// - The receiver answers every message with DONE(seq, status, reason): the send completes
+//   with it (MESSAGE_TOO_LARGE when the recv was too short, which fails that recv alone;
+//   a refusal's reason, e.g. recv(exact_size), so the sender's error names it as TCP's does).
 // - shutdown() says BYE first, so the peer's posted recvs fail PEER_CLOSED.
 #include <cstring>
 
@@ -28,16 +29,47 @@ namespace {
 
 enum MsgType : uint32_t { kEager = 1, kRts = 2, kDone = 3, kBye = 4, kRevoke = 5, kRevoked = 6 };
 
+// Why a receiver failed a message (DONE's `reason`), so the sender's status names it.
+enum DoneReason : uint32_t {
+  kReasonNone = 0,
+  kReasonExactSize = 1,   // recv(exact_size) and a shorter message; DONE's addr: the buffer's length
+  kReasonTooLarge = 2,    // longer than the recv's buffer; DONE's addr: the buffer's length
+  kReasonRecvBuffer = 3,  // the receiver could not register its recv buffer
+  kReasonRecvRead = 4,    // the receiver's READ of the sender's buffer (rendezvous) failed
+};
+
 struct MsgHeader {
   uint32_t type;
   int32_t status;  // DONE: a StatusCode
   uint64_t seq;
   uint64_t length;
-  uint64_t addr;
+  uint64_t addr;   // RTS: the sender's buffer; DONE: the recv buffer's length (see DoneReason)
   uint32_t rkey;
-  uint32_t pad;
+  uint32_t reason;  // DONE: a DoneReason
 };
 constexpr uint32_t kEagerPayload = RdmaEndpointImpl::kEagerBuffer - sizeof(MsgHeader);
+
+// The sender's status for the receiver's DONE.
+Status done_status(const MsgHeader& h) {
+  if (h.status == 0) return Status::ok();
+  switch (h.reason) {
+    case kReasonTooLarge:
+      return Status(StatusCode::kMessageTooLarge,
+                    fmt::format("the receiver refused the message: its {} bytes are more than the {}-byte buffer of "
+                                "the recv it matched",
+                                h.length, h.addr));
+    case kReasonExactSize: {
+      const Status why = exact_size_mismatch(h.length, h.addr);
+      return Status(why.code(), "the receiver refused the message: " + why.message());
+    }
+    case kReasonRecvBuffer:
+      return Status::failed("the receiver failed the message: it could not register its recv buffer");
+    case kReasonRecvRead:
+      return Status::failed("the receiver failed the message: its read of this send's buffer failed");
+    default:
+      return Status::failed(fmt::format("the receiver failed the message (status {})", h.status));
+  }
+}
 
 }  // namespace
 
@@ -49,7 +81,15 @@ void RdmaEndpointImpl::setup_messages() {
   const uint32_t slots = 2 * credit_ + 2;
   send_pool_.assign(size_t(slots) * kEagerBuffer, 0);
   send_mr_ = device_->pd->reg_mr(send_pool_.data(), send_pool_.size(), kLocalWrite);
-  for (uint32_t i = slots; i-- > 0;) free_slots_.push_back(static_cast<int32_t>(i));
+  arm_messages();
+}
+
+void RdmaEndpointImpl::arm_messages() {
+  // Called on fresh QPs only (construction, reopen_if_failed): every send slot is free and
+  // no receive is posted on lane 0 yet.
+  const size_t slots = send_pool_.size() / kEagerBuffer;
+  free_slots_.clear();
+  for (size_t i = slots; i-- > 0;) free_slots_.push_back(static_cast<int32_t>(i));
   for (uint32_t i = 0; i < options.max_recv_wr; ++i) post_recv_slot(i);
 }
 
@@ -63,7 +103,9 @@ void RdmaEndpointImpl::post_recv_slot(uint32_t slot) {
   const RecvWr* bad = nullptr;
   if (int rc = lanes_[0].qp->post_recv(&wr, &bad); rc != 0) {
     DLSLIME_WARN("RDMA QP {}: post_recv failed: {}", lanes_[0].qp->qp_num(), std::strerror(rc));
+    return;
   }
+  ++recvs_posted_;
 }
 
 std::optional<uint32_t> RdmaEndpointImpl::lkey_for(uint64_t addr, uint64_t length,
@@ -90,7 +132,7 @@ std::optional<uint32_t> RdmaEndpointImpl::lkey_for(uint64_t addr, uint64_t lengt
 }
 
 bool RdmaEndpointImpl::post_control(uint32_t type, uint32_t status, uint64_t seq, uint64_t length, uint64_t addr,
-                                    uint32_t rkey, const void* payload, size_t payload_len,
+                                    uint32_t rkey, uint32_t reason, const void* payload, size_t payload_len,
                                     std::vector<Done>& done) {
   Lane& lane = lanes_[0];
   if (lane.failed) return false;
@@ -102,7 +144,7 @@ bool RdmaEndpointImpl::post_control(uint32_t type, uint32_t status, uint64_t seq
   const int32_t slot = free_slots_.back();
   free_slots_.pop_back();
   uint8_t* buf = send_pool_.data() + size_t(slot) * kEagerBuffer;
-  const MsgHeader h{type, static_cast<int32_t>(status), seq, length, addr, rkey, 0};
+  const MsgHeader h{type, static_cast<int32_t>(status), seq, length, addr, rkey, reason};
   std::memcpy(buf, &h, sizeof h);
   if (payload_len > 0) std::memcpy(buf + sizeof h, payload, payload_len);
   QueuedWr q;
@@ -147,7 +189,7 @@ void RdmaEndpointImpl::start_pending_sends(std::vector<Done>& done) {
     const uint64_t addr = ps.chunk.addr + ps.chunk.offset;
     const uint64_t len = ps.chunk.length;
     if (len <= kEagerPayload) {
-      if (!post_control(kEager, 0, seq, len, 0, 0, reinterpret_cast<const void*>(addr), len, done)) break;
+      if (!post_control(kEager, 0, seq, len, 0, 0, kReasonNone, reinterpret_cast<const void*>(addr), len, done)) break;
     } else {
       // Rendezvous: the peer reads the bytes; they must stay registered until its DONE.
       std::unique_ptr<MemoryRegion> temp;
@@ -172,7 +214,7 @@ void RdmaEndpointImpl::start_pending_sends(std::vector<Done>& done) {
         rkey = entry["rkey"].get<uint32_t>();
       }
       op->lanes = 1;  // the peer may read the buffer: a deadline must stop lane 0 first
-      if (!post_control(kRts, 0, seq, len, addr, rkey, nullptr, 0, done)) break;
+      if (!post_control(kRts, 0, seq, len, addr, rkey, kReasonNone, nullptr, 0, done)) break;
     }
     awaiting_done_.emplace(seq, ps.op_id);
     if (Op* o = ops_.find(ps.op_id)) {
@@ -219,12 +261,7 @@ void RdmaEndpointImpl::on_message(const uint8_t* buf, uint32_t len, std::vector<
       if (it == awaiting_done_.end()) return;  // its send already ended (deadline)
       const uint64_t op_id = it->second;
       awaiting_done_.erase(it);
-      Status st;
-      if (h.status == static_cast<int32_t>(StatusCode::kMessageTooLarge)) {
-        st = Status(StatusCode::kMessageTooLarge, "the message is longer than the buffer of the recv it matched");
-      } else if (h.status != 0) {
-        st = Status(StatusCode::kFailed, fmt::format("the receiver failed the message (status {})", h.status));
-      }
+      const Status st = done_status(h);
       if (Op* op = ops_.find(op_id); op && st.is_ok()) op->nbytes = h.length;
       finish_wr(op_id, 0, st, done);
       start_pending_sends(done);
@@ -266,19 +303,21 @@ void RdmaEndpointImpl::deliver(PostedRecv r, Unexpected m, std::vector<Done>& do
                     Status(StatusCode::kMessageTooLarge,
                            fmt::format("a {}-byte message arrived for a {}-byte recv buffer", m.length, r.length)),
                     0});
-    post_control(kDone, static_cast<uint32_t>(StatusCode::kMessageTooLarge), m.seq, m.length, 0, 0, nullptr, 0, done);
+    post_control(kDone, static_cast<uint32_t>(StatusCode::kMessageTooLarge), m.seq, m.length, r.length, 0,
+                 kReasonTooLarge, nullptr, 0, done);
     return;
   }
   if (r.exact_size && m.length != r.length) {
     // Refused before a byte is copied or read; the sender's send fails the same way.
     done.push_back({std::move(r.state), exact_size_mismatch(m.length, r.length), 0});
-    post_control(kDone, static_cast<uint32_t>(StatusCode::kFailed), m.seq, m.length, 0, 0, nullptr, 0, done);
+    post_control(kDone, static_cast<uint32_t>(StatusCode::kFailed), m.seq, m.length, r.length, 0, kReasonExactSize,
+                 nullptr, 0, done);
     return;
   }
   if (m.type == kEager) {
     if (m.length > 0) std::memcpy(reinterpret_cast<void*>(r.addr), m.payload.data(), m.length);
     done.push_back({std::move(r.state), Status::ok(), m.length});
-    post_control(kDone, 0, m.seq, m.length, 0, 0, nullptr, 0, done);
+    post_control(kDone, 0, m.seq, m.length, 0, 0, kReasonNone, nullptr, 0, done);
     return;
   }
   // Rendezvous: READ the sender's buffer into the recv's, then answer DONE.
@@ -289,7 +328,8 @@ void RdmaEndpointImpl::deliver(PostedRecv r, Unexpected m, std::vector<Done>& do
   auto key = lkey_for(r.addr, m.length, op.temp_mr, kLocalWrite, op.uses);
   if (!key) {
     done.push_back({std::move(op.state), Status::invalid_argument("recv: cannot register the buffer"), 0});
-    post_control(kDone, static_cast<uint32_t>(StatusCode::kFailed), m.seq, m.length, 0, 0, nullptr, 0, done);
+    post_control(kDone, static_cast<uint32_t>(StatusCode::kFailed), m.seq, m.length, 0, 0, kReasonRecvBuffer, nullptr,
+                 0, done);
     return;
   }
   const uint64_t op_id = next_op_id_++;
@@ -316,8 +356,8 @@ void RdmaEndpointImpl::deliver(PostedRecv r, Unexpected m, std::vector<Done>& do
 }
 
 void RdmaEndpointImpl::on_recv_op_finished(Op& op, const Status& status, std::vector<Done>& done) {
-  post_control(kDone, status ? 0 : static_cast<uint32_t>(StatusCode::kFailed), op.msg_seq, op.nbytes, 0, 0, nullptr, 0,
-               done);
+  post_control(kDone, status ? 0 : static_cast<uint32_t>(StatusCode::kFailed), op.msg_seq, op.nbytes, 0, 0,
+               status ? kReasonNone : kReasonRecvRead, nullptr, 0, done);
 }
 
 void RdmaEndpointImpl::fail_messages(const Status& cause, std::vector<Done>& done) {
@@ -346,7 +386,7 @@ void RdmaEndpointImpl::revoke_remote_access(uint32_t rkey) {
   if (!connected_ || closed_ || lanes_[0].failed || on_own_thread()) return;
   const uint64_t seq = next_revoke_seq_++;
   revokes_waiting_.insert(seq);
-  if (post_control(kRevoke, 0, seq, 0, 0, rkey, nullptr, 0, done)) {
+  if (post_control(kRevoke, 0, seq, 0, 0, rkey, kReasonNone, nullptr, 0, done)) {
     lock.unlock();
     complete_all(done);
     lock.lock();
@@ -372,7 +412,7 @@ void RdmaEndpointImpl::check_revokes(std::vector<Done>& done) {
     answer.push_back(r.seq);
     return true;
   });
-  for (uint64_t seq : answer) post_control(kRevoked, 0, seq, 0, 0, 0, nullptr, 0, done);
+  for (uint64_t seq : answer) post_control(kRevoked, 0, seq, 0, 0, 0, kReasonNone, nullptr, 0, done);
   checking_revokes_ = false;
 }
 
@@ -382,7 +422,7 @@ void RdmaEndpointImpl::say_bye() {
   std::unique_lock lock(mu_);
   if (!connected_ || lanes_[0].failed || peer_closed_) return;
   const uint64_t bye_seq = lanes_[0].next_seq + lanes_[0].waiting.size();
-  if (!post_control(kBye, 0, 0, 0, 0, 0, nullptr, 0, done)) return;
+  if (!post_control(kBye, 0, 0, 0, 0, 0, kReasonNone, nullptr, 0, done)) return;
   lock.unlock();
   complete_all(done);
   // Bounded: the BYE is acknowledged within microseconds by a live peer; a dead one is

@@ -1,10 +1,9 @@
 // Names and provider selection for the verbs seam (verbs.h).
 #include "rdma/verbs.h"
 
-#include <cstdlib>
-#include <cstring>
-
 #include <fmt/format.h>
+
+#include "core/env.h"
 
 namespace dlslime::rdma {
 
@@ -95,10 +94,9 @@ const char* wc_opcode_name(WcOpcode opcode) noexcept {
   return "?";
 }
 
-bool sim_selected() {
-  const char* value = std::getenv("DLSLIME_RDMA_SIM");
-  return value != nullptr && std::strcmp(value, "1") == 0;
-}
+// Strict (core/env.h): "true" or "yes" is an InvalidArgumentError naming the variable, never
+// a silent choice of the real device.
+bool sim_selected() { return env_flag("DLSLIME_RDMA_SIM"); }
 
 Provider& provider() { return sim_selected() ? sim_provider() : ibverbs_provider(); }
 

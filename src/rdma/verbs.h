@@ -250,7 +250,7 @@ class Provider {
 Provider& provider();
 Provider& ibverbs_provider();
 Provider& sim_provider();
-bool sim_selected();  // DLSLIME_RDMA_SIM=1
+bool sim_selected();  // DLSLIME_RDMA_SIM=1; unset, empty or 0: no; anything else throws InvalidArgumentError
 
 // Why there is no device to use, for probes and errors.
 inline constexpr const char* kNoDeviceReason =

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -29,6 +30,7 @@ constexpr auto kDeadline = 10s;
 int status_within(const Future& f, std::chrono::nanoseconds t = kDeadline) { return f.wait_for(t).value_or(-1); }
 using test_support::addr_of;
 using test_support::code;
+using test_support::wait_until;
 std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
   std::vector<uint8_t> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(i * 131 + seed);
@@ -279,6 +281,11 @@ class RdmaSilentPeer : public RdmaEndpointTest {
     h_dst_ = remote("dst");
     silence(*b_);
   }
+  // Two 32 KiB items: a 64 KiB batch, striped one item per QP over num_qp = 2.
+  std::vector<Assignment> both_qps() const {
+    const uint64_t half = src_.size() / 2;
+    return {{h_src_, h_dst_, 0, 0, half}, {h_src_, h_dst_, half, half, half}};
+  }
   std::vector<uint8_t> src_, dst_;
   int32_t h_src_ = -1, h_dst_ = -1;
 };
@@ -511,6 +518,163 @@ TEST_F(RdmaEndpointTest, APeerShutdownFailsPostedRecvsWithPeerClosed) {
   EXPECT_EQ(status_within(rv), code(StatusCode::kPeerClosed)) << rv.message();
   EXPECT_FALSE(a_->is_connected());
   EXPECT_EQ(status_within(a_->send({addr_of(box), 0, 4})), code(StatusCode::kPeerClosed));
+}
+
+// The sender of a message refused by recv(exact_size) learns why, as on TCP: its status
+// names exact_size and both sizes (the reason travels in the receiver's DONE).
+TEST_F(RdmaEndpointTest, AnExactSizeRefusalNamesItsReasonAtTheSender) {
+  make();
+  connect();
+  for (size_t size : {size_t(64), size_t(256) << 10}) {  // eager, rendezvous
+    std::vector<uint8_t> box(size, 0);
+    auto shorter = pattern(size / 2, 3);
+    auto rv = b_->recv({addr_of(box), 0, size}, /*exact_size=*/true);
+    auto sd = a_->send({addr_of(shorter), 0, shorter.size()});
+    EXPECT_EQ(status_within(rv), code(StatusCode::kFailed)) << rv.message();
+    ASSERT_EQ(status_within(sd), code(StatusCode::kFailed)) << sd.message();
+    EXPECT_NE(sd.message().find("exact_size"), std::string::npos) << sd.message();
+    EXPECT_NE(sd.message().find(fmt::format("the message has {} bytes, the buffer {}", size / 2, size)),
+              std::string::npos)
+        << sd.message();
+    // A too-long message: the sender's MESSAGE_TOO_LARGE names the recv buffer's size.
+    auto longer = pattern(size, 4);
+    auto rv2 = b_->recv({addr_of(box), 0, size / 4});
+    auto sd2 = a_->send({addr_of(longer), 0, longer.size()});
+    EXPECT_EQ(status_within(rv2), code(StatusCode::kMessageTooLarge)) << rv2.message();
+    ASSERT_EQ(status_within(sd2), code(StatusCode::kMessageTooLarge)) << sd2.message();
+    EXPECT_NE(sd2.message().find(fmt::format("{}-byte buffer", size / 4)), std::string::npos) << sd2.message();
+    EXPECT_TRUE(a_->is_connected());
+  }
+}
+
+// --- reconnecting after the connection failed ----------------------------------------------
+
+json qp_field(const json& info, const char* key) {
+  json out = json::array();
+  for (const auto& q : info["qp_info"]) out.push_back(q[key]);
+  return out;
+}
+
+// An endpoint whose connection failed connects to a fresh peer, in the conformance suite's
+// order (connect first, then the peer connects to our endpoint_info()), with new QPs, the
+// same rkeys, and every op kind working again.
+void expect_reconnects(RDMAEndpoint& a, const RdmaOptions& options, std::vector<uint8_t>& src, int32_t h_src,
+                       const json& before) {
+  RDMAEndpoint c(options);
+  std::vector<uint8_t> dst(4096, 0);
+  const int32_t c_dst = c.register_memory_region("dst", addr_of(dst), 0, dst.size());
+  a.connect(c.endpoint_info());
+  c.connect(a.endpoint_info());
+  ASSERT_TRUE(a.is_connected());
+  const json after = a.endpoint_info();
+  const json new_qpns = qp_field(after, "qpn");
+  for (const auto& old_qpn : qp_field(before, "qpn")) {
+    EXPECT_EQ(std::count(new_qpns.begin(), new_qpns.end(), old_qpn), 0) << "an old QP was reused: " << after.dump();
+  }
+  EXPECT_EQ(after["mr_info"]["src"]["rkey"], before["mr_info"]["src"]["rkey"]);  // regions stay registered
+  const int32_t h_dst = a.register_remote_memory_region("dst", c.endpoint_info()["mr_info"]["dst"]);
+  auto w = a.write({{h_src, h_dst, 0, 0, dst.size()}});
+  ASSERT_EQ(status_within(w), 0) << w.message();
+  EXPECT_TRUE(std::equal(dst.begin(), dst.end(), src.begin()));
+  // The peer reaches our region by the rkey published before the failure.
+  std::fill(dst.begin(), dst.end(), 0x5a);
+  const int32_t c_src = c.register_remote_memory_region("src", before["mr_info"]["src"]);
+  auto cw = c.write({{c_dst, c_src, 0, 0, 100}});
+  ASSERT_EQ(status_within(cw), 0) << cw.message();
+  EXPECT_TRUE(std::all_of(src.begin(), src.begin() + 100, [](uint8_t v) { return v == 0x5a; }));
+  // Two-sided messages both ways (the eager buffers and credits start afresh), eager and rendezvous.
+  for (size_t len : {size_t(16), size_t(100000)}) {
+    auto msg = pattern(len, 7);
+    std::vector<uint8_t> box(len, 0);
+    auto rv = c.recv({addr_of(box), 0, len});
+    auto sd = a.send({addr_of(msg), 0, len});
+    ASSERT_EQ(status_within(sd), 0) << sd.message();
+    ASSERT_EQ(status_within(rv), 0) << rv.message();
+    EXPECT_EQ(box, msg);
+    std::fill(box.begin(), box.end(), 0);
+    auto rv2 = a.recv({addr_of(box), 0, len});
+    auto sd2 = c.send({addr_of(msg), 0, len});
+    ASSERT_EQ(status_within(sd2), 0) << sd2.message();
+    ASSERT_EQ(status_within(rv2), 0) << rv2.message();
+    EXPECT_EQ(box, msg);
+  }
+  // Healthy again: a second connect is refused.
+  try {
+    a.connect(c.endpoint_info());
+    ADD_FAILURE() << "connect() on a healthy connection accepted";
+  } catch (const ConnectionError& e) {
+    EXPECT_NE(std::string(e.what()).find("already connected"), std::string::npos) << e.what();
+  }
+  c.shutdown();
+}
+
+TEST_F(RdmaEndpointTest, AfterThePeerShutDownTheEndpointConnectsToAFreshPeer) {
+  make();
+  auto src = pattern(4096, 1);
+  const int32_t h_src = a_->register_memory_region("src", addr_of(src), 0, src.size());
+  connect();
+  const json before = a_->endpoint_info();
+  std::vector<uint8_t> box(16, 0);
+  auto rv = a_->recv({addr_of(box), 0, box.size()});
+  b_->shutdown();
+  EXPECT_EQ(status_within(rv), code(StatusCode::kPeerClosed)) << rv.message();
+  ASSERT_TRUE(wait_until([&] { return !a_->is_connected(); }));
+  auto later = a_->write({{h_src, 0, 0, 0, 8}});
+  EXPECT_EQ(status_within(later), code(StatusCode::kPeerClosed)) << later.message();
+  expect_reconnects(*a_, RdmaOptions(), src, h_src, before);
+}
+
+// The peer dies (its QPs stop answering) with writes in flight on both QPs: they fail
+// within the retry bound, and the endpoint's endpoint_info() then names fresh QPs that a
+// new peer connects to (the Python suite's order: endpoint_info() before connect()).
+TEST_F(RdmaSilentPeer, AfterADeadPeerEndpointInfoNamesFreshQpsAndANewPeerConnects) {
+  RdmaOptions o;
+  o.num_qp = 2;
+  o.ack_timeout = 8;  // 1 ms
+  o.retry_cnt = 2;
+  start(o);
+  const json before = a_->endpoint_info();
+  auto f = a_->write(both_qps());
+  EXPECT_EQ(status_within(f, 5s), code(StatusCode::kPeerClosed)) << f.message();
+  ASSERT_TRUE(wait_until([&] { return !a_->is_connected(); }));
+  const json fresh = a_->endpoint_info();
+  EXPECT_NE(qp_field(fresh, "qpn"), qp_field(before, "qpn"));
+  EXPECT_FALSE(a_->is_connected());
+  auto idle = a_->write({{h_src_, h_dst_, 0, 0, 8}});
+  EXPECT_EQ(status_within(idle), code(StatusCode::kNotConnected)) << idle.message();
+  EXPECT_NE(idle.message().find("RETRY_EXC_ERR"), std::string::npos) << idle.message();  // names the old cause
+  RdmaOptions two;
+  two.num_qp = 2;
+  RDMAEndpoint c(two);
+  std::vector<uint8_t> dst(src_.size(), 0);
+  c.register_memory_region("dst", addr_of(dst), 0, dst.size());
+  c.connect(fresh);
+  a_->connect(c.endpoint_info());
+  EXPECT_EQ(qp_field(a_->endpoint_info(), "qpn"), qp_field(fresh, "qpn"));
+  const int32_t h = a_->register_remote_memory_region("dst2", c.endpoint_info()["mr_info"]["dst"]);
+  auto w = a_->write({{h_src_, h, 0, 0, src_.size()}});
+  ASSERT_EQ(status_within(w), 0) << w.message();
+  EXPECT_EQ(dst, src_);
+  c.shutdown();
+}
+
+// One QP fails while the other still has work in flight to a peer that will not answer
+// for seconds: connect() takes that QP down too and waits until its work came back
+// (flushed), so no op of the old connection is pending once the new QPs exist.
+TEST_F(RdmaSilentPeer, ReconnectSettlesWorkStillInFlightOnTheOtherQps) {
+  RdmaOptions o;
+  o.num_qp = 2;
+  o.ack_timeout = 22;  // 17 s per retry: nothing completes unless its QP fails
+  o.op_timeout = 0ms;
+  start(o);
+  const json before = a_->endpoint_info();
+  auto f = a_->write(both_qps());
+  EXPECT_EQ(f.wait_for(20ms), std::nullopt);
+  rdma::sim::fail_qp(a_->qp_nums()[0]);
+  ASSERT_TRUE(wait_until([&] { return !a_->is_connected(); }));
+  expect_reconnects(*a_, o, src_, h_src_, before);
+  ASSERT_TRUE(f.wait_for(0ms).has_value()) << "an op of the old connection was still pending after connect()";
+  EXPECT_EQ(*f.wait_for(0ms), code(StatusCode::kFailed)) << f.message();
 }
 
 }  // namespace

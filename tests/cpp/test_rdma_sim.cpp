@@ -196,6 +196,30 @@ TEST_F(RdmaSim, SelectedOnlyByTheVariableAndIsTheOnlyDevice) {
   EXPECT_STREQ(provider().name(), "ibverbs");
 }
 
+// A typo never silently selects the real device: anything but unset, empty, 0 or 1 is an
+// InvalidArgumentError naming the variable, from the provider and from the transport probe.
+TEST_F(RdmaSim, AValueOtherThanZeroOrOneIsAClearErrorNotTheRealDevice) {
+  ::setenv("DLSLIME_RDMA_SIM", "", 1);
+  EXPECT_STREQ(provider().name(), "ibverbs");
+  for (const char* bad : {"true", "yes", "2", " 1"}) {
+    ::setenv("DLSLIME_RDMA_SIM", bad, 1);
+    try {
+      provider();
+      ADD_FAILURE() << "DLSLIME_RDMA_SIM='" << bad << "' was accepted";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("DLSLIME_RDMA_SIM"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(make_endpoint("rdma", nlohmann::json::object()), InvalidArgumentError);
+    const auto all = available_transports();
+    auto rdma = std::find_if(all.begin(), all.end(), [](const TransportInfo& t) { return t.name == "rdma"; });
+    ASSERT_NE(rdma, all.end());
+    EXPECT_FALSE(rdma->available);
+    EXPECT_NE(rdma->reason.find("DLSLIME_RDMA_SIM"), std::string::npos) << rdma->reason;
+  }
+  ::setenv("DLSLIME_RDMA_SIM", "1", 1);
+  EXPECT_STREQ(provider().name(), "sim");
+}
+
 TEST_F(RdmaSim, PortIsActiveRoceWithAnIpv4MappedLoopbackGid) {
   auto ctx = provider().open("sim_rdma0");
   PortAttr port = ctx->query_port(1);
