@@ -73,6 +73,13 @@ struct DLSLIME_API NamedAssignment {
   uint64_t length = 0;
 };
 
+// Selects one of several connections to a peer by the NIC pair it is on (upstream DLSlime's
+// local_nic/remote_nic): the RDMA device on this side and on the peer's. Empty: any.
+struct DLSLIME_API ConnectionFilter {
+  std::string local_nic;
+  std::string remote_nic;
+};
+
 class PeerConnectionState;
 
 // A handle to this agent's connection to one peer.
@@ -96,7 +103,8 @@ class DLSLIME_API PeerConnection {
   // What was chosen and why, e.g. "rdma: both agents serve RoCE ports (sim_rdma0 -> sim_rdma0)"
   // or "tcp: the peer agent 'b' publishes no RDMA device"; empty while undecided.
   std::string selection_reason() const;
-  // The RDMA devices of this side and of the peer ("" for TCP, or before they are known).
+  // The RDMA devices of this side and of the peer ("" for TCP). Before the handshake the
+  // peer's is the requested peer_device ("" when none was asked for).
   std::string local_nic() const;
   std::string remote_nic() const;
   // The underlying endpoint (a TcpEndpoint for transport "tcp", an RDMAEndpoint for "rdma";
@@ -137,12 +145,18 @@ class DLSLIME_API PeerAgent {
   // Starts connecting to `peer_alias` and returns at once; wait on the connection. A peer
   // that has not registered yet is connected as soon as it does (agents of one job start
   // concurrently); wait() says so if it never does. Calling it again returns the existing
-  // connection while it is alive. Throws InvalidArgumentError for a bad alias or an unknown
+  // connection on the same NIC pair (and transport) while it is alive; another NIC pair
+  // (local_device/peer_device) makes another connection to the same peer. Throws InvalidArgumentError for a bad alias or an unknown
   // transport (naming the known ones), NotImplementedError for a transport that is not
   // available here (saying why). A peer that does not serve the transport fails the
   // connection (wait() raises ConnectionError naming the ones it serves).
   PeerConnection connect_to(const std::string& peer_alias, const ConnectOptions& options = {});
-  std::optional<PeerConnection> connection(const std::string& peer_alias) const;
+  // The connection to `peer_alias` on the NICs `on` selects; nullopt if none. Several
+  // matching (connections on different NIC pairs, and no filter to tell them apart) throw
+  // InvalidArgumentError naming each one's NICs: the caller says which.
+  std::optional<PeerConnection> connection(const std::string& peer_alias, const ConnectionFilter& on = {}) const;
+  // Every connection to `peer_alias`, in the order they were made.
+  std::vector<PeerConnection> connections(const std::string& peer_alias) const;
   std::vector<std::string> peers() const;
   // The aliases of the agents registered with NanoCtrl in this scope (this one too), sorted.
   std::vector<std::string> list_agents() const;
@@ -156,16 +170,21 @@ class DLSLIME_API PeerAgent {
   // Resolves every region the peer has published for this connection again (NanoCtrl's
   // records), replacing the cached handles; returns their names. Throws like I/O does when
   // there is no connection.
-  std::vector<std::string> sync_memory_regions(const std::string& peer);
+  std::vector<std::string> sync_memory_regions(const std::string& peer, const ConnectionFilter& on = {});
 
-  Future send(const std::string& peer, const Chunk& chunk);
-  Future recv(const std::string& peer, const Chunk& chunk);
-  Future read(const std::string& peer, std::vector<Assignment> assignments);
-  Future write(const std::string& peer, std::vector<Assignment> assignments);
-  Future read(const std::string& peer, const std::vector<NamedAssignment>& assignments);
-  Future write(const std::string& peer, const std::vector<NamedAssignment>& assignments);
-  Future write_with_imm(const std::string& peer, std::vector<Assignment> assignments, uint32_t imm_data = 0);
-  Future imm_recv(const std::string& peer);
+  // I/O on the connection to `peer` that `on` selects, as connection() does: none throws
+  // ConnectionError, several InvalidArgumentError naming their NICs.
+  Future send(const std::string& peer, const Chunk& chunk, const ConnectionFilter& on = {});
+  Future recv(const std::string& peer, const Chunk& chunk, const ConnectionFilter& on = {});
+  Future read(const std::string& peer, std::vector<Assignment> assignments, const ConnectionFilter& on = {});
+  Future write(const std::string& peer, std::vector<Assignment> assignments, const ConnectionFilter& on = {});
+  Future read(const std::string& peer, const std::vector<NamedAssignment>& assignments,
+              const ConnectionFilter& on = {});
+  Future write(const std::string& peer, const std::vector<NamedAssignment>& assignments,
+               const ConnectionFilter& on = {});
+  Future write_with_imm(const std::string& peer, std::vector<Assignment> assignments, uint32_t imm_data = 0,
+                        const ConnectionFilter& on = {});
+  Future imm_recv(const std::string& peer, const ConnectionFilter& on = {});
 
   // Removes the agent's records from NanoCtrl (its peers are notified) and shuts down every
   // connection; peers' pending futures on them fail promptly. Idempotent.

@@ -87,6 +87,12 @@ class PeerConnectionState {
   bool auth_failed = false;     // failed because the tokens differ (wait() raises AuthenticationError)
   json peer_info;               // the peer's endpoint_info, once known (never parsed here)
   std::string peer_incarnation;  // the peer endpoint's incarnation; "" until its first message
+  // The NIC pair the connection is on (the devices endpoint_info() names; "" for a transport
+  // without devices, or not known yet): local_nic once the endpoint is made, remote_nic the
+  // requested peer_device until the peer's endpoint_info names its device. Several
+  // connections to one peer are told apart by it.
+  std::string local_nic;
+  std::string remote_nic;
   bool info_sent = false;       // our endpoint_info was posted to the peer (it had registered)
   bool dialing = false;         // endpoint->connect() runs on a handshake thread
   std::chrono::steady_clock::time_point last_post;  // when, for re-posting
@@ -123,6 +129,19 @@ class PeerConnectionState {
   // Shuts the endpoint down, if one was made.
   void shutdown_endpoint() const {
     if (auto e = ep()) e->shutdown();
+  }
+  // Whether this connection can be the one on NICs (local, remote): "" on either side of a
+  // comparison is "any" (not asked for, or not known yet). For matching handshakes and
+  // connect_to() calls to a connection; I/O filters use on_nics().
+  bool could_be_on(const std::string& local, const std::string& remote) const {
+    std::lock_guard lock(mu);
+    return (local.empty() || local_nic.empty() || local == local_nic) &&
+           (remote.empty() || remote_nic.empty() || remote == remote_nic);
+  }
+  // Whether it is on those NICs ("" in the filter: any), as the I/O filters select.
+  bool on_nics(const std::string& local, const std::string& remote) const {
+    std::lock_guard lock(mu);
+    return (local.empty() || local == local_nic) && (remote.empty() || remote == remote_nic);
   }
 };
 
@@ -174,22 +193,22 @@ std::string PeerConnection::selection_reason() const {
 
 namespace {
 
-// The "device" of an RDMA endpoint_info ("" for other transports' infos).
+// The "device" an endpoint_info names (RDMA's; "" for a transport without devices).
 std::string device_of(const json& info) {
-  if (!info.is_object() || info.value("transport", "") != "rdma") return "";
+  if (!info.is_object()) return "";
   return info.contains("device") && info["device"].is_string() ? info["device"].get<std::string>() : "";
 }
 
 }  // namespace
 
 std::string PeerConnection::local_nic() const {
-  auto e = state_->ep();
-  return e ? device_of(e->endpoint_info()) : "";
+  std::lock_guard lock(state_->mu);
+  return state_->local_nic;
 }
 
 std::string PeerConnection::remote_nic() const {
   std::lock_guard lock(state_->mu);
-  return device_of(state_->peer_info);
+  return state_->remote_nic;
 }
 
 json PeerConnection::peer_endpoint_info() const {
@@ -265,16 +284,21 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   void start();
   void shutdown();
   PeerConnection connect_to(const std::string& peer, const ConnectOptions& options);
-  std::shared_ptr<PeerConnectionState> find(const std::string& peer) const;
-  std::shared_ptr<Endpoint> endpoint_for_io(const std::string& peer);
+  // The connections to `peer`, in the order they were made.
+  std::vector<std::shared_ptr<PeerConnectionState>> connections_to(const std::string& peer) const;
+  // The one `on` selects; null for none; InvalidArgumentError naming them for several.
+  std::shared_ptr<PeerConnectionState> select(const std::string& peer, const ConnectionFilter& on) const;
+  std::shared_ptr<Endpoint> endpoint_for_io(const std::string& peer, const ConnectionFilter& on);
   // read/write by region names: resolves and submits on one lookup of the connection.
-  Future named_op(const std::string& peer, const std::vector<NamedAssignment>& named, OpKind kind);
+  Future named_op(const std::string& peer, const std::vector<NamedAssignment>& named, OpKind kind,
+                  const ConnectionFilter& on);
   int32_t register_region(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length);
   void unregister_region(const std::string& name);
   std::vector<std::string> peers() const;
   std::vector<std::string> sync_regions(const std::shared_ptr<PeerConnectionState>& c);
-  // The connection to `peer` if it can take ops (connected), else the error numeric I/O raises.
-  std::shared_ptr<PeerConnectionState> connected(const std::string& peer) const;
+  // The connection to `peer` that `on` selects if it can take ops (connected), else the
+  // error I/O raises.
+  std::shared_ptr<PeerConnectionState> connected(const std::string& peer, const ConnectionFilter& on) const;
   std::vector<std::string> local_region_names() const;
   // Set once by start(), before any thread of the agent runs; never changed after.
   const std::string& alias() const { return alias_; }
@@ -329,6 +353,13 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   json region_record(const std::string& name) const;
   // The handle of the peer's region `name` in `c`'s endpoint (cached unless `fresh`).
   int32_t remote_handle(const std::shared_ptr<PeerConnectionState>& c, const std::string& name, bool fresh);
+  // The connection a peer's connect message belongs to: the one it answers (to_incarnation),
+  // the one with its incarnation, else one of its transport on a NIC pair it can be on
+  // (unpaired first). Null when none; `mu_` held.
+  std::shared_ptr<PeerConnectionState> match_locked(const std::string& peer, const std::string& transport,
+                                                    const json& msg, const std::string& local,
+                                                    const std::string& remote) const;
+  void erase_locked(const std::shared_ptr<PeerConnectionState>& c);
   // Forgets a connection a peer's message made (map entry and endpoint).
   void drop_passive(const std::shared_ptr<PeerConnectionState>& c, const std::string& why);
   // Runs the handshake's endpoint->connect() on a handshake thread.
@@ -378,7 +409,8 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   const std::string instance_ = random_id();
   std::chrono::milliseconds heartbeat_interval_{15000};
   mutable std::mutex mu_;
-  std::map<std::string, std::shared_ptr<PeerConnectionState>> conns_;
+  // peer alias -> its connections (several on different NIC pairs), in the order made.
+  std::multimap<std::string, std::shared_ptr<PeerConnectionState>> conns_;
   // Endpoints of connections closed by a peer's cleanup, until shut_down_retired().
   std::vector<std::pair<std::shared_ptr<Endpoint>, std::chrono::steady_clock::time_point>> retired_;  // mu_
   uint64_t next_conn_ = 0;
@@ -412,21 +444,12 @@ std::string local_address(const TcpOptions& tcp) {
   return "127.0.0.1";
 }
 
-// Each RDMA device's port 1 (the port a passive side uses) as transport="auto" compares
-// them: [{"device", "ib_port", "link_layer"}], probed by opening an endpoint on it. A device
-// whose port is down or unusable is left out: auto must not pick what cannot connect.
-json rdma_ports(const std::vector<std::string>& devices) {
+// Every active RDMA port here, as transport="auto" compares them: [{"device", "ib_port",
+// "link_layer"}], from the registry's port listing (the device layer; no endpoint is made).
+json rdma_ports() {
   json out = json::array();
-  for (const auto& d : devices) {
-    try {
-      auto ep = TransportRegistry::instance().make("rdma", {{"device_name", d}}, std::make_shared<MemoryRegistry>());
-      const json info = ep->endpoint_info();
-      ep->shutdown();
-      out.push_back({{"device", d}, {"ib_port", info.at("ib_port")}, {"link_layer", info.at("link_layer")}});
-    } catch (const std::exception& e) {
-      DLSLIME_INFO("PeerAgent: RDMA device {} is not usable, so not published for transport=\"auto\": {}", d,
-                   e.what());
-    }
+  for (const auto& p : TransportRegistry::instance().ports("rdma")) {
+    out.push_back({{"device", p.device}, {"ib_port", p.port}, {"link_layer", p.link_layer}});
   }
   return out;
 }
@@ -438,7 +461,7 @@ json available_here() {
   for (const auto& t : TransportRegistry::instance().list()) {
     if (!t.available) continue;
     json entry = {{"name", t.name}, {"devices", t.devices}};
-    if (t.name == "rdma") entry["ports"] = rdma_ports(t.devices);
+    if (t.name == "rdma") entry["ports"] = rdma_ports();
     out.push_back(std::move(entry));
   }
   return out;
@@ -494,12 +517,20 @@ Choice choose_auto(const json& served, const std::string& served_reason, const j
   }
   std::vector<json> remote;
   for (const auto& p : rdma_ports_of(meta["transports"])) {
-    if (o.peer_device.empty() || p.value("device", "") == o.peer_device) remote.push_back(p);
+    // ib_port is both sides' (as upstream DLSlime's): the passive side opens that port too.
+    if ((o.peer_device.empty() || p.value("device", "") == o.peer_device) && p.value("ib_port", 0) == o.ib_port) {
+      remote.push_back(p);
+    }
   }
   if (remote.empty()) {
-    c.reason = o.peer_device.empty()
-                   ? fmt::format("tcp: the peer agent '{}' publishes no RDMA device", peer)
-                   : fmt::format("tcp: the peer agent '{}' publishes no RDMA device '{}'", peer, o.peer_device);
+    if (rdma_ports_of(meta["transports"]).empty()) {
+      c.reason = fmt::format("tcp: the peer agent '{}' publishes no RDMA device", peer);
+    } else {
+      c.reason = o.peer_device.empty()
+                     ? fmt::format("tcp: the peer agent '{}' publishes no RDMA port {}", peer, o.ib_port)
+                     : fmt::format("tcp: the peer agent '{}' publishes no RDMA device '{}' port {}", peer,
+                                   o.peer_device, o.ib_port);
+    }
     return c;
   }
   for (const auto& l : local) {
@@ -706,32 +737,27 @@ void PeerAgentImpl::on_message(const json& envelope) {
   const std::string type = msg.at("type").get<std::string>();
   if (type == "cleanup") {
     const std::string peer = msg.at("peer").get<std::string>();
-    std::shared_ptr<PeerConnectionState> c;
-    std::string instance;
-    {
-      std::lock_guard lock(mu_);
-      auto it = conns_.find(peer);
-      if (it == conns_.end()) return;
-      c = it->second;
-    }
-    {
-      std::lock_guard clock(c->mu);
-      instance = c->peer_instance;
-    }
-    // A cleanup that reaches us late (the alias is registered again by a new agent, and
-    // this connection is to that agent or still waiting for it) is about the old agent.
+    const auto conns = connections_to(peer);
+    if (conns.empty()) return;
     const std::string now = registered_instance(peer);
-    if (!now.empty() && (instance.empty() || instance == now)) {
-      DLSLIME_DEBUG("PeerAgent '{}': ignoring a late cleanup of an earlier '{}'", alias_, peer);
-      return;
+    for (const auto& c : conns) {
+      std::string instance;
+      {
+        std::lock_guard clock(c->mu);
+        instance = c->peer_instance;
+      }
+      // A cleanup that reaches us late (the alias is registered again by a new agent, and
+      // this connection is to that agent or still waiting for it) is about the old agent.
+      if (!now.empty() && (instance.empty() || instance == now)) {
+        DLSLIME_DEBUG("PeerAgent '{}': ignoring a late cleanup of an earlier '{}' ({})", alias_, peer, c->conn_id);
+        continue;
+      }
+      {
+        std::lock_guard lock(mu_);
+        erase_locked(c);
+      }
+      retire_after_peer_loss(c, "the peer agent '" + peer + "' shut down");
     }
-    {
-      std::lock_guard lock(mu_);
-      auto it = conns_.find(peer);
-      if (it == conns_.end() || it->second != c) return;
-      conns_.erase(it);
-    }
-    retire_after_peer_loss(c, "the peer agent '" + peer + "' shut down");
     return;
   }
   if (type == "connect_peer") return;  // desired-topology intent; connect_to drives connections
@@ -780,31 +806,34 @@ void PeerAgentImpl::on_message(const json& envelope) {
   bool send_info = false;
   bool duplicate = false;
   const bool peer_has_ours = msg.value("have_peer_info", false);
+  // The NIC pair the message is for: the sender's device, and the one it asks us to use
+  // (RDMA's peer_device; "" when it leaves that to us).
+  const std::string sender_nic = device_of(info);
+  const std::string wanted_nic =
+      peer_options.contains("device") && peer_options["device"].is_string() ? peer_options["device"].get<std::string>() : "";
   {
     std::lock_guard lock(mu_);
-    auto it = conns_.find(from);
-    if (it != conns_.end()) {
-      std::lock_guard clock(it->second->mu);
-      const bool same_endpoint = it->second->peer_incarnation == peer_incarnation;
-      const bool new_incarnation = !it->second->peer_incarnation.empty() && !same_endpoint;
-      const bool dead = it->second->state == "failed" || it->second->state == "closed" ||
-                        (it->second->state == "connected" &&
-                         !(it->second->endpoint && it->second->endpoint->is_connected()));
+    if (auto found = match_locked(from, transport, msg, wanted_nic, sender_nic)) {
+      std::lock_guard clock(found->mu);
+      const bool same_endpoint = found->peer_incarnation == peer_incarnation;
+      const bool new_incarnation = !found->peer_incarnation.empty() && !same_endpoint;
+      const bool dead = found->state == "failed" || found->state == "closed" ||
+                        (found->state == "connected" && !(found->endpoint && found->endpoint->is_connected()));
       // A repeat from the endpoint a finished handshake was with (it crossed our answer in
       // the mailbox) is not a reconnect, even when that handshake failed (e.g. the tokens
       // differ): replacing would retry it forever and lose the reason.
       if (new_incarnation || (dead && !same_endpoint)) {
-        stale = it->second;
-        conns_.erase(it);
-      } else if (same_endpoint && it->second->state != "connecting") {
+        stale = found;
+      } else if (same_endpoint && found->state != "connecting") {
         // A repeat of a handshake that already finished here; the peer may still lack
         // our info (our post was lost), so answer it once more.
-        c = it->second;
+        c = found;
         duplicate = true;
       } else {
-        c = it->second;
+        c = found;
       }
     }
+    if (stale) erase_locked(stale);
   }
   if (duplicate) {
     if (!peer_has_ours) post_info(c);
@@ -831,8 +860,9 @@ void PeerAgentImpl::on_message(const json& envelope) {
     {
       std::lock_guard lock(mu_);
       if (!stopping_) {
-        auto [it, inserted] = conns_.emplace(from, made);
-        c = it->second;  // not inserted: connect_to() raced us
+        // connect_to() may have made this connection meanwhile: use that one.
+        c = match_locked(from, transport, msg, wanted_nic, sender_nic);
+        if (!c) c = conns_.emplace(from, made)->second;
       }
     }
     if (c != made) made->shutdown_endpoint();
@@ -861,6 +891,7 @@ void PeerAgentImpl::on_message(const json& envelope) {
     c->peer_info = info;
     c->peer_incarnation = peer_incarnation;
     c->peer_instance = instance;
+    c->remote_nic = sender_nic;
     send_info = !c->info_sent || !peer_has_ours;
     c->info_sent = true;
     // A repeat that arrives while the first one's dial runs changes nothing.
@@ -880,10 +911,47 @@ void PeerAgentImpl::on_message(const json& envelope) {
   if (dial_now) start_dial(c, info);
 }
 
+std::shared_ptr<PeerConnectionState> PeerAgentImpl::match_locked(const std::string& peer, const std::string& transport,
+                                                                  const json& msg, const std::string& local,
+                                                                  const std::string& remote) const {
+  const auto [first, last] = conns_.equal_range(peer);
+  const std::string to_incarnation = msg.value("to_incarnation", "");
+  const std::string incarnation = msg.value("incarnation", "");
+  std::shared_ptr<PeerConnectionState> unpaired, paired;
+  for (auto it = first; it != last; ++it) {
+    const auto& c = it->second;
+    if (!to_incarnation.empty() && c->incarnation == to_incarnation) return c;  // it answers this one
+    std::lock_guard clock(c->mu);
+    if (c->peer_incarnation == incarnation) return c;  // a repeat
+  }
+  for (auto it = first; it != last; ++it) {
+    const auto& c = it->second;
+    const std::string t = c->transport_name();
+    if (t != transport && t != "auto") continue;
+    if (!c->could_be_on(local, remote)) continue;
+    std::lock_guard clock(c->mu);
+    if (c->peer_incarnation.empty()) {
+      if (!unpaired) unpaired = c;
+    } else if (!paired) {
+      paired = c;
+    }
+  }
+  return unpaired ? unpaired : paired;
+}
+
+void PeerAgentImpl::erase_locked(const std::shared_ptr<PeerConnectionState>& c) {
+  for (auto [it, last] = conns_.equal_range(c->peer_alias); it != last; ++it) {
+    if (it->second == c) {
+      conns_.erase(it);
+      return;
+    }
+  }
+}
+
 void PeerAgentImpl::drop_passive(const std::shared_ptr<PeerConnectionState>& c, const std::string& why) {
   {
     std::lock_guard lock(mu_);
-    if (auto it = conns_.find(c->peer_alias); it != conns_.end() && it->second == c) conns_.erase(it);
+    erase_locked(c);
   }
   c->shutdown_endpoint();
   c->finish("failed", why);
@@ -921,7 +989,9 @@ json PeerAgentImpl::options_for_peer(const std::string& transport, const Connect
   // The connection's shape, chosen by the side that called connect_to. Everything else
   // (timeouts, buffers, the token, the bind address) stays each agent's own.
   if (transport == "tcp") return {{"lanes", options.tcp.lanes}, {"chunk_size", options.tcp.chunk_size}};
-  if (transport == "rdma") return {{"qp_num", o.rdma.qp_num}, {"device", o.rdma.peer_device}};
+  if (transport == "rdma") {
+    return {{"qp_num", o.rdma.qp_num}, {"device", o.rdma.peer_device}, {"ib_port", o.rdma.ib_port}};
+  }
   return json::object();
 }
 
@@ -932,6 +1002,7 @@ json PeerAgentImpl::passive_options(const std::string& transport, const json& fr
     // by RdmaOptions (InvalidArgumentError).
     ConnectOptions o;
     if (from_peer.contains("qp_num")) o.rdma.qp_num = from_peer["qp_num"].get<int>();
+    if (from_peer.contains("ib_port")) o.rdma.ib_port = from_peer["ib_port"].get<int>();
     if (from_peer.contains("device")) o.rdma.local_device = from_peer["device"].get<std::string>();
     return own_options(transport, o);
   }
@@ -988,12 +1059,15 @@ std::shared_ptr<PeerConnectionState> PeerAgentImpl::make_connection(const std::s
   const std::string& t = requested.transport;
   const json endpoint_options = passive ? passive_options(t, passive_from) : own_options(t, requested);
   auto ep = make_endpoint(t, endpoint_options);
+  const std::string nic = device_of(ep->endpoint_info());
   std::lock_guard lock(c->mu);
   c->transport = t;
   c->selection_reason = passive ? fmt::format("{}: the peer agent '{}' connected over it", t, peer)
                                 : fmt::format("{}: requested", t);
   c->peer_options = options_for_peer(t, requested);
   c->endpoint = std::move(ep);
+  c->local_nic = nic;
+  if (t == "rdma" && !passive) c->remote_nic = requested.rdma.peer_device;
   return c;
 }
 
@@ -1020,6 +1094,7 @@ bool PeerAgentImpl::decide(const std::shared_ptr<PeerConnectionState>& c, const 
     c->finish("failed", fmt::format("{}; but making its endpoint failed: {}", choice.reason, e.what()));
     return false;
   }
+  const std::string nic = device_of(ep->endpoint_info());
   {
     std::lock_guard lock(c->mu);
     if (!c->endpoint && c->state == "connecting") {
@@ -1027,6 +1102,8 @@ bool PeerAgentImpl::decide(const std::shared_ptr<PeerConnectionState>& c, const 
       c->selection_reason = choice.reason;
       c->peer_options = options_for_peer(o.transport, o);
       c->endpoint = ep;
+      c->local_nic = nic;
+      if (o.transport == "rdma" && c->remote_nic.empty() && peer_transport.empty()) c->remote_nic = o.rdma.peer_device;
       ep.reset();
     }
   }
@@ -1040,12 +1117,13 @@ bool PeerAgentImpl::decide(const std::shared_ptr<PeerConnectionState>& c, const 
 
 void PeerAgentImpl::post_info(const std::shared_ptr<PeerConnectionState>& c) {
   bool have_peer_info = false;
-  std::string to_instance, transport;
+  std::string to_instance, transport, to_incarnation;
   json peer_options;
   std::shared_ptr<Endpoint> ep;
   {
     std::lock_guard lock(c->mu);
     have_peer_info = !c->peer_info.is_null();
+    to_incarnation = c->peer_incarnation;
     to_instance = c->peer_instance;
     c->last_post = std::chrono::steady_clock::now();
     transport = c->transport;
@@ -1062,6 +1140,7 @@ void PeerAgentImpl::post_info(const std::shared_ptr<PeerConnectionState>& c) {
                     {"have_peer_info", have_peer_info},
                     {"instance", instance_},
                     {"to_instance", to_instance},
+                    {"to_incarnation", to_incarnation},
                     {"endpoint_info", ep->endpoint_info()}};
   ctrl.post(c->peer_alias, msg, alias_);
 }
@@ -1148,18 +1227,31 @@ PeerConnection PeerAgentImpl::connect_to(const std::string& peer, const ConnectO
       throw InvalidArgumentError(fmt::format("{} (or \"auto\")", e.what()));
     }
   }
-  std::shared_ptr<PeerConnectionState> stale;
+  // The NIC pair asked for ("" = any): a live connection on it (and of this transport) is
+  // returned; another pair makes another connection to the same peer.
+  const std::string want_local = o.rdma.local_device.empty() ? options.device : o.rdma.local_device;
+  const std::string& want_remote = o.rdma.peer_device;
+  auto same_link = [&](const std::shared_ptr<PeerConnectionState>& c) {
+    const std::string t = c->transport_name();
+    const bool transport_ok = o.transport == "auto" || t == "auto" || t == o.transport;
+    // A connection whose transport names no devices (TCP) matches any: one per peer.
+    return transport_ok && c->could_be_on(want_local, want_remote);
+  };
+  std::vector<std::shared_ptr<PeerConnectionState>> stale;
   {
     std::lock_guard lock(mu_);
-    auto it = conns_.find(peer);
-    if (it != conns_.end()) {
+    for (auto [it, last] = conns_.equal_range(peer); it != last;) {
+      if (!same_link(it->second)) {
+        ++it;
+        continue;
+      }
       // A handshake that failed on the token cannot succeed on a retry: keep its reason.
       if (it->second->alive() || it->second->failed_on_auth()) return PeerConnection(it->second);
-      stale = it->second;
-      conns_.erase(it);
+      stale.push_back(it->second);
+      it = conns_.erase(it);
     }
   }
-  if (stale) retire(stale, "replaced by a new connect_to()");
+  for (const auto& c : stale) retire(c, "replaced by a new connect_to()");
   // The peer's record, if it has registered: "auto" chooses from it. Agents of one job start
   // concurrently: a peer that has not registered yet gets our endpoint_info as soon as it
   // does (post_pending, from the mailbox thread), and "auto" chooses then.
@@ -1167,18 +1259,22 @@ PeerConnection PeerAgentImpl::connect_to(const std::string& peer, const ConnectO
   auto c = make_connection(peer, o, record, /*passive=*/false);
   {
     std::lock_guard lock(mu_);
-    auto [it, inserted] = conns_.emplace(peer, c);
-    if (!inserted) {
+    for (auto [it, last] = conns_.equal_range(peer); it != last; ++it) {
       // The peer's handshake arrived meanwhile and made the connection: use that one.
-      c->shutdown_endpoint();
-      return PeerConnection(it->second);
+      if (same_link(it->second) && it->second->alive()) {
+        c->shutdown_endpoint();
+        return PeerConnection(it->second);
+      }
     }
+    conns_.emplace(peer, c);
   }
   try {
     if (record) claim_and_post(c, *record);
   } catch (...) {
-    std::lock_guard lock(mu_);
-    conns_.erase(peer);
+    {
+      std::lock_guard lock(mu_);
+      erase_locked(c);
+    }
     c->shutdown_endpoint();
     throw;
   }
@@ -1251,22 +1347,63 @@ bool PeerAgentImpl::post_pending() {
   return false;
 }
 
-std::shared_ptr<PeerConnectionState> PeerAgentImpl::find(const std::string& peer) const {
+std::vector<std::shared_ptr<PeerConnectionState>> PeerAgentImpl::connections_to(const std::string& peer) const {
   std::lock_guard lock(mu_);
-  auto it = conns_.find(peer);
-  return it == conns_.end() ? nullptr : it->second;
+  std::vector<std::shared_ptr<PeerConnectionState>> out;
+  for (auto [it, last] = conns_.equal_range(peer); it != last; ++it) out.push_back(it->second);
+  return out;
+}
+
+namespace {
+
+std::string nic_label(const std::string& nic) { return nic.empty() ? "None" : "'" + nic + "'"; }
+
+}  // namespace
+
+std::shared_ptr<PeerConnectionState> PeerAgentImpl::select(const std::string& peer, const ConnectionFilter& on) const {
+  std::vector<std::shared_ptr<PeerConnectionState>> found;
+  for (auto& c : connections_to(peer)) {
+    if (c->on_nics(on.local_nic, on.remote_nic)) found.push_back(std::move(c));
+  }
+  if (found.size() <= 1) return found.empty() ? nullptr : found.front();
+  // Several NIC pairs and nothing to choose between them: a silent pick could move the
+  // bytes over a NIC the caller did not mean (or one whose peer region is another's).
+  std::vector<std::string> choices;
+  for (const auto& c : found) {
+    std::lock_guard lock(c->mu);
+    choices.push_back(fmt::format("local_nic={} remote_nic={} ({}, {})", nic_label(c->local_nic),
+                                  nic_label(c->remote_nic), c->transport, c->conn_id));
+  }
+  throw InvalidArgumentError(fmt::format("{} connections to '{}' match; pass local_nic=/remote_nic= to choose one: {}",
+                                         found.size(), peer, fmt::join(choices, "; ")));
 }
 
 std::vector<std::string> PeerAgentImpl::peers() const {
   std::lock_guard lock(mu_);
   std::vector<std::string> out;
-  for (const auto& [name, c] : conns_) out.push_back(name);
+  for (const auto& [name, c] : conns_) {
+    if (out.empty() || out.back() != name) out.push_back(name);
+  }
   return out;
 }
 
-std::shared_ptr<PeerConnectionState> PeerAgentImpl::connected(const std::string& peer) const {
-  auto c = find(peer);
+std::shared_ptr<PeerConnectionState> PeerAgentImpl::connected(const std::string& peer, const ConnectionFilter& on) const {
+  auto c = select(peer, on);
   if (!c) {
+    if (!on.local_nic.empty() || !on.remote_nic.empty()) {
+      std::vector<std::string> have;
+      for (const auto& other : connections_to(peer)) {
+        std::lock_guard lock(other->mu);
+        have.push_back(fmt::format("local_nic={} remote_nic={}", nic_label(other->local_nic), nic_label(other->remote_nic)));
+      }
+      if (!have.empty()) {
+        throw ConnectionError(fmt::format("no connection to '{}' on local_nic={} remote_nic={} (its connections: {})",
+                                          peer, on.local_nic.empty() ? "any" : nic_label(on.local_nic),
+                                          on.remote_nic.empty() ? "any" : nic_label(on.remote_nic),
+                                          fmt::join(have, "; ")),
+                              StatusCode::kNotConnected);
+      }
+    }
     throw ConnectionError(
         fmt::format("no connection to '{}'; call connect_to(\"{}\", transport=\"tcp\") first", peer, peer),
         StatusCode::kNotConnected);
@@ -1280,8 +1417,8 @@ std::shared_ptr<PeerConnectionState> PeerAgentImpl::connected(const std::string&
   return c;
 }
 
-std::shared_ptr<Endpoint> PeerAgentImpl::endpoint_for_io(const std::string& peer) {
-  return connected(peer)->ep();
+std::shared_ptr<Endpoint> PeerAgentImpl::endpoint_for_io(const std::string& peer, const ConnectionFilter& on) {
+  return connected(peer, on)->ep();
 }
 
 int32_t PeerAgentImpl::remote_handle(const std::shared_ptr<PeerConnectionState>& c, const std::string& name,
@@ -1384,10 +1521,11 @@ Future submit_named(Endpoint& ep, std::vector<Assignment> resolved, OpKind kind)
 
 }  // namespace
 
-Future PeerAgentImpl::named_op(const std::string& peer, const std::vector<NamedAssignment>& named, OpKind kind) {
+Future PeerAgentImpl::named_op(const std::string& peer, const std::vector<NamedAssignment>& named, OpKind kind,
+                               const ConnectionFilter& on) {
   // One lookup: the handles are resolved in this connection's remote table, so they must
   // be submitted on this connection's endpoint, even if a reconnect replaces it meanwhile.
-  auto c = connected(peer);
+  auto c = connected(peer, on);
   Future first = submit_named(*c->ep(), resolve(c, named, /*fresh=*/false), kind);
   // An unknown handle means the peer registered a name again (a new buffer, a new handle)
   // since we cached it: resolve once more from NanoCtrl and retry once, off the I/O thread
@@ -1472,7 +1610,7 @@ void PeerAgentImpl::shutdown() {
   // The heartbeat thread first: one still running could register us again after cleanup.
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
   auto retire_all = [this] {
-    std::map<std::string, std::shared_ptr<PeerConnectionState>> conns;
+    std::multimap<std::string, std::shared_ptr<PeerConnectionState>> conns;
     {
       std::lock_guard lock(mu_);
       conns.swap(conns_);
@@ -1524,10 +1662,16 @@ PeerConnection PeerAgent::connect_to(const std::string& peer_alias, const Connec
   return impl_->connect_to(peer_alias, options);
 }
 
-std::optional<PeerConnection> PeerAgent::connection(const std::string& peer_alias) const {
-  auto c = impl_->find(peer_alias);
+std::optional<PeerConnection> PeerAgent::connection(const std::string& peer_alias, const ConnectionFilter& on) const {
+  auto c = impl_->select(peer_alias, on);
   if (!c) return std::nullopt;
   return PeerConnection(c);
+}
+
+std::vector<PeerConnection> PeerAgent::connections(const std::string& peer_alias) const {
+  std::vector<PeerConnection> out;
+  for (auto& c : impl_->connections_to(peer_alias)) out.emplace_back(std::move(c));
+  return out;
 }
 
 std::vector<std::string> PeerAgent::peers() const { return impl_->peers(); }
@@ -1557,34 +1701,44 @@ std::optional<nlohmann::json> PeerAgent::get_mr_info(const std::string& peer, co
 
 std::vector<std::string> PeerAgent::local_region_names() const { return impl_->local_region_names(); }
 
-std::vector<std::string> PeerAgent::sync_memory_regions(const std::string& peer) {
-  return impl_->sync_regions(impl_->connected(peer));
+std::vector<std::string> PeerAgent::sync_memory_regions(const std::string& peer, const ConnectionFilter& on) {
+  return impl_->sync_regions(impl_->connected(peer, on));
 }
 
-Future PeerAgent::send(const std::string& peer, const Chunk& chunk) { return impl_->endpoint_for_io(peer)->send(chunk); }
-Future PeerAgent::recv(const std::string& peer, const Chunk& chunk) { return impl_->endpoint_for_io(peer)->recv(chunk); }
-
-Future PeerAgent::read(const std::string& peer, std::vector<Assignment> assignments) {
-  return impl_->endpoint_for_io(peer)->read(std::move(assignments));
+Future PeerAgent::send(const std::string& peer, const Chunk& chunk, const ConnectionFilter& on) {
+  return impl_->endpoint_for_io(peer, on)->send(chunk);
 }
 
-Future PeerAgent::write(const std::string& peer, std::vector<Assignment> assignments) {
-  return impl_->endpoint_for_io(peer)->write(std::move(assignments));
+Future PeerAgent::recv(const std::string& peer, const Chunk& chunk, const ConnectionFilter& on) {
+  return impl_->endpoint_for_io(peer, on)->recv(chunk);
 }
 
-Future PeerAgent::read(const std::string& peer, const std::vector<NamedAssignment>& assignments) {
-  return impl_->named_op(peer, assignments, OpKind::kRead);
+Future PeerAgent::read(const std::string& peer, std::vector<Assignment> assignments, const ConnectionFilter& on) {
+  return impl_->endpoint_for_io(peer, on)->read(std::move(assignments));
 }
 
-Future PeerAgent::write(const std::string& peer, const std::vector<NamedAssignment>& assignments) {
-  return impl_->named_op(peer, assignments, OpKind::kWrite);
+Future PeerAgent::write(const std::string& peer, std::vector<Assignment> assignments, const ConnectionFilter& on) {
+  return impl_->endpoint_for_io(peer, on)->write(std::move(assignments));
 }
 
-Future PeerAgent::write_with_imm(const std::string& peer, std::vector<Assignment> assignments, uint32_t imm_data) {
-  return impl_->endpoint_for_io(peer)->write_with_imm(std::move(assignments), imm_data);
+Future PeerAgent::read(const std::string& peer, const std::vector<NamedAssignment>& assignments,
+                       const ConnectionFilter& on) {
+  return impl_->named_op(peer, assignments, OpKind::kRead, on);
 }
 
-Future PeerAgent::imm_recv(const std::string& peer) { return impl_->endpoint_for_io(peer)->imm_recv(); }
+Future PeerAgent::write(const std::string& peer, const std::vector<NamedAssignment>& assignments,
+                        const ConnectionFilter& on) {
+  return impl_->named_op(peer, assignments, OpKind::kWrite, on);
+}
+
+Future PeerAgent::write_with_imm(const std::string& peer, std::vector<Assignment> assignments, uint32_t imm_data,
+                                 const ConnectionFilter& on) {
+  return impl_->endpoint_for_io(peer, on)->write_with_imm(std::move(assignments), imm_data);
+}
+
+Future PeerAgent::imm_recv(const std::string& peer, const ConnectionFilter& on) {
+  return impl_->endpoint_for_io(peer, on)->imm_recv();
+}
 
 void PeerAgent::shutdown() { impl_->shutdown(); }
 

@@ -122,30 +122,9 @@ std::string peer_arg_of(py::handle peer, py::handle peer_alias, const char* call
 
 py::object nic_or_none(const std::string& nic) { return nic.empty() ? py::object(py::none()) : py::object(py::str(nic)); }
 
-// Upstream DLSlime's connection filters (local_nic=, remote_nic=): the connection to `peer`
-// when it is on those NICs (None matches any), nullopt otherwise. One connection per peer here.
-std::optional<PeerConnection> matching_connection(const PeerAgent& a, const std::string& peer, py::handle local_nic,
-                                                  py::handle remote_nic) {
-  const std::string want_local = optional_str_arg(local_nic, "local_nic");
-  const std::string want_remote = optional_str_arg(remote_nic, "remote_nic");
-  auto c = a.connection(peer);
-  if (!c) return std::nullopt;
-  if (!want_local.empty() && c->local_nic() != want_local) return std::nullopt;
-  if (!want_remote.empty() && c->remote_nic() != want_remote) return std::nullopt;
-  return c;
-}
-
-// I/O with local_nic=/remote_nic=: the agent's connection to `peer` must be on those NICs.
-void require_nics(const PeerAgent& a, const std::string& peer, py::handle local_nic, py::handle remote_nic) {
-  if (local_nic.is_none() && remote_nic.is_none()) return;
-  if (matching_connection(a, peer, local_nic, remote_nic)) return;
-  auto c = a.connection(peer);
-  throw ConnectionError(
-      c ? fmt::format("the connection to '{}' is on local_nic={} remote_nic={}, not the ones asked for", peer,
-                      c->local_nic().empty() ? "None" : "'" + c->local_nic() + "'",
-                      c->remote_nic().empty() ? "None" : "'" + c->remote_nic() + "'")
-        : fmt::format("no connection to '{}'; call connect_to(\"{}\") first", peer, peer),
-      StatusCode::kNotConnected);
+// Upstream DLSlime's connection filters (local_nic=, remote_nic=; None: any).
+ConnectionFilter filter_of(py::handle local_nic, py::handle remote_nic) {
+  return {optional_str_arg(local_nic, "local_nic"), optional_str_arg(remote_nic, "remote_nic")};
 }
 
 // get_resource(): an agent's NanoCtrl record in upstream DLSlime's resource shape
@@ -355,9 +334,9 @@ void bind_agent(py::module_& m) {
           py::arg("name"))
       .def(
           "connect_to",
-          [](PeerAgent& a, py::handle peer, py::handle transport, py::handle local_host, py::handle local_port,
-             py::handle ib_port, py::handle qp_num, py::handle local_device, py::handle peer_device,
-             py::handle min_bw) {
+          [](PeerAgent& a, py::handle peer, py::handle local_device, py::handle peer_device, py::handle ib_port,
+             py::handle qp_num, py::handle min_bw, py::handle transport, py::handle local_host,
+             py::handle local_port) {
             const auto name = str_arg(peer, "peer_alias");
             if (name.empty()) throw py::value_error("peer_alias must not be empty");
             ConnectOptions o;
@@ -369,43 +348,74 @@ void bind_agent(py::module_& m) {
             if (!qp_num.is_none()) o.rdma.qp_num = int_arg<int>(qp_num, "qp_num");
             o.rdma.local_device = optional_str_arg(local_device, "local_device");
             o.rdma.peer_device = optional_str_arg(peer_device, "peer_device");
+            // Earlier versions of this package took the transport second; that call now names
+            // a device. Say so rather than look for an RDMA device called "tcp".
+            for (const auto& d : {o.rdma.local_device, o.rdma.peer_device}) {
+              if (d == "tcp" || d == "rdma" || d == "auto") {
+                throw py::value_error(fmt::format(
+                    "connect_to(): device '{}' is a transport name; the positional order is upstream DLSlime's "
+                    "(peer_alias, local_device, peer_device, ib_port, qp_num, min_bw, transport, ...): pass "
+                    "transport=\"{}\"",
+                    d, d));
+              }
+            }
             check_min_bw(min_bw);
             ReleaseGil release;
             return a.connect_to(name, o);
           },
-          py::arg("peer_alias"), py::arg("transport") = "rdma", py::kw_only(), py::arg("local_host") = "0.0.0.0",
-          py::arg("local_port") = 0, py::arg("ib_port") = 1, py::arg("qp_num") = 1,
-          py::arg("local_device") = py::none(), py::arg("peer_device") = py::none(), py::arg("min_bw") = py::none())
-      .def("connection", &PeerAgent::connection, py::arg("peer_alias"))
+          // Upstream DLSlime 0.1.23's positional order: (peer_alias, local_device, peer_device,
+          // ib_port, qp_num, min_bw, transport, local_host, local_port).
+          py::arg("peer_alias"), py::arg("local_device") = py::none(), py::arg("peer_device") = py::none(),
+          py::arg("ib_port") = 1, py::arg("qp_num") = 1, py::arg("min_bw") = py::none(),
+          py::arg("transport") = "rdma", py::arg("local_host") = py::none(), py::arg("local_port") = 0)
+      .def(
+          "connection",
+          [](const PeerAgent& a, py::handle peer, py::handle local_nic, py::handle remote_nic) {
+            return a.connection(str_arg(peer, "peer_alias"), filter_of(local_nic, remote_nic));
+          },
+          py::arg("peer_alias"), py::kw_only(), py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none(),
+          "The connection to the peer on those NICs; None if none; ValueError naming them if several match.")
+      .def(
+          "connections", [](const PeerAgent& a, py::handle peer) { return a.connections(str_arg(peer, "peer_alias")); },
+          py::arg("peer_alias"), "Every connection to the peer (one per NIC pair), in the order made.")
       .def("peers", &PeerAgent::peers)
       // Upstream DLSlime's views of the same table: {peer: {conn_id: connection}}, and one
-      // peer's connection or None. (Ours has one connection per peer.)
+      // peer's connection or None.
       .def("get_connections",
            [](const PeerAgent& a) {
              py::dict out;
              for (const auto& peer : a.peers()) {
-               if (auto c = a.connection(peer)) {
-                 py::dict by_id;
-                 by_id[py::str(c->conn_id())] = py::cast(*c);
-                 out[py::str(peer)] = by_id;
-               }
+               py::dict by_id;
+               for (const auto& c : a.connections(peer)) by_id[py::str(c.conn_id())] = py::cast(c);
+               if (py::len(by_id) > 0) out[py::str(peer)] = by_id;
              }
              return out;
            })
       .def(
           "query_connection",
-          [](const PeerAgent& a, py::handle peer, py::handle local_nic, py::handle remote_nic) {
-            return matching_connection(a, str_arg(peer, "peer_alias"), local_nic, remote_nic);
+          [](const PeerAgent& a, py::handle peer, py::handle local_nic, py::handle remote_nic)
+              -> std::optional<PeerConnection> {
+            // Upstream's lookup: the first connection (in the order made) on those NICs, None
+            // when none is; several matching is not an error here (I/O refuses to guess).
+            const auto f = filter_of(local_nic, remote_nic);
+            for (const auto& c : a.connections(str_arg(peer, "peer_alias"))) {
+              if ((f.local_nic.empty() || c.local_nic() == f.local_nic) &&
+                  (f.remote_nic.empty() || c.remote_nic() == f.remote_nic)) {
+                return c;
+              }
+            }
+            return std::nullopt;
           },
           py::arg("peer_alias"), py::kw_only(), py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none())
       .def(
           "sync_memory_regions",
-          [](PeerAgent& a, py::handle peer) {
+          [](PeerAgent& a, py::handle peer, py::handle local_nic, py::handle remote_nic) {
             const auto p = str_arg(peer, "peer_alias");
+            const auto on = filter_of(local_nic, remote_nic);
             ReleaseGil release;
-            return a.sync_memory_regions(p);
+            return a.sync_memory_regions(p, on);
           },
-          py::arg("peer_alias"))
+          py::arg("peer_alias"), py::kw_only(), py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none())
       // I/O. Upstream DLSlime's forms work too: `peer_alias=` for `peer`, `assign=` for
       // `assignments`, and a `stream` after the batch (unused: no device streams yet).
       .def(
@@ -413,10 +423,10 @@ void bind_agent(py::module_& m) {
           [](PeerAgent& a, py::handle peer_arg, py::handle chunk, py::handle /*stream*/, py::handle peer_alias,
              py::handle local_nic, py::handle remote_nic) {
             const auto peer = peer_arg_of(peer_arg, peer_alias, "send");
-            require_nics(a, peer, local_nic, remote_nic);
+            const auto on = filter_of(local_nic, remote_nic);
             const Chunk c = to_chunk(chunk);
             ReleaseGil release;
-            return a.send(peer, c);
+            return a.send(peer, c, on);
           },
           py::arg_v("peer", missing_arg(), "<required>"), py::arg("chunk"), py::arg("stream") = py::none(),
           py::kw_only(), py::arg_v("peer_alias", missing_arg(), "<unset>"),
@@ -426,10 +436,10 @@ void bind_agent(py::module_& m) {
           [](PeerAgent& a, py::handle peer_arg, py::handle chunk, py::handle /*stream*/, py::handle peer_alias,
              py::handle local_nic, py::handle remote_nic) {
             const auto peer = peer_arg_of(peer_arg, peer_alias, "recv");
-            require_nics(a, peer, local_nic, remote_nic);
+            const auto on = filter_of(local_nic, remote_nic);
             const Chunk c = to_chunk(chunk);
             ReleaseGil release;
-            return a.recv(peer, c);
+            return a.recv(peer, c, on);
           },
           py::arg_v("peer", missing_arg(), "<required>"), py::arg("chunk"), py::arg("stream") = py::none(),
           py::kw_only(), py::arg_v("peer_alias", missing_arg(), "<unset>"),
@@ -439,11 +449,11 @@ void bind_agent(py::module_& m) {
           [](PeerAgent& a, py::handle peer_arg, py::handle assignments, py::handle /*stream*/, py::handle peer_alias,
              py::handle assign, py::handle local_nic, py::handle remote_nic) {
             const auto peer = peer_arg_of(peer_arg, peer_alias, "read");
-            require_nics(a, peer, local_nic, remote_nic);
+            const auto on = filter_of(local_nic, remote_nic);
             return one_sided(
                 renamed_arg(assignments, assign, "read", "assignments", "assign"),
-                [&](const std::vector<NamedAssignment>& n) { return a.read(peer, n); },
-                [&](std::vector<Assignment> b) { return a.read(peer, std::move(b)); });
+                [&](const std::vector<NamedAssignment>& n) { return a.read(peer, n, on); },
+                [&](std::vector<Assignment> b) { return a.read(peer, std::move(b), on); });
           },
           py::arg_v("peer", missing_arg(), "<required>"), py::arg_v("assignments", missing_arg(), "<required>"),
           py::arg("stream") = py::none(), py::kw_only(), py::arg_v("peer_alias", missing_arg(), "<unset>"),
@@ -454,11 +464,11 @@ void bind_agent(py::module_& m) {
           [](PeerAgent& a, py::handle peer_arg, py::handle assignments, py::handle /*stream*/, py::handle peer_alias,
              py::handle assign, py::handle local_nic, py::handle remote_nic) {
             const auto peer = peer_arg_of(peer_arg, peer_alias, "write");
-            require_nics(a, peer, local_nic, remote_nic);
+            const auto on = filter_of(local_nic, remote_nic);
             return one_sided(
                 renamed_arg(assignments, assign, "write", "assignments", "assign"),
-                [&](const std::vector<NamedAssignment>& n) { return a.write(peer, n); },
-                [&](std::vector<Assignment> b) { return a.write(peer, std::move(b)); });
+                [&](const std::vector<NamedAssignment>& n) { return a.write(peer, n, on); },
+                [&](std::vector<Assignment> b) { return a.write(peer, std::move(b), on); });
           },
           py::arg_v("peer", missing_arg(), "<required>"), py::arg_v("assignments", missing_arg(), "<required>"),
           py::arg("stream") = py::none(), py::kw_only(), py::arg_v("peer_alias", missing_arg(), "<unset>"),
@@ -469,11 +479,11 @@ void bind_agent(py::module_& m) {
           [](PeerAgent& a, py::handle peer_arg, py::handle assignments, py::handle imm_data, py::handle /*stream*/,
              py::handle peer_alias, py::handle assign, py::handle local_nic, py::handle remote_nic) {
             const auto peer = peer_arg_of(peer_arg, peer_alias, "write_with_imm");
-            require_nics(a, peer, local_nic, remote_nic);
+            const auto on = filter_of(local_nic, remote_nic);
             auto batch = to_assignments(renamed_arg(assignments, assign, "write_with_imm", "assignments", "assign"));
             const auto imm = int_arg<uint32_t>(imm_data, "imm_data");
             ReleaseGil release;
-            return a.write_with_imm(peer, std::move(batch), imm);
+            return a.write_with_imm(peer, std::move(batch), imm, on);
           },
           py::arg_v("peer", missing_arg(), "<required>"), py::arg_v("assignments", missing_arg(), "<required>"),
           py::arg("imm_data") = 0, py::arg("stream") = py::none(), py::kw_only(),
@@ -484,9 +494,9 @@ void bind_agent(py::module_& m) {
           [](PeerAgent& a, py::handle peer_arg, py::handle /*stream*/, py::handle peer_alias,
              py::handle local_nic, py::handle remote_nic) {
             const auto peer = peer_arg_of(peer_arg, peer_alias, "imm_recv");
-            require_nics(a, peer, local_nic, remote_nic);
+            const auto on = filter_of(local_nic, remote_nic);
             ReleaseGil release;
-            return a.imm_recv(peer);
+            return a.imm_recv(peer, on);
           },
           py::arg_v("peer", missing_arg(), "<required>"), py::arg("stream") = py::none(), py::kw_only(),
           py::arg_v("peer_alias", missing_arg(), "<unset>"),

@@ -640,3 +640,160 @@ TEST(PeerAgentCpp, AutoWaitsForAPeerThatRegistersLater) {
   EXPECT_EQ(ca.transport(), rdma_built() ? "rdma" : "tcp") << ca.selection_reason();
   EXPECT_FALSE(ca.selection_reason().empty());
 }
+
+namespace {
+
+// Reports a NIC of its own in endpoint_info() ("device", as an RDMA endpoint does) and
+// forwards everything else to the TCP endpoint it wraps: two NIC pairs between two agents
+// on a host whose only RDMA device is the simulated one.
+class NicLabelled final : public Endpoint {
+ public:
+  NicLabelled(std::shared_ptr<Endpoint> inner, std::string nic) : inner_(std::move(inner)), nic_(std::move(nic)) {}
+  nlohmann::json endpoint_info() const override {
+    nlohmann::json info = inner_->endpoint_info();
+    info["device"] = nic_;
+    return info;
+  }
+  void connect(const nlohmann::json& peer_info) override { inner_->connect(peer_info); }
+  bool is_connected() const override { return inner_->is_connected(); }
+  int32_t register_memory_region(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length) override {
+    return inner_->register_memory_region(name, addr, offset, length);
+  }
+  int32_t register_remote_memory_region(const std::string& name, const nlohmann::json& entry) override {
+    return inner_->register_remote_memory_region(name, entry);
+  }
+  void unregister_memory_region(const std::string& name) override { inner_->unregister_memory_region(name); }
+  void unregister_memory_region(int32_t handle) override { inner_->unregister_memory_region(handle); }
+  nlohmann::json mr_info() const override { return inner_->mr_info(); }
+  Capabilities capabilities() const override { return inner_->capabilities(); }
+  void shutdown() override { inner_->shutdown(); }
+
+ protected:
+  Future do_submit(OpRequest request) override { return inner_->submit(std::move(request)); }
+
+ private:
+  std::shared_ptr<Endpoint> inner_;
+  std::string nic_;
+};
+
+// An agent whose endpoints report the NICs <prefix>0, <prefix>1, ... in the order made.
+PeerAgentOptions labelled(const std::string& url, const std::string& alias, const std::string& prefix) {
+  PeerAgentOptions o = agent(url, alias);
+  auto next = std::make_shared<std::atomic<int>>(0);
+  o.wrap_endpoint = [prefix, next](std::shared_ptr<Endpoint> ep) -> std::shared_ptr<Endpoint> {
+    return std::make_shared<NicLabelled>(std::move(ep), prefix + std::to_string(next->fetch_add(1)));
+  };
+  return o;
+}
+
+}  // namespace
+
+// Connections are keyed by peer and NIC pair (upstream DLSlime's): connect_to on another
+// local_device makes a second connection to the same peer, the passive side makes its
+// mirror, and each carries its own bytes. Without local_nic/remote_nic, I/O and
+// connection() refuse to guess between them, naming each pair.
+TEST(PeerAgentCpp, SeveralConnectionsToOnePeerAreKeyedByTheirNicPair) {
+  StartedCtrl ctrl;
+  PeerAgent a(labelled(ctrl.server.url(), "np_a", "anic"));
+  PeerAgent b(labelled(ctrl.server.url(), "np_b", "bnic"));
+  std::vector<uint8_t> src(8192), dst0(8192, 0), dst1(8192, 0);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 31 + 7);
+  a.register_memory_region("src", addr_of(src), 0, src.size());
+  b.register_memory_region("dst0", addr_of(dst0), 0, dst0.size());
+  b.register_memory_region("dst1", addr_of(dst1), 0, dst1.size());
+
+  ConnectOptions on0 = tcp(), on1 = tcp();
+  on0.rdma.local_device = "anic0";
+  on1.rdma.local_device = "anic1";
+  PeerConnection c0 = a.connect_to("np_b", on0);
+  c0.wait(10s);
+  PeerConnection c1 = a.connect_to("np_b", on1);
+  c1.wait(10s);
+  EXPECT_NE(c0.conn_id(), c1.conn_id());
+  EXPECT_EQ(c0.local_nic(), "anic0");
+  EXPECT_EQ(c1.local_nic(), "anic1");
+  EXPECT_EQ(c0.remote_nic(), "bnic0");
+  EXPECT_EQ(c1.remote_nic(), "bnic1");
+  ASSERT_TRUE(wait_until([&] {
+    auto all = b.connections("np_a");
+    return all.size() == 2 && all[0].is_connected() && all[1].is_connected();
+  }));
+  EXPECT_EQ(a.connections("np_b").size(), 2u);
+  EXPECT_EQ(a.peers(), std::vector<std::string>{"np_b"});
+  // The same pair again is the live connection, not a third.
+  EXPECT_EQ(a.connect_to("np_b", on1).conn_id(), c1.conn_id());
+  EXPECT_EQ(a.connections("np_b").size(), 2u);
+
+  // Ambiguous: the error names both pairs.
+  try {
+    a.send("np_b", {addr_of(src), 0, 8});
+    FAIL() << "an ambiguous send was accepted";
+  } catch (const InvalidArgumentError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("local_nic='anic0' remote_nic='bnic0'"), std::string::npos) << what;
+    EXPECT_NE(what.find("local_nic='anic1' remote_nic='bnic1'"), std::string::npos) << what;
+  }
+  EXPECT_THROW(a.connection("np_b"), InvalidArgumentError);
+  EXPECT_EQ(a.connection("np_b", {"anic1", ""})->conn_id(), c1.conn_id());
+  EXPECT_EQ(a.connection("np_b", {"", "bnic0"})->conn_id(), c0.conn_id());
+  EXPECT_FALSE(a.connection("np_b", {"anic0", "bnic1"}).has_value());
+  EXPECT_THROW(a.write("np_b", std::vector<NamedAssignment>{{"src", "dst0", 0, 0, 8}}, {"anic0", "bnic1"}),
+               ConnectionError);
+
+  // Each connection moves its own bytes.
+  auto w0 = a.write("np_b", std::vector<NamedAssignment>{{"src", "dst0", 0, 0, src.size()}}, {"anic0", ""});
+  auto w1 = a.write("np_b", std::vector<NamedAssignment>{{"src", "dst1", 0, 0, 4096}}, {"", "bnic1"});
+  ASSERT_EQ(w0.wait_for(10s), std::optional<int>(0)) << w0.message();
+  ASSERT_EQ(w1.wait_for(10s), std::optional<int>(0)) << w1.message();
+  EXPECT_EQ(dst0, src);
+  EXPECT_TRUE(std::equal(src.begin(), src.begin() + 4096, dst1.begin()));
+  // A message sent on one pair arrives at the recv posted on that pair's mirror.
+  std::string msg = "on pair one";
+  std::vector<char> inbox0(32, 0), inbox1(32, 0);
+  auto r0 = b.recv("np_a", {reinterpret_cast<uintptr_t>(inbox0.data()), 0, inbox0.size()}, {"bnic0", ""});
+  auto r1 = b.recv("np_a", {reinterpret_cast<uintptr_t>(inbox1.data()), 0, inbox1.size()}, {"bnic1", "anic1"});
+  ASSERT_EQ(a.send("np_b", {reinterpret_cast<uintptr_t>(msg.data()), 0, msg.size()}, {"anic1", ""}).wait_for(10s),
+            std::optional<int>(0));
+  ASSERT_EQ(r1.wait_for(10s), std::optional<int>(0)) << r1.message();
+  EXPECT_EQ(std::string(inbox1.data(), r1.nbytes()), msg);
+  EXPECT_FALSE(r0.done()) << "the message reached the other pair's recv";
+  a.shutdown();
+  EXPECT_TRUE(r0.wait_for(10s).has_value()) << "the other pair's recv hung after the peer left";
+}
+
+// An agent publishes its RDMA ports from the transport registry's port listing (the device
+// layer), not by opening an endpoint on each device: making one allocates no QP. (QP
+// numbers are handed out in sequence by the device, so an endpoint made in between shows as
+// a gap.)
+TEST(PeerAgentCpp, PublishingRdmaPortsMakesNoEndpoint) {
+  SimRdmaDevice sim;
+  StartedCtrl ctrl;
+  if (!rdma_built()) {
+    // Nothing to list: the record names no rdma transport.
+    PeerAgent a(agent(ctrl.server.url(), "pp_a"));
+    for (const auto& t : a.agent_record("pp_a")->at("metadata")["transports"]) EXPECT_NE(t["name"], "rdma");
+    return;
+  }
+  auto first_qpn = [](const std::shared_ptr<Endpoint>& e) {
+    return e->endpoint_info()["qp_info"][0]["qpn"].get<uint32_t>();
+  };
+  auto e1 = make_endpoint("rdma", nlohmann::json::object());
+  auto e2 = make_endpoint("rdma", nlohmann::json::object());
+  const uint32_t step = first_qpn(e2) - first_qpn(e1);
+  {
+    PeerAgent a(agent(ctrl.server.url(), "pp_a"));
+    auto record = a.agent_record("pp_a");
+    ASSERT_TRUE(record.has_value());
+    bool published = false;
+    for (const auto& t : (*record)["metadata"]["transports"]) {
+      if (t["name"] == "rdma") {
+        published = true;
+        EXPECT_EQ(t["ports"], nlohmann::json::parse(R"([{"device":"sim_rdma0","ib_port":1,"link_layer":"Ethernet"}])"));
+      }
+    }
+    EXPECT_TRUE(published) << record->dump();
+  }
+  auto e3 = make_endpoint("rdma", nlohmann::json::object());
+  EXPECT_EQ(first_qpn(e3) - first_qpn(e2), step) << "making the agent made an endpoint (QPs)";
+  for (auto& e : {e1, e2, e3}) e->shutdown();
+}
