@@ -19,6 +19,7 @@ EXAMPLES = [
     "p2p_rdma_rc_write.py",
     "p2p_rdma_rc_write_with_imm_data.py",
     "p2p_rdma_rc_send_recv.py",
+    "p2p_rdma_rc_write_peer_agent.py",  # two PeerAgents (an embedded NanoCtrl), transport="rdma"
 ]
 
 
