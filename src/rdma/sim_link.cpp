@@ -24,16 +24,22 @@
 namespace dlslime::rdma::sim {
 namespace {
 
-constexpr uint32_t kMagic = 0x534c4d31;  // "SLM1": a change of this layout changes it
+constexpr uint32_t kMagic = 0x534c4d32;  // "SLM2": a change of this layout changes it
 enum class Kind : uint8_t { kRequest = 1, kAnswer = 2 };
+
+// What every message starts with: the layout's version and which message follows.
+struct WireHeader {
+  uint32_t magic = kMagic;
+  Kind kind = Kind::kRequest;
+  uint8_t reserved[3] = {};  // explicit: no byte of a message is left uninitialized
+};
 
 // One SEQPACKET message each; the sges and inline bytes follow a request's header.
 struct WireRequest {
-  uint32_t magic = kMagic;
-  Kind kind = Kind::kRequest;
+  WireHeader head{kMagic, Kind::kRequest};
   uint8_t opcode = 0;
   uint8_t inline_data = 0;
-  uint8_t reserved = 0;
+  uint8_t reserved[6] = {};
   uint64_t token = 0;
   uint8_t src_gid[16] = {};
   uint32_t src_qpn = 0, dst_qpn = 0, psn = 0, packets = 0, rkey = 0, imm_data = 0;
@@ -42,15 +48,15 @@ struct WireRequest {
 };
 
 struct WireAnswer {
-  uint32_t magic = kMagic;
-  Kind kind = Kind::kAnswer;
+  WireHeader head{kMagic, Kind::kAnswer};
   uint8_t reply = 0;
   uint8_t min_rnr_timer = 0;
-  uint8_t reserved = 0;
+  uint8_t reserved[2] = {};
   uint32_t qpn = 0;  // the requester's QP
-  uint32_t pad = 0;
   uint64_t token = 0;
 };
+
+static_assert(sizeof(WireRequest) == 88 && sizeof(WireAnswer) == 24, "no implicit padding on the wire");
 
 constexpr size_t kMaxMessage = sizeof(WireRequest) + kMaxSge * sizeof(Sge) + kMaxInline;
 
@@ -251,17 +257,22 @@ int Link::send_request(pid_t pid, const Request& rq, uint64_t* link) {
 }
 
 bool Link::handle_message(uint64_t id, const uint8_t* data, size_t size) {
-  if (size >= sizeof(WireAnswer) && reinterpret_cast<const WireAnswer*>(data)->kind == Kind::kAnswer) {
+  WireHeader head;
+  if (size < sizeof(head)) return false;
+  std::memcpy(&head, data, sizeof(head));
+  if (head.magic != kMagic) return false;
+  if (head.kind == Kind::kAnswer) {
     WireAnswer a;
+    if (size != sizeof(a)) return false;
     std::memcpy(&a, data, sizeof(a));
-    if (a.magic != kMagic || size != sizeof(a) || a.reply > static_cast<uint8_t>(Reply::kRemOpErr)) return false;
+    if (a.reply > static_cast<uint8_t>(Reply::kRemOpErr)) return false;
     fabric_.on_answer(a.qpn, a.token, Answer{static_cast<Reply>(a.reply), a.min_rnr_timer});
     return true;
   }
-  if (size < sizeof(WireRequest)) return false;
+  if (head.kind != Kind::kRequest || size < sizeof(WireRequest)) return false;
   WireRequest w;
   std::memcpy(&w, data, sizeof(w));
-  if (w.magic != kMagic || w.kind != Kind::kRequest || w.num_sge > kMaxSge || w.inline_len > kMaxInline ||
+  if (w.num_sge > kMaxSge || w.inline_len > kMaxInline ||
       w.opcode > static_cast<uint8_t>(WrOpcode::kSendWithImm) ||
       size != sizeof(w) + w.num_sge * sizeof(Sge) + w.inline_len) {
     return false;
