@@ -42,6 +42,7 @@ struct CudaApi {
   decltype(&::cudaEventRecord) EventRecord = nullptr;
   decltype(&::cudaEventQuery) EventQuery = nullptr;
   decltype(&::cudaEventSynchronize) EventSynchronize = nullptr;
+  decltype(&::cudaLaunchHostFunc) LaunchHostFunc = nullptr;
   // The runtime API has no "allocation that holds this address": the driver's
   // cuMemGetAddressRange does (libcuda, present wherever a GPU is usable).
   using GetAddressRangeFn = int (*)(unsigned long long* base, size_t* size, unsigned long long ptr);
@@ -150,6 +151,10 @@ class CudaRuntime final : public Runtime {
   void event_synchronize(Event event) override {
     check(api_.EventSynchronize(reinterpret_cast<cudaEvent_t>(event)), "cudaEventSynchronize");
   }
+  void launch_host_func(Stream stream, HostFn fn, void* arg) override {
+    if (fn == nullptr) throw InvalidArgumentError("launch_host_func: null function");
+    check(api_.LaunchHostFunc(reinterpret_cast<cudaStream_t>(stream), fn, arg), "cudaLaunchHostFunc");
+  }
 
  private:
   void set_device(int device) {
@@ -218,6 +223,7 @@ Loaded load() {
   sym(api.EventRecord, "cudaEventRecord");
   sym(api.EventQuery, "cudaEventQuery");
   sym(api.EventSynchronize, "cudaEventSynchronize");
+  sym(api.LaunchHostFunc, "cudaLaunchHostFunc");
   if (!missing.empty()) {
     out.reason = fmt::format("no GPU runtime: the libcudart found lacks{}; {}", missing, kSimHint);
     return out;

@@ -109,6 +109,14 @@ class DLSLIME_API Runtime {
   // True once the last record has completed (and for an event never recorded).
   virtual bool event_query(Event event) = 0;
   virtual void event_synchronize(Event event) = 0;
+
+  // Calls fn(arg) on a runtime thread once the stream's work queued before it has
+  // finished (cudaLaunchHostFunc): how a completion thread learns, without spinning, that
+  // an event it waits for may be complete. fn must not call the runtime, and it must not
+  // block. As in CUDA, it is not called after an error in the context: a waiter needs a
+  // bound as well.
+  using HostFn = void (*)(void* arg);
+  virtual void launch_host_func(Stream stream, HostFn fn, void* arg) = 0;
 };
 
 // The runtime this process uses: the simulated one when DLSLIME_GPU_SIM=1 (read on each

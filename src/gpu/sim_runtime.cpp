@@ -362,6 +362,11 @@ class SimRuntime final : public Runtime {
     e->cv.wait(lock, [&] { return e->completed >= target; });
   }
 
+  void launch_host_func(Stream stream, HostFn fn, void* arg) override {
+    if (fn == nullptr) throw InvalidArgumentError("launch_host_func: null function");
+    stream_for(stream).push([fn, arg] { fn(arg); });
+  }
+
   void wake_streams() {
     std::lock_guard lock(mu_);
     for (auto& [handle, s] : streams_) s->wake();

@@ -7,7 +7,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -244,6 +247,49 @@ TEST(SimGpu, QueuedWorkHasNotHappenedUntilItsEventCompletes) {
   rt.event_destroy(done);
   rt.device_free(dev);
   rt.stream_destroy(s);
+}
+
+// launch_host_func: how NVLinkEndpoint's completion thread learns, without spinning, that
+// the copies before it ran.
+TEST(SimGpu, HostFunctionsRunOnlyAfterTheStreamsEarlierWork) {
+  Runtime& rt = sim_runtime();
+  Stream s = rt.stream_create(0);
+  void* dev = rt.device_alloc(0, 4096);
+  std::vector<uint8_t> src = patterned(4096, 6), back(4096);
+  struct Seen {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool called = false;
+    std::vector<uint8_t>* back = nullptr;
+    std::vector<uint8_t> at_call;
+  } seen;
+  seen.back = &back;
+  sim::hold_streams(true);
+  rt.memcpy_async(dev, src.data(), src.size(), s);
+  rt.memcpy_async(back.data(), dev, back.size(), s);
+  rt.launch_host_func(
+      s,
+      [](void* arg) {
+        auto* x = static_cast<Seen*>(arg);
+        std::lock_guard lock(x->mu);
+        x->at_call = *x->back;  // the copies before it have run
+        x->called = true;
+        x->cv.notify_all();
+      },
+      &seen);
+  {
+    std::lock_guard lock(seen.mu);
+    EXPECT_FALSE(seen.called);  // queued behind the held copies
+  }
+  sim::hold_streams(false);
+  {
+    std::unique_lock lock(seen.mu);
+    ASSERT_TRUE(seen.cv.wait_for(lock, std::chrono::seconds(10), [&] { return seen.called; }));
+  }
+  EXPECT_EQ(seen.at_call, src);
+  EXPECT_THROW(rt.launch_host_func(s, nullptr, nullptr), InvalidArgumentError);
+  rt.stream_destroy(s);
+  rt.device_free(dev);
 }
 
 TEST(SimGpu, EventsOfOneStreamDoNotWaitForAnother) {
