@@ -26,15 +26,15 @@ bool TcpEndpoint::is_connected() const { return impl_->is_connected(); }
 
 int32_t TcpEndpoint::register_memory_region(const std::string& name, uintptr_t addr, uint64_t offset,
                                             uint64_t length) {
-  return impl_->local_regions->add(name, addr, offset, length);
+  return impl_->register_memory_region(name, addr, offset, length);
 }
 
 int32_t TcpEndpoint::register_remote_memory_region(const std::string& name, const nlohmann::json& mr_info_entry) {
   return add_owner_resolved(impl_->remote_regions, name, mr_info_entry);
 }
 
-void TcpEndpoint::unregister_memory_region(const std::string& name) { impl_->local_regions->remove(name); }
-void TcpEndpoint::unregister_memory_region(int32_t handle) { impl_->local_regions->remove(handle); }
+void TcpEndpoint::unregister_memory_region(const std::string& name) { impl_->unregister_memory_region(name); }
+void TcpEndpoint::unregister_memory_region(int32_t handle) { impl_->unregister_memory_region(handle); }
 nlohmann::json TcpEndpoint::mr_info() const { return impl_->local_regions->mr_info(); }
 
 Capabilities TcpEndpoint::capabilities() const {
@@ -42,6 +42,7 @@ Capabilities TcpEndpoint::capabilities() const {
   caps.transport = "tcp";
   caps.read = caps.write = caps.send_recv = true;
   caps.host_memory = true;
+  caps.device_memory = true;  // staged through pinned host buffers (docs/tcp.md "GPU memory")
   return caps;
 }
 
@@ -50,12 +51,17 @@ std::string TcpEndpoint::host() const { return impl_->host(); }
 uint16_t TcpEndpoint::port() const { return impl_->port(); }
 nlohmann::json TcpEndpoint::listener_stats() const {
   const auto s = impl_->listener_stats();
+  const auto g = impl_->gpu_staging_stats();
   return {{"accepted", s.accepted},
           {"accept_failures", s.accept_failures},
           {"handshakes_completed", s.handshakes_completed},
           {"handshakes_refused", s.handshakes_refused},
           {"handshakes_timed_out", s.handshakes_timed_out},
-          {"handshakes_evicted", s.handshakes_evicted}};
+          {"handshakes_evicted", s.handshakes_evicted},
+          // GPU staging (docs/tcp.md "GPU memory"): pinned bytes in use, and the most ever.
+          {"gpu_staging_bytes_in_use", g.in_use_bytes},
+          {"gpu_staging_high_water_bytes", g.high_water_bytes},
+          {"gpu_staging_slots", g.slots_per_direction}};
 }
 const TcpOptions& TcpEndpoint::options() const { return impl_->options(); }
 Future TcpEndpoint::do_submit(OpRequest request) { return impl_->submit(std::move(request)); }

@@ -24,6 +24,7 @@
 #include "core/submission_queue.h"
 #include "dlslime/tcp_endpoint.h"
 #include "tcp/tcp_connection.h"
+#include "tcp/tcp_gpu_staging.h"
 #include "tcp/tcp_initiator.h"
 #include "tcp/tcp_message_matcher.h"
 #include "tcp/tcp_pairing.h"
@@ -76,6 +77,14 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
 
   const std::shared_ptr<MemoryRegistry> local_regions;  // may be shared (PeerAgent)
   OwnerRemoteRegions remote_regions;
+
+  // Registers a local region; memory the device runtime calls device memory is
+  // registered as such and crosses TCP through the staging (docs/tcp.md "GPU memory").
+  int32_t register_memory_region(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length);
+  void unregister_memory_region(const std::string& name);
+  void unregister_memory_region(int32_t handle);
+  // Staging bytes in use and their high-water mark (zeros before any device region).
+  tcp::GpuStaging::Stats gpu_staging_stats() const;
 
   // tcp::FrameHandler
   tcp::RxAction on_header(tcp::TcpConnection& conn, const tcp::FrameHeader& h, tcp::PayloadSink& sink) override;
@@ -141,6 +150,9 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
   SubmissionQueue<Handoff> handoffs_;
 
   // ---- I/O thread only (Pairing: also the connect waits and lane counts) ----
+  // Device regions and their staging: read by the parts below, so declared before them.
+  const uint32_t gpu_staging_slots_;  // DLSLIME_TCP_GPU_STAGING_CHUNKS
+  tcp::GpuPath gpu_;
   // Declared in this order: the parts refer to one another (see each), and to the
   // options and flags above.
   Pairing pairing_;

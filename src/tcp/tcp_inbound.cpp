@@ -14,10 +14,14 @@ using tcp::TcpConnection;
 
 RxAction TcpEndpointImpl::on_header(TcpConnection& conn, const FrameHeader& h, PayloadSink& sink) {
   switch (h.type) {
-    case FrameType::kWriteData: sink.prefix = h.offset * tcp::kPieceSize; return RxAction::kContinue;  // the list
+    case FrameType::kWriteData:
+      sink.prefix = h.offset * tcp::kPieceSize;  // the list
+      return gpu_.regions.any() ? target_.reserve_staging(conn, h) : RxAction::kContinue;
+    case FrameType::kReadRequest:
+      sink.collect = true;
+      return gpu_.regions.any() ? target_.reserve_staging(conn, h) : RxAction::kContinue;
     case FrameType::kWriteAck:
-    case FrameType::kSendAck:
-    case FrameType::kReadRequest: sink.collect = true; return RxAction::kContinue;
+    case FrameType::kSendAck: sink.collect = true; return RxAction::kContinue;
     case FrameType::kReadData: return initiator_.on_read_header(conn, h, sink);
     case FrameType::kSendData: return matcher_.on_header(conn, h, sink);
     case FrameType::kGoodbye: return RxAction::kContinue;
@@ -36,7 +40,7 @@ void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const 
     case FrameType::kWriteData: target_.on_write_frame(conn, h); return;
     case FrameType::kReadRequest: target_.answer_read(conn, h, text); return;
     case FrameType::kWriteAck: initiator_.on_write_ack(conn, h, text); return;
-    case FrameType::kReadData: initiator_.on_read_frame(h, text); return;
+    case FrameType::kReadData: initiator_.on_read_frame(conn, h, text); return;
     case FrameType::kSendAck: initiator_.on_send_ack(conn, h, text); return;
     case FrameType::kSendData: matcher_.on_frame(conn, h); return;
     case FrameType::kGoodbye:

@@ -22,7 +22,8 @@ Status remote_status(const FrameHeader& h, std::string_view text) {
 
 }  // namespace
 
-Initiator::Initiator(const TcpOptions& options, Pairing& pairing) : options_(options), pairing_(pairing) {}
+Initiator::Initiator(const TcpOptions& options, Pairing& pairing, tcp::GpuPath& gpu)
+    : options_(options), pairing_(pairing), gpu_(gpu) {}
 
 Initiator::Clock::time_point Initiator::start_op(Submission& sub) {
   auto& state = sub.op.state;
@@ -36,7 +37,9 @@ Initiator::Clock::time_point Initiator::start_op(Submission& sub) {
                                    loss)));
     return Clock::time_point::max();
   }
-  if (sub.items.empty()) {  // only zero-length items
+  GpuOp* gpu = sub.op.gpu.get();
+  const bool staged_frames = gpu && !gpu->frames.empty();
+  if (sub.items.empty() && !staged_frames) {  // only zero-length items
     state->complete(Status::ok());
     return Clock::time_point::max();
   }
@@ -51,9 +54,25 @@ Initiator::Clock::time_point Initiator::start_op(Submission& sub) {
       }
       sub.op.ack_lanes |= bit;
     }
+    if (staged_frames) {  // a device-memory write: its frames leave as they are staged
+      for (const GpuOp::Frame& f : gpu->frames) {
+        if (!f.header.last()) continue;
+        const uint64_t bit = uint64_t{1} << dialed[f.lane % dialed.size()]->lane();
+        if (sub.op.ack_lanes & bit) {
+          state->complete(Status::not_connected("the connection changed while the op was submitted; submit it again"));
+          return Clock::time_point::max();
+        }
+        sub.op.ack_lanes |= bit;
+      }
+    }
   }
+  std::shared_ptr<GpuOp> staged = staged_frames ? sub.op.gpu : nullptr;
   pending_.insert(sub.op_id, std::move(sub.op), sub.deadline);
   for (auto& [lane, item] : sub.items) dialed[lane % dialed.size()]->send(std::move(item));
+  if (staged) {
+    gpu_queue_.emplace_back(sub.op_id, std::move(staged));
+    pump_gpu();
+  }
   if (is_send) {
     sends_.push_back(sub.op_id);
     // Messages that expired unacknowledged need no acknowledgement any more.
@@ -79,9 +98,84 @@ void Initiator::end_op(uint64_t op_id, PendingOp op, Status status, uint64_t nby
                                                 conn->lane(), op_kind_name(op.state->kind()), op_id,
                                                 status_code_name(status.code()))));
   }
+  if (op.gpu) {
+    GpuOp& gpu = *op.gpu;
+    gpu.ended = true;  // frames not staged yet are never sent; staged ones are dropped
+    gpu.frames.clear();
+    if (gpu.copies > 0) {
+      // Copies still read or write the op's memory: it completes once they have finished
+      // (copy_finished), with its regions held until then.
+      gpu.state = std::move(op.state);
+      gpu.status = std::move(status);
+      gpu.nbytes = nbytes;
+      gpu.uses = std::move(op.uses);
+      gpu.slot = std::move(op.slot);
+      op = PendingOp();
+      return;
+    }
+  }
   std::shared_ptr<OpState> state = std::move(op.state);
   op = PendingOp();  // regions and the in-flight slot go before the future completes
   state->complete(std::move(status), nbytes);
+}
+
+void Initiator::copy_finished(GpuOp& gpu) {
+  if (--gpu.copies > 0 || !gpu.ended || !gpu.state) return;
+  std::shared_ptr<OpState> state = std::move(gpu.state);
+  gpu.uses.clear();
+  gpu.slot = InflightLimiter::Slot();
+  state->complete(std::move(gpu.status), gpu.nbytes);
+}
+
+void Initiator::pump_gpu() {
+  tcp::GpuStaging* staging = gpu_.staging();
+  while (staging && !gpu_queue_.empty()) {
+    const uint64_t op_id = gpu_queue_.front().first;
+    std::shared_ptr<GpuOp> gpu = gpu_queue_.front().second;
+    if (gpu->ended || gpu->frames.empty()) {
+      gpu_queue_.pop_front();
+      continue;
+    }
+    tcp::GpuStaging::Slot* slot = nullptr;
+    try {
+      slot = staging->acquire(tcp::GpuStaging::kOut, gpu->frames.front().bytes);
+      if (!slot) return;  // resumed when a slot is released (Impl: on_free)
+      GpuOp::Frame frame = std::move(gpu->frames.front());
+      gpu->frames.pop_front();
+      uint64_t at = 0;
+      for (const tcp::PayloadSegment& src : frame.sources) {
+        staging->copy(tcp::GpuStaging::kOut, slot->data + at, src.addr, src.length);
+        at += src.length;
+      }
+      ++gpu->copies;
+      staging->when_copied(slot, [this, op_id, gpu, slot, frame = std::move(frame)](Status copied) mutable {
+        on_frame_staged(op_id, gpu, slot, frame, copied);
+      });
+    } catch (const std::exception& e) {
+      if (slot) staging->release(slot);
+      finish_op(op_id, Status::failed(fmt::format("staging device memory for write op {} failed: {}", op_id, e.what())));
+    }
+  }
+}
+
+void Initiator::on_frame_staged(uint64_t op_id, const std::shared_ptr<GpuOp>& gpu, tcp::GpuStaging::Slot* slot,
+                                GpuOp::Frame& frame, const Status& copied) {
+  tcp::GpuStaging& staging = *gpu_.staging();
+  const bool ended = gpu->ended;
+  copy_finished(*gpu);
+  const auto& dialed = pairing_.dialed();
+  if (ended || !copied || dialed.empty()) {
+    staging.release(slot);
+    if (!ended && !copied) finish_op(op_id, copied);
+    return;  // lost lanes: fail_all ends the op
+  }
+  tcp::WriteItem item(op_id);
+  item.reserve(1, frame.bytes);
+  item.add_header(frame.header);
+  item.add_copy(frame.list.data(), frame.list.size());
+  item.add_payload(slot->data, frame.bytes);
+  item.keep(staging.lease(slot));  // the slot is free again once the frame is written or dropped
+  dialed[frame.lane % dialed.size()]->send(std::move(item));
 }
 
 void Initiator::violation(TcpConnection& conn, std::string what) {
@@ -140,8 +234,8 @@ RxAction Initiator::on_read_header(TcpConnection& conn, const FrameHeader& h, Pa
                                 first, first + count, h.op_id, op_kind_name(op.state->kind())));
     return RxAction::kContinue;
   }
-  op.read_runs[first] = 0;  // answered: a second answer is refused
   if (h.status != 0) {
+    op.read_runs[first] = 0;  // answered: a second answer is refused
     sink.collect = true;
     return RxAction::kContinue;
   }
@@ -152,17 +246,73 @@ RxAction Initiator::on_read_header(TcpConnection& conn, const FrameHeader& h, Pa
                                 first + count, h.op_id, expected));
     return RxAction::kContinue;
   }
+  if (op.gpu && h.length > 0) {
+    // Local memory on a GPU: the answer lands in a staging slot and is copied to the
+    // device when it is complete (on_read_frame). No slot free: read on once one is.
+    tcp::GpuStaging& staging = *gpu_.staging();
+    tcp::GpuStaging::Slot* slot = nullptr;
+    try {
+      slot = staging.acquire(tcp::GpuStaging::kIn, h.length);
+    } catch (const std::exception& e) {
+      conn.close(Status::failed(fmt::format("no GPU staging memory for a read answer: {}", e.what())));
+      return RxAction::kContinue;
+    }
+    if (!slot) {
+      staging.wait_for_slot(tcp::GpuStaging::kIn, conn.shared_from_this());
+      return RxAction::kPause;  // on_header is asked again when reading resumes
+    }
+    op.read_runs[first] = 0;
+    staging.set_frame_slot(&conn, slot);
+    sink.place(slot->data, h.length);
+    sink.op_id = h.op_id;
+    return RxAction::kContinue;
+  }
+  op.read_runs[first] = 0;  // answered: a second answer is refused
   sink.scatter(op.reads.data() + first, count);
   sink.op_id = h.op_id;
   return RxAction::kContinue;
 }
 
-void Initiator::on_read_frame(const FrameHeader& h, std::string_view text) {
-  // Counted here, on the I/O thread, and completed once: no atomic per piece.
+void Initiator::on_read_frame(TcpConnection& conn, const FrameHeader& h, std::string_view text) {
+  tcp::GpuStaging* staging = gpu_.staging();
+  tcp::GpuStaging::Slot* slot = staging ? staging->take_frame_slot(&conn) : nullptr;
+  if (!slot) return count_read(h.op_id, h, text, Status::ok());
   PendingOp* found = pending_.find(h.op_id);
+  if (!found) {  // it ended while the answer arrived; nothing was copied
+    staging->release(slot);
+    return;
+  }
+  // The answer is in the slot: copy each piece to its place in device memory, and count
+  // the pieces once the copies have finished.
+  std::shared_ptr<GpuOp> gpu = found->gpu;
+  uint64_t at = 0;
+  try {
+    for (uint64_t i = h.index; i < h.index + h.offset; ++i) {
+      const tcp::PayloadSegment& dst = found->reads[i];
+      staging->copy(tcp::GpuStaging::kIn, dst.addr, slot->data + at, dst.length);
+      at += dst.length;
+    }
+    ++gpu->copies;
+    staging->when_copied(slot, [this, gpu, slot, h](Status copied) {
+      gpu_.staging()->release(slot);
+      const bool ended = gpu->ended;
+      copy_finished(*gpu);
+      if (!ended) count_read(h.op_id, h, {}, copied);
+    });
+  } catch (const std::exception& e) {
+    staging->release(slot);
+    count_read(h.op_id, h, {}, Status::failed(fmt::format("copying a read answer to the GPU failed: {}", e.what())));
+  }
+}
+
+void Initiator::count_read(uint64_t op_id, const FrameHeader& h, std::string_view text, const Status& copied) {
+  // Counted here, on the I/O thread, and completed once: no atomic per piece.
+  PendingOp* found = pending_.find(op_id);
   if (!found) return;  // it expired; the bytes were drained
   PendingOp& op = *found;
-  if (h.status != 0) {
+  if (!copied) {
+    if (op.error.is_ok()) op.error = copied;
+  } else if (h.status != 0) {
     if (op.error.is_ok()) op.error = remote_status(h, text);
   } else {
     op.nbytes += h.length;
@@ -170,7 +320,7 @@ void Initiator::on_read_frame(const FrameHeader& h, std::string_view text) {
   op.parts_left -= static_cast<uint32_t>(h.offset);  // on_read_header checked it against read_runs
   if (op.parts_left > 0) return;
   const uint64_t nbytes = op.error.is_ok() ? op.nbytes : 0;
-  finish_op(h.op_id, std::move(op.error), nbytes);
+  finish_op(op_id, std::move(op.error), nbytes);
 }
 
 void Initiator::revoke(const RegionLifetime& lifetime) {
@@ -199,6 +349,16 @@ Initiator::Dropped Initiator::drop_all() {
   Dropped dropped{std::move(pending_)};
   pending_.clear();  // a moved-from table is emptied explicitly
   sends_.clear();
+  gpu_queue_.clear();
+  if (tcp::GpuStaging* staging = gpu_.staging()) {
+    // The ops fail at once (Dropped::fail): first every staging copy of their memory
+    // must have finished. Bounded: the copies are queued already.
+    staging->drain();
+    staging->drop_frame_slots();
+    dropped.ops.for_each([](uint64_t, PendingOp& op) {
+      if (op.gpu) op.gpu->ended = true;
+    });
+  }
   return dropped;
 }
 

@@ -16,6 +16,7 @@
 #include "dlslime/tcp_endpoint.h"
 #include "tcp/frame_codec.h"
 #include "tcp/payload_sink.h"
+#include "tcp/tcp_gpu_staging.h"
 #include "tcp/tcp_connection.h"
 #include "tcp/write_item.h"
 
@@ -30,6 +31,30 @@ class Pairing;
 class Initiator {
  public:
   using Clock = std::chrono::steady_clock;
+
+  // What an op whose local memory is on a GPU needs besides the host path's state
+  // (docs/tcp.md "GPU memory"): a write's frames wait here until a staging slot holds
+  // their bytes (copied from the device), a read's answers land in slots and are copied
+  // to the device before they count. An op that ends while copies of its memory are
+  // still running completes only once they have finished (`deferred`).
+  struct GpuOp {
+    struct Frame {
+      uint16_t lane = 0;
+      tcp::FrameHeader header;
+      std::vector<uint8_t> list;                  // the piece list
+      std::vector<tcp::PayloadSegment> sources;   // local bytes, in payload order
+      uint64_t bytes = 0;
+    };
+    std::deque<Frame> frames;  // write: not staged yet, in wire order
+    uint32_t copies = 0;       // slots whose copies have not finished
+    bool ended = false;
+    // The completion of an op that ended while `copies` > 0.
+    std::shared_ptr<OpState> state;
+    Status status;
+    uint64_t nbytes = 0;
+    RegionUses uses;
+    InflightLimiter::Slot slot;
+  };
 
   // An initiated op waiting for its acknowledgements or data (its deadline is kept by
   // pending_). Everything it references (frames queued on lanes, sinks into its buffers,
@@ -54,6 +79,7 @@ class Initiator {
     // (OpRequest::timeout) or the endpoint's op_timeout.
     std::chrono::milliseconds timeout{0};
     bool own_timeout = false;
+    std::shared_ptr<GpuOp> gpu;  // local memory on a GPU (null: the host path)
   };
   // A prepared op on its way from the submitting thread to the I/O thread.
   struct Submission {
@@ -68,7 +94,7 @@ class Initiator {
     void fail(const Status& why);
   };
 
-  Initiator(const TcpOptions& options, Pairing& pairing);
+  Initiator(const TcpOptions& options, Pairing& pairing, tcp::GpuPath& gpu);
 
   // Queues the op's frames on its lanes and adds it to the table, or completes it at once
   // (not connected, nothing to move). Returns the deadline it now waits for (max: none),
@@ -79,7 +105,9 @@ class Initiator {
   void on_write_ack(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view text);
   void on_send_ack(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view text);
   tcp::RxAction on_read_header(tcp::TcpConnection& conn, const tcp::FrameHeader& h, tcp::PayloadSink& sink);
-  void on_read_frame(const tcp::FrameHeader& h, std::string_view text);
+  void on_read_frame(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view text);
+  // Stages the next frames of device-memory writes while staging slots are free.
+  void pump_gpu();
 
   // Ends the ops that hold `lifetime`'s region (it is being unregistered).
   void revoke(const RegionLifetime& lifetime);
@@ -97,6 +125,13 @@ class Initiator {
   // of pending_: releases its queued frames, sinks and regions, closes a lane still moving
   // its bytes, then completes the future.
   void end_op(uint64_t op_id, PendingOp op, Status status, uint64_t nbytes = 0);
+  // Counts an answered read request (its bytes are in local memory).
+  void count_read(uint64_t op_id, const tcp::FrameHeader& h, std::string_view text, const Status& copied);
+  // A write frame's bytes are in slot `slot`: sends the frame (or drops it: the op ended).
+  void on_frame_staged(uint64_t op_id, const std::shared_ptr<GpuOp>& gpu, tcp::GpuStaging::Slot* slot,
+                       GpuOp::Frame& frame, const Status& copied);
+  // A copy of an op's memory finished: completes it if it ended meanwhile.
+  static void copy_finished(GpuOp& gpu);
   // Fails the connection: a frame that contradicts the state of its op.
   void violation(tcp::TcpConnection& conn, std::string what);
 
@@ -107,6 +142,9 @@ class Initiator {
   // Expired ones stay until a later acknowledgement passes them (bounded: start_op drops
   // expired ones from the front).
   std::deque<uint64_t> sends_;
+  tcp::GpuPath& gpu_;
+  // Device-memory writes with frames waiting for a staging slot, in submission order.
+  std::deque<std::pair<uint64_t, std::shared_ptr<GpuOp>>> gpu_queue_;
 };
 
 }  // namespace dlslime

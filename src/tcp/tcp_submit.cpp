@@ -50,15 +50,25 @@ thread_local PrepareScratch t_prepare;
 // part (its share of an answer).
 class LaneWriter final : public DataMover {
  public:
-  LaneWriter(Initiator::Submission& sub, std::span<const int32_t> peer_handles, uint64_t chunk_size)
-      : sub_(sub), peer_handles_(peer_handles), chunk_size_(chunk_size) {}
+  // `staged`: the op's local memory is on a GPU. Its write frames are kept for the
+  // Initiator to stage (their bytes are copied off the device into a pinned slot before
+  // they are sent: Initiator::pump_gpu); a read's requests go out as usual.
+  LaneWriter(Initiator::Submission& sub, std::span<const int32_t> peer_handles, uint64_t chunk_size,
+             Initiator::GpuOp* staged)
+      : sub_(sub), peer_handles_(peer_handles), chunk_size_(chunk_size), staged_(staged) {}
 
   uint32_t claim(const PlannedOp& op, uint16_t lane) override {
     const std::span<const PlannedPiece> pieces = op.plan.lane(lane);
     const bool is_read = op.kind == OpKind::kRead;
-    sub_.items.emplace_back(lane, WriteItem(op.op_id));
-    WriteItem& item = sub_.items.back().second;
-    item.reserve(pieces.size(), pieces.size() * tcp::kPieceSize + (is_read ? 0 : op.plan.lanes[lane].bytes));
+    lane_ = lane;
+    WriteItem unused;
+    WriteItem* item_ptr = &unused;
+    if (is_read || !staged_) {
+      sub_.items.emplace_back(lane, WriteItem(op.op_id));
+      item_ptr = &sub_.items.back().second;
+      item_ptr->reserve(pieces.size(), pieces.size() * tcp::kPieceSize + (is_read ? 0 : op.plan.lanes[lane].bytes));
+    }
+    WriteItem& item = *item_ptr;
     size_t begin = 0;
     uint64_t run_bytes = 0;
     for (size_t k = 0; k < pieces.size(); ++k) {
@@ -90,6 +100,7 @@ class LaneWriter final : public DataMover {
       h.length = list_bytes + run_bytes;
       if (last) h.flags |= tcp::kFlagLast;  // the target acknowledges the lane's frames after it
     }
+    if (staged_ && !is_read) return stage(op, h, run, run_bytes);
     item.add_header(h);
     uint8_t raw[tcp::kPieceSize];
     for (const PlannedPiece& p : run) {
@@ -107,9 +118,27 @@ class LaneWriter final : public DataMover {
     next_index_ += static_cast<uint32_t>(run.size());
   }
 
+  void stage(const PlannedOp& op, const FrameHeader& h, std::span<const PlannedPiece> run, uint64_t run_bytes) {
+    Initiator::GpuOp::Frame& f = staged_->frames.emplace_back();
+    f.lane = lane_;
+    f.header = h;
+    f.bytes = run_bytes;
+    f.list.resize(run.size() * tcp::kPieceSize);
+    f.sources.reserve(run.size());
+    for (size_t k = 0; k < run.size(); ++k) {
+      const PlannedPiece& p = run[k];
+      tcp::encode_piece({peer_handles_[p.item], op.items[p.item].target_offset + p.offset, p.length},
+                        f.list.data() + k * tcp::kPieceSize);
+      f.sources.push_back({op.local[p.item] + p.offset, p.length});
+    }
+    next_index_ += static_cast<uint32_t>(run.size());
+  }
+
   Initiator::Submission& sub_;
   const std::span<const int32_t> peer_handles_;
   const uint64_t chunk_size_;
+  Initiator::GpuOp* const staged_;
+  uint16_t lane_ = 0;
   uint32_t next_index_ = 0;
 };
 
@@ -144,6 +173,16 @@ Future TcpEndpointImpl::submit(OpRequest req) {
     if (c.offset > std::numeric_limits<uintptr_t>::max() - c.addr ||
         c.length > std::numeric_limits<uintptr_t>::max() - c.addr - c.offset) {
       throw InvalidArgumentError(fmt::format("{}: addr + offset + length overflows", op_kind_name(req.kind)));
+    }
+    // Messages are host memory only; a GPU buffer is refused rather than touched. Asked
+    // only on an endpoint with device regions (where GPU buffers are expected).
+    if (c.length > 0 && gpu_.regions.any()) {
+      if (gpu::Runtime* rt = gpu_.staging() ? &gpu_.staging()->runtime() : nullptr;
+          rt && rt->pointer_info(reinterpret_cast<const void*>(c.addr + c.offset)).type == gpu::MemoryType::kDevice) {
+        throw InvalidArgumentError(fmt::format(
+            "{}: the buffer is GPU memory; TCP send/recv take host memory only (write/read take GPU regions)",
+            op_kind_name(req.kind)));
+      }
     }
   }
   if (req.kind == OpKind::kRecv) {
@@ -213,6 +252,11 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
   scratch.peer_handles.resize(items.size());
   ResolveCache local_cache;
   OwnerRemoteRegions::Cache remote_cache;
+  // Device memory is decided per region (one lookup per distinct region, and none at all
+  // while the endpoint has no device region), never per byte.
+  const bool any_device = gpu_.regions.any();
+  bool device = false;
+  int32_t checked = -1;
   for (size_t i = 0; i < items.size(); ++i) {
     const Assignment& a = items[i];
     uintptr_t local = 0;
@@ -224,6 +268,10 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
       return false;
     }
     if (a.length > 0) sub.op.uses.hold(local_cache);  // unregister waits for this op
+    if (any_device && a.length > 0 && a.local_handle != checked) {
+      checked = a.local_handle;
+      device = device || gpu_.regions.device_of(a.local_handle) >= 0;
+    }
     scratch.local[i] = reinterpret_cast<uint8_t*>(local);
     scratch.peer_handles[i] = peer_handle;
   }
@@ -249,7 +297,8 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
   // Every lane's pieces go to the lanes' own mover today (the seam: another mover could
   // claim some of them here). The op completes once each claimed part is done.
   const PlannedOp planned{.op_id = op_id, .kind = req.kind, .items = items, .local = scratch.local, .plan = plan};
-  LaneWriter lane_writer(sub, scratch.peer_handles, options_.chunk_size);
+  if (device) sub.op.gpu = std::make_shared<Initiator::GpuOp>();
+  LaneWriter lane_writer(sub, scratch.peer_handles, options_.chunk_size, sub.op.gpu.get());
   DataMover& mover = lane_writer;
   for (uint16_t lane = 0; lane < lanes; ++lane) {
     if (plan.lanes[lane].count > 0) sub.op.parts_left += mover.claim(planned, lane);

@@ -28,7 +28,7 @@ void TargetServer::ack(TcpConnection& conn, FrameType type, uint64_t op_id, cons
 template <class OverLimit>
 Status TargetServer::resolve_pieces(std::string_view list, uint64_t first, uint64_t limit,
                                     std::vector<tcp::PayloadSegment>& segments, RegionUses& uses, uint64_t* total,
-                                    OverLimit over_limit) const {
+                                    bool* device, OverLimit over_limit) const {
   // A piece list from the wire (its size was checked by the parser) resolved against the
   // local regions: the destinations of its non-empty pieces in order, with a use of each
   // region they point into (unregister waits for it), or the first bad piece's error
@@ -36,6 +36,9 @@ Status TargetServer::resolve_pieces(std::string_view list, uint64_t first, uint6
   segments.clear();
   uses.clear();
   *total = 0;
+  *device = false;
+  const bool any_device = gpu_.regions.any();  // the host path asks nothing more
+  int32_t checked = -1;
   ResolveCache cache;
   for (size_t i = 0; i < list.size() / tcp::kPieceSize; ++i) {
     const tcp::Piece p = tcp::parse_piece(reinterpret_cast<const uint8_t*>(list.data()) + i * tcp::kPieceSize);
@@ -48,6 +51,10 @@ Status TargetServer::resolve_pieces(std::string_view list, uint64_t first, uint6
     if (p.length > 0) {
       segments.push_back({reinterpret_cast<uint8_t*>(addr), p.length});
       uses.hold(cache);
+      if (any_device && p.handle != checked) {
+        checked = p.handle;
+        *device = *device || gpu_.regions.device_of(p.handle) >= 0;
+      }
     }
   }
   return Status::ok();
@@ -61,7 +68,8 @@ void TargetServer::on_write_prefix(TcpConnection& conn, const FrameHeader& h, st
   const uint64_t data = h.length - list.size();  // the parser checked h.length >= the list
   std::vector<tcp::PayloadSegment>& segments = conn.segments();
   uint64_t total = 0;
-  Status st = resolve_pieces(list, h.index, data, segments, conn.segment_uses(), &total, [&](size_t) {
+  bool device = false;
+  Status st = resolve_pieces(list, h.index, data, segments, conn.segment_uses(), &total, &device, [&](size_t) {
     return Status::protocol_error(
         fmt::format("the write frame's pieces add up to more than the {} bytes it carries", data));
   });
@@ -69,22 +77,139 @@ void TargetServer::on_write_prefix(TcpConnection& conn, const FrameHeader& h, st
     st = Status::protocol_error(
         fmt::format("the write frame's pieces add up to {} bytes, but it carries {}", total, data));
   }
+  auto staged = staged_.find(&conn);
   if (!st) {
     conn.segment_uses().clear();  // nothing of it is placed
-    InboundWrite& acc = inbound_writes_[&conn];
-    if (acc.op_id != h.op_id || acc.status.is_ok()) acc = {h.op_id, std::move(st)};  // the op's first error
+    if (staged != staged_.end()) gpu_.staging()->release(take_reserved(&conn));
+    record_error(conn, h.op_id, std::move(st));
     return;  // drained
   }
+  if (device && staged != staged_.end() && staged->second.slot) {
+    // Device memory: the payload lands in the reserved slot, contiguous, and is copied to
+    // its places when complete (on_write_frame). The destinations and their regions are
+    // kept until the copies have finished.
+    StagedFrame& f = staged->second;
+    gpu_.staging()->ensure(f.slot, data);
+    f.segments.assign(segments.begin(), segments.end());
+    f.uses = conn.segment_uses();
+    sink.place(f.slot->data, data);
+    return;
+  }
+  if (device) {
+    // No slot was reserved at its header (the region was registered in between): the bytes
+    // are refused rather than placed by host code.
+    conn.segment_uses().clear();
+    record_error(conn, h.op_id, Status::failed("no GPU staging slot was reserved for the frame; write again"));
+    return;
+  }
+  if (staged != staged_.end()) gpu_.staging()->release(take_reserved(&conn));  // host memory after all
   if (!segments.empty()) sink.scatter(segments.data(), segments.size());
 }
 
+tcp::RxAction TargetServer::reserve_staging(TcpConnection& conn, const FrameHeader& h) {
+  tcp::GpuStaging* staging = gpu_.staging();
+  if (!staging || staged_.count(&conn)) return tcp::RxAction::kContinue;
+  const bool write = h.type == FrameType::kWriteData;
+  const uint64_t list = write ? h.offset * tcp::kPieceSize : h.length;
+  if (write && (list == 0 || h.length <= list)) return tcp::RxAction::kContinue;  // no bytes to place
+  tcp::GpuStaging::Slot* slot = nullptr;
+  try {
+    // A read answer's size is known once its list is (answer_read grows the slot).
+    slot = staging->acquire(write ? tcp::GpuStaging::kIn : tcp::GpuStaging::kOut, write ? h.length - list : 0);
+  } catch (const std::exception& e) {
+    conn.close(Status::failed(fmt::format("no GPU staging memory: {}", e.what())));
+    return tcp::RxAction::kContinue;
+  }
+  if (!slot) {
+    staging->wait_for_slot(write ? tcp::GpuStaging::kIn : tcp::GpuStaging::kOut, conn.shared_from_this());
+    return tcp::RxAction::kPause;
+  }
+  staged_[&conn].slot = slot;
+  return tcp::RxAction::kContinue;
+}
+
+tcp::GpuStaging::Slot* TargetServer::take_reserved(const TcpConnection* conn) {
+  auto it = staged_.find(conn);
+  if (it == staged_.end()) return nullptr;
+  tcp::GpuStaging::Slot* slot = it->second.slot;
+  staged_.erase(it);
+  return slot;
+}
+
+void TargetServer::record_error(TcpConnection& conn, uint64_t op_id, Status st) {
+  auto [it, added] = inbound_writes_.try_emplace(WriteKey{&conn, op_id});
+  if (added && inbound_writes_.size() > kMaxOpenWrites) {
+    inbound_writes_.erase(it);
+    return conn.close(Status::protocol_error(
+        fmt::format("the peer has more than {} write ops open with errors or copies pending", kMaxOpenWrites)));
+  }
+  if (it->second.status.is_ok()) it->second.status = std::move(st);  // the op's first error
+}
+
+void TargetServer::place_staged(TcpConnection& conn, const FrameHeader& h, StagedFrame frame) {
+  tcp::GpuStaging& staging = *gpu_.staging();
+  tcp::GpuStaging::Slot* slot = frame.slot;
+  const WriteKey key{&conn, h.op_id};
+  auto [it, added] = inbound_writes_.try_emplace(key);
+  InboundWrite& w = it->second;
+  try {
+    uint64_t at = 0;
+    for (const tcp::PayloadSegment& dst : frame.segments) {
+      staging.copy(tcp::GpuStaging::kIn, dst.addr, slot->data + at, dst.length);
+      at += dst.length;
+    }
+    if (!w.conn) w.conn = conn.shared_from_this();
+    ++w.copies;
+    auto uses = std::make_shared<RegionUses>(std::move(frame.uses));  // until the copies have finished
+    staging.when_copied(slot, [this, key, slot, uses](Status copied) {
+      gpu_.staging()->release(slot);
+      auto it = inbound_writes_.find(key);
+      if (it == inbound_writes_.end()) return;  // the peer is gone (clear)
+      InboundWrite& w = it->second;
+      if (!copied && w.status.is_ok()) w.status = copied;
+      if (--w.copies > 0 || !w.last) return;
+      std::shared_ptr<TcpConnection> conn = std::move(w.conn);
+      const Status st = std::move(w.status);
+      inbound_writes_.erase(it);
+      if (conn->is_open()) ack(*conn, FrameType::kWriteAck, key.op_id, st);
+    });
+  } catch (const std::exception& e) {
+    staging.release(slot);
+    if (w.status.is_ok()) w.status = Status::failed(fmt::format("copying a write to the GPU failed: {}", e.what()));
+  }
+}
+
+void TargetServer::clear() {
+  inbound_writes_.clear();
+  if (tcp::GpuStaging* staging = gpu_.staging()) {
+    for (auto& [conn, f] : staged_) staging->release(f.slot);
+  }
+  staged_.clear();
+}
+
 void TargetServer::on_write_frame(TcpConnection& conn, const FrameHeader& h) {
+  if (!staged_.empty()) {
+    if (auto f = staged_.find(&conn); f != staged_.end()) {
+      StagedFrame frame = std::move(f->second);
+      staged_.erase(f);
+      if (!frame.segments.empty()) {
+        place_staged(conn, h, std::move(frame));
+      } else if (frame.slot) {
+        gpu_.staging()->release(frame.slot);
+      }
+    }
+  }
   if (!h.last()) return;
   Status st = Status::ok();
-  if (auto it = inbound_writes_.find(&conn); it != inbound_writes_.end()) {
-    // An entry of another op is stale: that op's frames on this lane are over.
-    if (it->second.op_id == h.op_id) st = std::move(it->second.status);
-    inbound_writes_.erase(it);
+  if (!inbound_writes_.empty()) {
+    if (auto it = inbound_writes_.find(WriteKey{&conn, h.op_id}); it != inbound_writes_.end()) {
+      if (it->second.copies > 0) {  // acknowledged once its copies to the device have finished
+        it->second.last = true;
+        return;
+      }
+      st = std::move(it->second.status);
+      inbound_writes_.erase(it);
+    }
   }
   ack(conn, FrameType::kWriteAck, h.op_id, st);
 }
@@ -92,8 +217,9 @@ void TargetServer::on_write_frame(TcpConnection& conn, const FrameHeader& h) {
 void TargetServer::answer_read(TcpConnection& conn, const FrameHeader& h, std::string_view list) {
   const size_t count = list.size() / tcp::kPieceSize;  // the parser checked the size
   uint64_t total = 0;
+  bool device = false;
   RegionUses uses;  // held by the answer until it is written or dropped
-  const Status st = resolve_pieces(list, 0, tcp::kMaxDataPayload, read_scratch_, uses, &total, [](size_t i) {
+  const Status st = resolve_pieces(list, 0, tcp::kMaxDataPayload, read_scratch_, uses, &total, &device, [](size_t i) {
     return Status(StatusCode::kBatchOverflow,
                   fmt::format("the pieces up to {} ask for more than {} bytes in one answer", i, tcp::kMaxDataPayload));
   });
@@ -103,6 +229,22 @@ void TargetServer::answer_read(TcpConnection& conn, const FrameHeader& h, std::s
   r.index = h.index;
   r.offset = count;
   r.status = st.raw_code();
+  tcp::GpuStaging::Slot* reserved = staged_.empty() ? nullptr : take_reserved(&conn);
+  if (reserved) {
+    if (st && device && total > 0) return answer_staged(conn, r, reserved, total, std::move(uses));
+    gpu_.staging()->release(reserved);  // host memory after all
+  } else if (st && device && total > 0) {
+    // No slot reserved at its header (the region was registered in between): refused
+    // rather than read by host code.
+    const Status refused = Status::failed("no GPU staging slot was reserved for the read; read again");
+    const std::string_view reason = refused.message();
+    r.status = refused.raw_code();
+    r.length = reason.size();
+    WriteItem& item = conn.control();
+    item.add_header(r);
+    item.add_copy(reason.data(), reason.size());
+    return;
+  }
   // All answers to the requests in one read from the socket share one item.
   WriteItem& item = conn.control();
   if (st) {
@@ -114,6 +256,58 @@ void TargetServer::answer_read(TcpConnection& conn, const FrameHeader& h, std::s
     const std::string_view reason = std::string_view(st.message()).substr(0, tcp::kMaxErrorText);
     r.length = reason.size();
     item.add_header(r);
+    item.add_copy(reason.data(), reason.size());
+  }
+}
+
+}  // namespace dlslime
+
+namespace dlslime {
+
+void TargetServer::answer_staged(TcpConnection& conn, const FrameHeader& r, tcp::GpuStaging::Slot* slot,
+                                 uint64_t total, RegionUses uses) {
+  // A read of device memory: the pieces are copied into the reserved slot, and the answer
+  // leaves once the copies have finished (the regions are held until then).
+  tcp::GpuStaging& staging = *gpu_.staging();
+  try {
+    staging.ensure(slot, total);
+    uint64_t at = 0;
+    for (const tcp::PayloadSegment& src : read_scratch_) {
+      staging.copy(tcp::GpuStaging::kOut, slot->data + at, src.addr, src.length);
+      at += src.length;
+    }
+    auto held = std::make_shared<RegionUses>(std::move(uses));
+    FrameHeader answer = r;
+    staging.when_copied(slot, [this, conn = conn.shared_from_this(), r = answer, slot, total, held](Status copied) mutable {
+      held->clear();
+      tcp::GpuStaging& staging = *gpu_.staging();
+      if (!conn->is_open()) return staging.release(slot);
+      WriteItem item(0);
+      if (copied) {
+        r.length = total;
+        item.reserve(1, total);
+        item.add_header(r);
+        item.add_payload(slot->data, total);
+        item.keep(staging.lease(slot));
+      } else {
+        staging.release(slot);
+        const std::string_view reason = std::string_view(copied.message()).substr(0, tcp::kMaxErrorText);
+        r.status = copied.raw_code();
+        r.length = reason.size();
+        item.add_header(r);
+        item.add_copy(reason.data(), reason.size());
+      }
+      conn->send(std::move(item));
+    });
+  } catch (const std::exception& e) {
+    staging.release(slot);
+    const Status st = Status::failed(fmt::format("copying a read of GPU memory failed: {}", e.what()));
+    FrameHeader err = r;
+    const std::string_view reason = std::string_view(st.message()).substr(0, tcp::kMaxErrorText);
+    err.status = st.raw_code();
+    err.length = reason.size();
+    WriteItem& item = conn.control();
+    item.add_header(err);
     item.add_copy(reason.data(), reason.size());
   }
 }

@@ -1,6 +1,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -10,6 +12,7 @@
 #include "tcp/frame_codec.h"
 #include "tcp/payload_sink.h"
 #include "tcp/tcp_connection.h"
+#include "tcp/tcp_gpu_staging.h"
 
 namespace dlslime {
 
@@ -20,7 +23,12 @@ namespace dlslime {
 // the error) and nothing of that frame is placed. Threads: the I/O thread only.
 class TargetServer {
  public:
-  explicit TargetServer(const MemoryRegistry& regions) : regions_(regions) {}
+  TargetServer(const MemoryRegistry& regions, tcp::GpuPath& gpu) : regions_(regions), gpu_(gpu) {}
+
+  // Device regions are registered: a write frame or read request may need a staging slot
+  // (docs/tcp.md "GPU memory"). Reserves one for `conn`'s frame, or pauses the
+  // connection until one is free (kPause: asked again then).
+  tcp::RxAction reserve_staging(tcp::TcpConnection& conn, const tcp::FrameHeader& h);
 
   // A write frame's piece list arrived (sink.prefix bytes): sets `sink` for its data.
   void on_write_prefix(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view list,
@@ -30,8 +38,8 @@ class TargetServer {
   // Answers a read request (its piece list): one frame with all pieces' bytes, or the
   // first bad piece's error.
   void answer_read(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view list);
-  // The peer is gone: forgets the errors of its writes.
-  void clear() { inbound_writes_.clear(); }
+  // The peer is gone: forgets the errors of its writes and frees the staging it held.
+  void clear();
 
   // Queues an acknowledgement (kWriteAck, kSendAck) of the peer's op `op_id` on `conn`.
   // A successful message acknowledgement still queued is superseded by the next one
@@ -39,19 +47,51 @@ class TargetServer {
   static void ack(tcp::TcpConnection& conn, tcp::FrameType type, uint64_t op_id, const Status& status);
 
  private:
-  // The first error of the write frames of one op arriving on one connection (they are
-  // contiguous); no entry while they all succeed.
+  // A write op of the peer on one connection: the first error of its frames there, and for
+  // frames staged into device memory the copies still running (its acknowledgement waits
+  // for them). No entry while its frames all succeed on the host path. Its frames may be
+  // interleaved with other ops' (a device-memory write's frames leave as they are staged),
+  // hence the key.
+  struct WriteKey {
+    const tcp::TcpConnection* conn;
+    uint64_t op_id;
+    bool operator==(const WriteKey&) const = default;
+  };
+  struct WriteKeyHash {
+    size_t operator()(const WriteKey& k) const noexcept {
+      return std::hash<const void*>()(k.conn) ^ (std::hash<uint64_t>()(k.op_id) * 0x9E3779B97F4A7C15ull);
+    }
+  };
   struct InboundWrite {
-    uint64_t op_id = 0;
     Status status;
+    uint32_t copies = 0;   // staged frames whose device copies have not finished
+    bool last = false;     // the lane's last frame arrived: acknowledge once copies == 0
+    std::shared_ptr<tcp::TcpConnection> conn;  // while copies run
+  };
+  // Writes with an entry per connection at most: a peer that opens more without ending
+  // them is closed (the table is bounded).
+  static constexpr size_t kMaxOpenWrites = 65536;
+  // The staging slot reserved for the frame a connection is reading, and for a write
+  // frame into device memory, its destinations.
+  struct StagedFrame {
+    tcp::GpuStaging::Slot* slot = nullptr;
+    std::vector<tcp::PayloadSegment> segments;
+    RegionUses uses;
   };
   template <class OverLimit>
   Status resolve_pieces(std::string_view list, uint64_t first, uint64_t limit,
                         std::vector<tcp::PayloadSegment>& segments, RegionUses& uses, uint64_t* total,
-                        OverLimit over_limit) const;
+                        bool* device, OverLimit over_limit) const;
+  void record_error(tcp::TcpConnection& conn, uint64_t op_id, Status st);
+  void place_staged(tcp::TcpConnection& conn, const tcp::FrameHeader& h, StagedFrame frame);
+  void answer_staged(tcp::TcpConnection& conn, const tcp::FrameHeader& r, tcp::GpuStaging::Slot* slot, uint64_t total,
+                     RegionUses uses);
+  tcp::GpuStaging::Slot* take_reserved(const tcp::TcpConnection* conn);
 
   const MemoryRegistry& regions_;
-  std::unordered_map<const tcp::TcpConnection*, InboundWrite> inbound_writes_;
+  tcp::GpuPath& gpu_;
+  std::unordered_map<WriteKey, InboundWrite, WriteKeyHash> inbound_writes_;
+  std::unordered_map<const tcp::TcpConnection*, StagedFrame> staged_;
   std::vector<tcp::PayloadSegment> read_scratch_;  // answer_read's resolved pieces (capacity reused)
 };
 

@@ -11,6 +11,7 @@ WriteItem::WriteItem(WriteItem&& o) noexcept
       bytes_(std::move(o.bytes_)),
       segments_(std::move(o.segments_)),
       uses_(std::move(o.uses_)),
+      keep_(std::move(o.keep_)),
       meter_(std::exchange(o.meter_, nullptr)),
       metered_(std::exchange(o.metered_, 0)) {}
 
@@ -22,6 +23,7 @@ WriteItem& WriteItem::operator=(WriteItem&& o) noexcept {
   bytes_ = std::move(o.bytes_);
   segments_ = std::move(o.segments_);
   uses_ = std::move(o.uses_);
+  keep_ = std::move(o.keep_);
   meter_ = std::exchange(o.meter_, nullptr);
   metered_ = std::exchange(o.metered_, 0);
   return *this;

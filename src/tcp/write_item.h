@@ -4,6 +4,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/memory_registry.h"
@@ -47,6 +49,9 @@ class WriteItem {
   const RegionUses& uses() const { return uses_; }
   // Counts memory() into *meter while the item lives (the answer budget of a peer).
   void meter(size_t* meter);
+  // Keeps `k` until the item is written or dropped: a GPU staging buffer its payload is
+  // gathered from (tcp_gpu_staging.h) returns to its pool then.
+  void keep(std::shared_ptr<void> k) { keep_ = std::move(k); }
 
  private:
   void remeter();
@@ -62,6 +67,7 @@ class WriteItem {
   std::vector<uint8_t> bytes_;
   std::vector<Segment> segments_;
   RegionUses uses_;
+  std::shared_ptr<void> keep_;  // see keep(); null on the host path
   size_t* meter_ = nullptr;  // where memory() is counted (nullptr: nowhere)
   size_t metered_ = 0;       // what is counted there now
 };
