@@ -1,0 +1,127 @@
+// GPU memory over TCP (docs/tcp.md "GPU memory") on the strict simulated GPU: device
+// regions on either side, staged through bounded pinned pools. Internal (links the object
+// library) for the simulated runtime's allocator; transfers go through TcpEndpoint's public
+// API. The simulated device memory is PROT_NONE to host code, so a host touch of it in the
+// library kills the test. Run under ASan/TSan too: the staging has its own waiter thread.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dlslime/dlslime.h"
+#include "gpu/device_runtime.h"
+
+using namespace dlslime;
+
+namespace {
+
+constexpr uint64_t kChunk = 64 * 1024;
+
+TcpOptions small_chunks() {
+  TcpOptions o;
+  o.chunk_size = kChunk;
+  return o;
+}
+
+// Device memory, written and read only through the runtime's copies.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t n) : rt_(gpu::sim_runtime()), n_(n), ptr_(rt_.device_alloc(0, n)) {}
+  ~DeviceBuffer() { rt_.device_free(ptr_); }
+  uintptr_t addr() const { return reinterpret_cast<uintptr_t>(ptr_); }
+  void write(const std::vector<uint8_t>& bytes) { copy(ptr_, bytes.data(), bytes.size()); }
+  std::vector<uint8_t> read() {
+    std::vector<uint8_t> out(n_);
+    copy(out.data(), ptr_, n_);
+    return out;
+  }
+
+ private:
+  void copy(void* dst, const void* src, size_t n) {
+    gpu::Stream s = rt_.stream_create(0);
+    gpu::Event e = rt_.event_create(0);
+    rt_.memcpy_async(dst, src, n, s);
+    rt_.event_record(e, s);
+    rt_.event_synchronize(e);
+    rt_.event_destroy(e);
+    rt_.stream_destroy(s);
+  }
+  gpu::Runtime& rt_;
+  size_t n_;
+  void* ptr_;
+};
+
+std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(i * 31 + seed);
+  return v;
+}
+
+class TcpGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ::setenv("DLSLIME_GPU_SIM", "1", 1);  // read on each call of gpu::runtime()
+    a_.connect(b_.endpoint_info());
+    b_.connect(a_.endpoint_info());
+  }
+  TcpEndpoint a_{"127.0.0.1", 0, small_chunks()};
+  TcpEndpoint b_{"127.0.0.1", 0, small_chunks()};
+};
+
+TEST_F(TcpGpu, DeviceToDeviceWriteAndReadAreByteExactAtOffsetsAndStagingIsBounded) {
+  const size_t n = 3 * kChunk + 17, size = n + 16;
+  DeviceBuffer src(size), dst(size);
+  const auto fill_src = pattern(size, 1), fill_dst = pattern(size, 2);
+  src.write(fill_src);
+  dst.write(fill_dst);
+  const int32_t ha = a_.register_memory_region("src", src.addr(), 0, size);
+  b_.register_memory_region("dst", dst.addr(), 0, size);
+  const int32_t hb = a_.register_remote_memory_region("dst", b_.endpoint_info()["mr_info"]["dst"]);
+  ASSERT_TRUE(a_.capabilities().device_memory);
+
+  // write: src[3, +n) -> dst[5, +n)
+  Future w = a_.write({Assignment{ha, hb, 5, 3, n}});
+  ASSERT_TRUE(w.wait_for(std::chrono::seconds(30)));
+  ASSERT_EQ(w.status(), 0) << w.message();
+  std::vector<uint8_t> want = fill_dst;
+  std::memcpy(want.data() + 5, fill_src.data() + 3, n);
+  EXPECT_EQ(dst.read(), want);
+
+  // read: dst[0, +n) -> src[1, +n)
+  Future r = a_.read({Assignment{ha, hb, 0, 1, n}});
+  ASSERT_TRUE(r.wait_for(std::chrono::seconds(30)));
+  ASSERT_EQ(r.status(), 0) << r.message();
+  std::vector<uint8_t> want_src = fill_src;
+  std::memcpy(want_src.data() + 1, want.data(), n);
+  EXPECT_EQ(src.read(), want_src);
+
+  for (TcpEndpoint* ep : {&a_, &b_}) {
+    const auto stats = ep->listener_stats();
+    const uint64_t slots = stats["gpu_staging_slots"];
+    const uint64_t high = stats["gpu_staging_high_water_bytes"];
+    EXPECT_GT(high, 0u);
+    EXPECT_LE(high, 2 * slots * kChunk);
+  }
+}
+
+TEST_F(TcpGpu, AWriteToAnUnknownRemoteHandleFailsAloneAndTheNextOneWorks) {
+  const size_t n = 2 * kChunk;
+  DeviceBuffer src(n), dst(n);
+  src.write(pattern(n, 7));
+  const int32_t ha = a_.register_memory_region("src", src.addr(), 0, n);
+  b_.register_memory_region("dst", dst.addr(), 0, n);
+  const int32_t hb = a_.register_remote_memory_region("dst", b_.endpoint_info()["mr_info"]["dst"]);
+  const int32_t forged = a_.register_remote_memory_region("forged", {{"handle", 4242}, {"addr", 0}, {"length", n}});
+  Future bad = a_.write({Assignment{ha, forged, 0, 0, n}});
+  ASSERT_TRUE(bad.wait_for(std::chrono::seconds(30)));
+  EXPECT_EQ(bad.status(), static_cast<int>(StatusCode::kUnknownHandle)) << bad.message();
+  Future good = a_.write({Assignment{ha, hb, 0, 0, n}});
+  ASSERT_TRUE(good.wait_for(std::chrono::seconds(30)));
+  ASSERT_EQ(good.status(), 0) << good.message();
+  EXPECT_EQ(dst.read(), pattern(n, 7));
+}
+
+}  // namespace
