@@ -7,9 +7,10 @@ connects them through the NanoCtrl control plane (``dlslime.nanoctrl``). Every o
 returns a ``Future``. See docs/quickstart.md.
 
 Scripts written for upstream DLSlime 0.1.23 find its names here too (``TcpMemoryPool``,
-``SlimeTcp*Future``, ``get_logger``, ``available_nic``, ``discover_topology``,
-``start_peer_agent``, ``dlslime.peer_agent``); docs/upstream-compat.md lists each and
-where ours differs on purpose.
+``RDMAContext``, ``RDMAMemoryPool``, ``SlimeTcp*Future``, ``Slime*Future``,
+``get_logger``, ``available_nic``, ``discover_topology``, ``start_peer_agent``,
+``dlslime.peer_agent``); docs/upstream-compat.md lists each and where ours differs on
+purpose.
 """
 
 from ._dlslime import (  # noqa: F401
@@ -21,7 +22,7 @@ from ._dlslime import (  # noqa: F401
     make_endpoint,
 )
 from .logging import get_log_level, get_logger, set_log_level  # noqa: E402
-from .memory_pool import TcpMemoryPool  # noqa: E402
+from .memory_pool import MemoryPool, TcpMemoryPool  # noqa: E402
 from .topology import available_nic, discover_topology  # noqa: E402
 
 # Upstream DLSlime's future classes. Every op here returns a Future (recv's
@@ -30,10 +31,21 @@ from .topology import available_nic, discover_topology  # noqa: E402
 SlimeTcpSendFuture = Future
 SlimeTcpRecvFuture = Future
 SlimeTcpReadWriteFuture = Future
+# Upstream's RDMA future classes: the same Future. Its wait() returns the status (upstream's
+# SlimeReadWriteFuture.wait() raises instead); imm_data() is a method, as upstream's.
+SlimeReadWriteFuture = Future
+SlimeSendFuture = Future
+SlimeRecvFuture = Future
+SlimeImmRecvFuture = Future
 
 __all__ = [
     "Endpoint",
     "Future",
+    "MemoryPool",
+    "SlimeImmRecvFuture",
+    "SlimeReadWriteFuture",
+    "SlimeRecvFuture",
+    "SlimeSendFuture",
     "SlimeTcpReadWriteFuture",
     "SlimeTcpRecvFuture",
     "SlimeTcpSendFuture",
@@ -58,11 +70,18 @@ else:
     __all__.append("TcpEndpoint")
 
 try:
-    from ._dlslime import RDMAEndpoint  # noqa: F401
+    from ._dlslime import RDMAContext, RDMAEndpoint, RDMAMemoryPool  # noqa: F401
 except ImportError:
     pass
 else:
-    __all__.append("RDMAEndpoint")
+    __all__ += ["RDMAContext", "RDMAEndpoint", "RDMAMemoryPool"]
+
+try:
+    from ._dlslime import NVLinkEndpoint  # noqa: F401
+except ImportError:
+    pass
+else:
+    __all__.append("NVLinkEndpoint")
 
 try:
     from ._dlslime import NanoCtrlClient, NanoCtrlServer, PeerAgent, PeerConnection  # noqa: F401

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dlslime/export.h"
 #include "dlslime/status.h"
 
 namespace dlslime {
@@ -153,7 +154,7 @@ class MemoryDomain {
 
 // The domain of transports whose peer names a region by its owner's handle and lets the
 // owner resolve addresses (TCP): nothing to prepare; the entry is {handle, addr, length}.
-class OwnerResolvedDomain final : public MemoryDomain {
+class DLSLIME_API OwnerResolvedDomain final : public MemoryDomain {
  public:
   static const OwnerResolvedDomain& instance();
   void region_added(int32_t, const LocalRegion&) override {}
@@ -170,8 +171,9 @@ struct RegionMatch {
 // The agent-wide registry of named memory: every region this process registered, shared
 // by all endpoints (of every transport) of one PeerAgent, so a handle means the same
 // region on each. Handles are never reused within a registry, so a stale handle held by a
-// peer can never alias a newer region. Thread-safe.
-class MemoryRegistry {
+// peer can never alias a newer region. Thread-safe. Exported (DLSLIME_API) for the Python
+// binding's memory pools (TcpMemoryPool, RDMAMemoryPool), which are views of one registry.
+class DLSLIME_API MemoryRegistry {
  public:
   // How long unregister (and re-registration of a name for other bytes) waits for the
   // transfers in flight on the region before it revokes them.

@@ -9,6 +9,7 @@
 
 #include "core/memory_registry.h"
 #include "dlslime/endpoint.h"
+#include "dlslime/export.h"
 #include "dlslime/transport.h"
 
 namespace dlslime {
@@ -48,7 +49,7 @@ struct TransportEntry {
 // generates (transports_builtin.cpp: one call per built transport, and a "not built"
 // entry for the others), so no static-initialisation order or linker dead-stripping can
 // lose one. Thread-safe (read-only after construction).
-class TransportRegistry {
+class DLSLIME_API TransportRegistry {
  public:
   static const TransportRegistry& instance();
 

@@ -12,7 +12,9 @@
 #include <fmt/format.h>
 
 #include "bindings.h"
+#include "core/memory_registry.h"
 #include "dlslime/endpoint.h"
+#include "dlslime/errors.h"
 #include "convert.h"
 #include "gil.h"
 
@@ -103,16 +105,145 @@ void def_one_sided(py::class_<Endpoint, std::shared_ptr<Endpoint>>& cls, const c
           "endpoint's op_timeout).");
 }
 
+// The pool's name for a region registered without one (upstream's RDMAMemoryPool takes
+// name=None): its address, so registering the same buffer again finds the same name.
+std::string pool_region_name(py::handle name, uintptr_t addr) {
+  return name.is_none() ? fmt::format("0x{:x}", addr) : region_name_arg(name);
+}
+
+// The local handle of `name`, -1 if the pool has none (upstream's get_mr_handle/get_handle).
+int32_t pool_handle(const MemoryPoolView& pool, py::handle name) {
+  return pool.registry()->find(region_name_arg(name)).value_or(-1);
+}
+
+// One mr_info entry of a peer (a dict with at least addr and length), checked as the
+// endpoints' register_remote_memory_region checks its types.
+nlohmann::json remote_entry_arg(py::handle entry) {
+  if (!PyDict_Check(entry.ptr())) {
+    throw py::type_error(fmt::format("mr_info must be a dict, not {}", type_name(entry)));
+  }
+  const auto d = py::reinterpret_borrow<py::dict>(entry);
+  for (const char* key : {"addr", "length"}) {
+    if (!d.contains(key)) throw py::value_error(fmt::format("mr_info has no '{}'", key));
+    int_arg<uint64_t>(d[key], fmt::format("mr_info['{}']", key).c_str());
+  }
+  return to_json(entry, "mr_info");
+}
+
+void bind_memory_pool(py::module_& m) {
+  py::class_<MemoryPoolView, std::shared_ptr<MemoryPoolView>>(
+      m, "MemoryPool",
+      "Named local memory regions with int handles, shared by every endpoint built on the pool "
+      "(TcpEndpoint(pool=...), RDMAEndpoint(pool=...)): a region registered here or on any of them has "
+      "one handle on all of them. Upstream DLSlime's TcpMemoryPool. See docs/upstream-compat.md.")
+      .def(py::init<>())
+      .def(
+          "register_memory_region",
+          [](MemoryPoolView& pool, py::handle addr, py::handle length, py::handle name, py::handle data_ptr) {
+            const auto ad = int_arg<uintptr_t>(
+                renamed_arg(addr, data_ptr, "register_memory_region", "addr", "data_ptr"), "addr");
+            const auto len = int_arg<uint64_t>(length, "length");
+            const std::string n = pool_region_name(name, ad);
+            ReleaseGil release;  // replacing a name waits for the old region's transfers
+            return pool.registry()->add(n, ad, 0, len);
+          },
+          py::arg_v("addr", missing_arg(), "<required>"), py::arg("length"), py::arg("name") = py::none(),
+          py::kw_only(), py::arg_v("data_ptr", missing_arg(), "<unset>"),
+          "Registers [addr, addr+length) as `name` (None: named by its address, \"0x...\"); returns its "
+          "handle. `data_ptr` is upstream RDMAMemoryPool's name for `addr`. Registering a name again for "
+          "other bytes replaces the region under a new handle.")
+      .def("get_mr_handle", &pool_handle, py::arg("name"), "The handle of `name`; -1 if there is none.")
+      .def("get_handle", &pool_handle, py::arg("name"), "The handle of `name`; -1 if there is none.")
+      .def(
+          "unregister_memory_region",
+          [](MemoryPoolView& pool, py::handle key) {
+            // Waits for the region's transfers in flight on every endpoint of the pool.
+            if (PyLong_Check(key.ptr())) {
+              const auto handle = int_arg<int32_t>(key, "key");
+              ReleaseGil release;
+              pool.registry()->remove(handle);
+            } else if (PyUnicode_Check(key.ptr())) {
+              const auto name = key.cast<std::string>();
+              ReleaseGil release;
+              pool.registry()->remove(name);
+            } else {
+              throw py::type_error(fmt::format("key must be a str name or an int handle, not {}", type_name(key)));
+            }
+            return 0;
+          },
+          py::arg("key"),
+          "Unregisters a region (by name or handle) from the pool and every endpoint built on it; returns 0 "
+          "once nothing in flight uses its memory. KeyError if there is none.")
+      .def(
+          "mr_info",
+          [](const MemoryPoolView& pool) {
+            nlohmann::json info = pool.registry()->mr_info();
+            for (auto& [name, entry] : info.items()) entry["name"] = name;
+            return from_json(info, "mr_info");
+          },
+          "{name: {addr, length, handle, name}} of the pool's regions. A peer addresses them through an "
+          "endpoint's endpoint_info()[\"mr_info\"] (RDMA: each endpoint has its own rkeys).")
+      .def(
+          "register_remote_memory_region",
+          [](MemoryPoolView& pool, py::handle entry, py::handle name) {
+            nlohmann::json e = remote_entry_arg(entry);
+            const std::string n =
+                name.is_none() ? str_arg(py::reinterpret_borrow<py::dict>(entry).attr("get")("name", py::none()),
+                                         "mr_info['name']")
+                               : str_arg(name, "name");
+            if (n.empty()) throw py::value_error("name must not be empty");
+            return pool.record_remote(n, e);
+          },
+          py::arg("mr_info"), py::arg("name") = py::none(),
+          "Records a peer's mr_info entry under `name` (default: the entry's 'name'); returns its remote "
+          "handle in the pool (the same entry keeps its handle). An endpoint makes its own remote handles "
+          "(Endpoint.register_remote_memory_region).")
+      .def("remote_mr_info",
+           [](const MemoryPoolView& pool) { return from_json(pool.remote_mr_info(), "remote_mr_info"); })
+      .def(
+          "register_into",
+          [](const MemoryPoolView& pool, Endpoint& ep) {
+            const nlohmann::json info = pool.registry()->mr_info();
+            py::dict handles;
+            for (const auto& [name, entry] : info.items()) {
+              const auto addr = entry.at("addr").get<uintptr_t>();
+              const auto length = entry.at("length").get<uint64_t>();
+              int32_t h = 0;
+              {
+                ReleaseGil release;
+                h = ep.register_memory_region(name, addr, 0, length);
+              }
+              handles[py::str(name)] = h;
+            }
+            return handles;
+          },
+          py::arg("endpoint"),
+          "Registers every region of the pool on `endpoint` (one not built on this pool); returns "
+          "{name: that endpoint's handle}.")
+      .def("__len__", [](const MemoryPoolView& pool) { return pool.registry()->size(); })
+      .def("__repr__", [](const MemoryPoolView& pool) {
+        return fmt::format("<dlslime.MemoryPool {} regions>", pool.registry()->size());
+      });
+}
+
 }  // namespace
 
 void bind_endpoint(py::module_& m) {
+  bind_memory_pool(m);
   // No constructor: an Endpoint is made by its transport's class or by make_endpoint().
   // Every call that can block on I/O or on transfers in flight runs without the GIL; the
   // arguments are converted before it is released. Upstream DLSlime's argument names and
   // positions are accepted too (docs/upstream-compat.md).
   py::class_<Endpoint, std::shared_ptr<Endpoint>> cls(
       m, "Endpoint", "What every transport's endpoint can do (docs/api.md, \"Endpoint base class\").");
-  cls.def("endpoint_info", [](const Endpoint& ep) { return from_json(ep.endpoint_info(), "endpoint_info"); })
+  cls.def("endpoint_info", [](const Endpoint& ep) {
+    nlohmann::json info;
+    {
+      ReleaseGil release;  // RDMA's may wait for a failed connection's work to drain
+      info = ep.endpoint_info();
+    }
+    return from_json(info, "endpoint_info");
+  })
       .def(
           "connect",
           [](Endpoint& ep, py::handle peer_info, py::handle remote_info) {
@@ -179,6 +310,9 @@ void bind_endpoint(py::module_& m) {
           "imm_recv", [](Endpoint& ep, py::handle /*stream*/) { return ep.imm_recv(); },
           py::arg("stream") = py::none())
       .def("capabilities", [](const Endpoint& ep) { return capabilities_dict(ep.capabilities()); })
+      .def(
+          "get_pool", [](const std::shared_ptr<Endpoint>& ep) { return pool_of(ep); },
+          "The MemoryPool this endpoint was built on (its regions are the pool's); None if it has its own.")
       .def("shutdown", &Endpoint::shutdown, py::call_guard<ReleaseGil>())
       .def("__enter__", [](std::shared_ptr<Endpoint> ep) { return ep; })
       .def("__exit__", [](Endpoint& ep, py::handle, py::handle, py::handle) {

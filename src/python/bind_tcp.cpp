@@ -4,6 +4,7 @@
 #include <string>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "bindings.h"
 #include "dlslime/tcp_endpoint.h"
@@ -17,13 +18,24 @@ namespace dlslime::py_bind {
 void bind_tcp(py::module_& m) {
   py::class_<TcpEndpoint, Endpoint, std::shared_ptr<TcpEndpoint>>(m, "TcpEndpoint",
                                                                   "Peer-to-peer transfers over TCP. See docs/tcp.md.")
-      .def(py::init([](py::handle ip, py::handle port, const py::kwargs& kwargs) {
+      .def(py::init([](py::handle ip, py::handle port, py::handle pool, const py::kwargs& kwargs)
+                        -> std::shared_ptr<TcpEndpoint> {
              const std::string host = str_arg(ip, "ip");
              const auto p = int_arg<uint16_t>(port, "port");
-             TcpOptions options = tcp_options_from_kwargs(kwargs);
-             return make_without_gil<TcpEndpoint>(host, p, std::move(options));
+             if (pool.is_none()) {
+               TcpOptions options = tcp_options_from_kwargs(kwargs);
+               return make_without_gil<TcpEndpoint>(host, p, std::move(options));
+             }
+             // On a pool: the tcp transport's factory (the same options) over the pool's registry.
+             auto shared = pool_arg(pool, "pool");
+             nlohmann::json options = tcp_options_json_from_kwargs(kwargs);
+             options["ip"] = host;
+             options["port"] = p;
+             return std::static_pointer_cast<TcpEndpoint>(make_endpoint_on_pool("tcp", options, std::move(shared)));
            }),
-           py::arg("ip") = "0.0.0.0", py::arg("port") = 0)
+           py::arg("ip") = "0.0.0.0", py::arg("port") = 0, py::kw_only(), py::arg("pool") = py::none(),
+           "Binds and listens on ip:port (0: any free port). pool: a MemoryPool (TcpMemoryPool) whose regions "
+           "this endpoint shares. The other keywords are TcpOptions (docs/tcp.md).")
       .def_property_readonly("host", &TcpEndpoint::host)
       .def_property_readonly("port", &TcpEndpoint::port)
       .def(

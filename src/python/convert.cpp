@@ -5,6 +5,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/memory_registry.h"
+#include "core/transport_registry.h"
+#include "gil.h"
+
 namespace py = pybind11;
 using nlohmann::json;
 
@@ -297,7 +301,7 @@ json integer_json(py::handle v, const char* what) {
 
 }  // namespace
 
-TcpOptions tcp_options_from_kwargs(const py::kwargs& kwargs, const std::vector<std::string>& consumed) {
+json tcp_options_json_from_kwargs(const py::kwargs& kwargs, const std::vector<std::string>& consumed) {
   json options = json::object();
   for (auto item : kwargs) {
     const auto key = item.first.cast<std::string>();
@@ -322,8 +326,73 @@ TcpOptions tcp_options_from_kwargs(const py::kwargs& kwargs, const std::vector<s
         break;
     }
   }
-  return TcpOptions::from_json(options, TcpOptions::from_env());
+  return options;
+}
+
+TcpOptions tcp_options_from_kwargs(const py::kwargs& kwargs, const std::vector<std::string>& consumed) {
+  return TcpOptions::from_json(tcp_options_json_from_kwargs(kwargs, consumed), TcpOptions::from_env());
 }
 #endif  // DLSLIME_WITH_TCP
+
+// --- Memory pools ----------------------------------------------------------------------
+
+MemoryPoolView::MemoryPoolView() : registry_(std::make_shared<MemoryRegistry>()) {}
+MemoryPoolView::~MemoryPoolView() = default;
+
+int32_t MemoryPoolView::record_remote(const std::string& name, const json& entry) {
+  std::lock_guard lock(mu_);
+  auto it = remote_.find(name);
+  if (it != remote_.end() && it->second.first == entry) return it->second.second;
+  const int32_t handle = next_remote_++;
+  remote_[name] = {entry, handle};
+  return handle;
+}
+
+json MemoryPoolView::remote_mr_info() const {
+  std::lock_guard lock(mu_);
+  json out = json::object();
+  for (const auto& [name, record] : remote_) out[name] = record.first;
+  return out;
+}
+
+std::shared_ptr<MemoryPoolView> pool_arg(py::handle v, const char* what) {
+  if (!py::isinstance<MemoryPoolView>(v)) {
+    throw py::type_error(fmt::format("{} must be a dlslime.MemoryPool (TcpMemoryPool, RDMAMemoryPool), not {}", what,
+                                     type_name(v)));
+  }
+  return v.cast<std::shared_ptr<MemoryPoolView>>();
+}
+
+namespace {
+
+// The deleter of an endpoint built on a pool: it owns the library's endpoint (whose own
+// deleter it must keep) and the pool, and drops the endpoint without the GIL.
+struct PooledEndpoint {
+  std::shared_ptr<std::shared_ptr<Endpoint>> owner;
+  std::shared_ptr<MemoryPoolView> pool;
+  void operator()(Endpoint*) {
+    auto* last = new std::shared_ptr<Endpoint>(std::move(*owner));
+    DestroyWithoutGil{}(last);
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<Endpoint> make_endpoint_on_pool(const std::string& transport, const json& options,
+                                                std::shared_ptr<MemoryPoolView> pool) {
+  std::shared_ptr<Endpoint> ep;
+  {
+    ReleaseGil release;  // opens devices, binds, starts I/O threads
+    ep = TransportRegistry::instance().make(transport, options, pool->registry());
+  }
+  Endpoint* raw = ep.get();
+  return std::shared_ptr<Endpoint>(raw, PooledEndpoint{std::make_shared<std::shared_ptr<Endpoint>>(std::move(ep)),
+                                                       std::move(pool)});
+}
+
+std::shared_ptr<MemoryPoolView> pool_of(const std::shared_ptr<Endpoint>& endpoint) {
+  const auto* d = std::get_deleter<PooledEndpoint>(endpoint);
+  return d != nullptr ? d->pool : nullptr;
+}
 
 }  // namespace dlslime::py_bind

@@ -3,6 +3,9 @@
 #include <chrono>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -21,6 +24,10 @@
 // raises TypeError, a value out of range ValueError (docs/api.md, "Arguments"). Binding
 // functions take py::handle and call these rather than letting pybind11 cast, whose
 // failures inside a function are RuntimeError("Unable to cast ...").
+namespace dlslime {
+class MemoryRegistry;  // core/memory_registry.h
+}
+
 namespace dlslime::py_bind {
 
 // --- JSON: dict/list/tuple/str/bytes/int/float/bool/None <-> nlohmann::json -------------
@@ -105,7 +112,49 @@ std::chrono::milliseconds millis_arg(pybind11::handle v, const char* what);
 // (addr, offset, length). Wrong shapes raise TypeError, numbers out of range ValueError.
 std::vector<Assignment> to_assignments(pybind11::handle obj);
 Chunk to_chunk(pybind11::handle obj);
+// --- Memory pools ----------------------------------------------------------------------
+// dlslime.MemoryPool (upstream's TcpMemoryPool; RDMAMemoryPool derives from it) is a view of
+// one MemoryRegistry, the table of named regions that every endpoint built on the pool
+// (TcpEndpoint(pool=...), RDMAEndpoint(pool=...)) registers into and resolves from: a
+// region registered in the pool or on any of those endpoints has one handle on all of
+// them, as for a PeerAgent's endpoints. Peers' entries recorded in the pool
+// (register_remote_memory_region) are records only: each endpoint makes its own remote
+// handles. Polymorphic, so a pool returned to Python is its most derived class.
+class MemoryPoolView {
+ public:
+  MemoryPoolView();
+  virtual ~MemoryPoolView();
+  MemoryPoolView(const MemoryPoolView&) = delete;
+  MemoryPoolView& operator=(const MemoryPoolView&) = delete;
+
+  const std::shared_ptr<MemoryRegistry>& registry() const noexcept { return registry_; }
+  // Records a peer's mr_info entry under `name`; the same name with the same entry keeps
+  // its handle, another entry gets a new one.
+  int32_t record_remote(const std::string& name, const nlohmann::json& entry);
+  nlohmann::json remote_mr_info() const;  // {name: entry}
+
+ private:
+  const std::shared_ptr<MemoryRegistry> registry_;
+  mutable std::mutex mu_;
+  std::map<std::string, std::pair<nlohmann::json, int32_t>> remote_;
+  int32_t next_remote_ = 0;
+};
+
+// A pool argument (TypeError naming `what` for anything but a dlslime.MemoryPool).
+std::shared_ptr<MemoryPoolView> pool_arg(pybind11::handle v, const char* what);
+// An endpoint of `transport` (the transport registry's factory, with its options as JSON)
+// over `pool`'s registry, made with the GIL released. The holder keeps the pool alive as
+// long as the endpoint and destroys the endpoint without the GIL; pool_of() returns it.
+std::shared_ptr<Endpoint> make_endpoint_on_pool(const std::string& transport, const nlohmann::json& options,
+                                                std::shared_ptr<MemoryPoolView> pool);
+// The pool an endpoint was built on by make_endpoint_on_pool; nullptr for any other.
+std::shared_ptr<MemoryPoolView> pool_of(const std::shared_ptr<Endpoint>& endpoint);
+
 #ifdef DLSLIME_WITH_TCP
+// TcpEndpoint's keyword arguments as TcpOptions JSON keys (what TcpOptions::from_json and
+// the tcp transport's factory take), types checked; `consumed` keywords are skipped.
+nlohmann::json tcp_options_json_from_kwargs(const pybind11::kwargs& kwargs,
+                                            const std::vector<std::string>& consumed = {});
 // TcpOptions from the environment, then TcpEndpoint's keyword arguments (DLSlime's names,
 // durations in seconds), parsed by TcpOptions::from_json. An unknown keyword or a wrong
 // type raises TypeError, a bad value ValueError. `consumed` keywords are skipped (the
