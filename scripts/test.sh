@@ -65,10 +65,9 @@ fi
 [ $rc -eq 0 ] || exit $rc
 
 # The Python conformance suite once more, on the simulated RDMA device, when RDMA is built.
-# The killed-peer contract needs the device across processes, which is not built yet
-# (docs/rdma.md): it is left out by name. Exit 5 (nothing collected) fails here too.
+# Exit 5 (nothing collected) fails here too.
 if "$PYTHON" -c 'import sys, dlslime; sys.exit(0 if hasattr(dlslime, "RDMAEndpoint") else 1)'; then
   step "Python conformance on the simulated RDMA device"
   (cd "$ROOT" && DLSLIME_RDMA_SIM=1 "$PYTHON" -m pytest tests/python/test_conformance.py -v -p no:cacheprovider \
-    -k "rdma and not killed")
+    -k rdma)
 fi
