@@ -43,7 +43,8 @@ else()
   set(_dlslime_cuda_default OFF)
 endif()
 dlslime_option(BUILD_CUDA "Build the CUDA runtime for GPU memory (default: on when the CUDA toolkit is found)" ${_dlslime_cuda_default})
-dlslime_option(BUILD_NVLINK "Build the NVLink transport (CUDA IPC)" OFF)
+# NVLink needs only the seam (src/gpu), so it is on wherever the CUDA runtime is built.
+dlslime_option(BUILD_NVLINK "Build the NVLink transport (CUDA IPC; default: on with BUILD_CUDA)" ${BUILD_CUDA})
 dlslime_option(BUILD_ASCEND "Build the Ascend direct transport" OFF)
 
 

@@ -8,8 +8,8 @@ PYTHON=${PYTHON:-python3}
 BUILD=${DLSLIME_NO_TRANSPORT_BUILD_DIR:-build/no-transport}
 JOBS=${JOBS:-$(nproc)}
 
-printf "\n==== build with every transport off (-DBUILD_TCP=OFF -DBUILD_RDMA=OFF) ====\n"
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTS=ON -DBUILD_TCP=OFF -DBUILD_RDMA=OFF \
+printf "\n==== build with every transport off (-DBUILD_TCP=OFF -DBUILD_RDMA=OFF -DBUILD_NVLINK=OFF) ====\n"
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTS=ON -DBUILD_TCP=OFF -DBUILD_RDMA=OFF -DBUILD_NVLINK=OFF \
   -DBUILD_PYTHON=ON -Dpybind11_DIR="$("$PYTHON" -c 'import pybind11; print(pybind11.get_cmake_dir())')" \
   -DPython_EXECUTABLE="$(command -v "$PYTHON")" >/dev/null
 cmake --build "$BUILD" -j "$JOBS"

@@ -25,10 +25,8 @@ def content(n, seed):
 
 
 def endpoint():
-    try:
-        from dlslime import NVLinkEndpoint
-    except ImportError:  # a dlslime whose top-level package does not export it yet
-        from dlslime._dlslime import NVLinkEndpoint
+    from dlslime import NVLinkEndpoint
+
     return NVLinkEndpoint(device=0)
 
 

@@ -16,7 +16,7 @@ import dlslime
 from dlslime import testing
 from conftest import REPO
 
-NVLinkEndpoint = getattr(dlslime, "NVLinkEndpoint", None) or getattr(dlslime._dlslime, "NVLinkEndpoint", None)
+NVLinkEndpoint = getattr(dlslime, "NVLinkEndpoint", None)
 pytestmark = pytest.mark.skipif(NVLinkEndpoint is None,
                                 reason="NVLink transport not built (configure with -DBUILD_NVLINK=ON)")
 
@@ -28,7 +28,7 @@ COMMON = textwrap.dedent(
     import multiprocessing, sys
     import dlslime
     from dlslime import testing
-    NVLinkEndpoint = getattr(dlslime, "NVLinkEndpoint", None) or dlslime._dlslime.NVLinkEndpoint
+    from dlslime import NVLinkEndpoint
     OK, OUT_OF_BOUNDS, UNKNOWN_HANDLE, CANCELLED, PEER_CLOSED = 0, 404, 405, 406, 407
     ALLOC, OFF, REGION = 1 << 20, 4096, 256 * 1024
 
