@@ -69,9 +69,26 @@ def _initiator(url: str, me: str, peer: str, sizes, batch: int, iters: int, pipe
                 # Write: the target holds src; read: back holds what the target holds.
                 verified = back.raw[:total] == src.raw[:total] if op == "read" else None
                 rows.append((op, size, batch, total, statistics.median(lat), min(lat), verified))
+        # Both agents dial (connect_to is symmetric): the target's own connect_to() must have
+        # finished before this agent leaves, or its dial meets a closed endpoint. The parent
+        # says when the target reported it.
+        if not pipe.poll(60):
+            raise RuntimeError("the target agent never reported its connection")
+        pipe.recv()
         note = ctypes.create_string_buffer(b"done", 8)
         agent.send(peer, (ctypes.addressof(note), 0, 8)).wait()
     pipe.send(("rows", rows))
+
+
+def _poll(pipe, child, seconds: float) -> bool:
+    """Whether the child sent something within the time; False at once if it died first."""
+    deadline = time.monotonic() + seconds
+    while not pipe.poll(0.1):
+        if not child.is_alive() and not pipe.poll(0):
+            return False
+        if time.monotonic() > deadline:
+            return False
+    return True
 
 
 def _print_table(rows) -> bool:
@@ -128,15 +145,16 @@ def main(argv=None) -> int:
         initiator.start()
         rows = None
         try:
-            if not t_pipe.poll(60):
+            if not _poll(t_pipe, target, 60):
                 raise RuntimeError("the target agent did not connect within 60 s")
             t_pipe.recv()
-            if not i_pipe.poll(60):
+            i_pipe.send(TARGET_READY)
+            if not _poll(i_pipe, initiator, 60):
                 raise RuntimeError("the initiator agent did not connect within 60 s")
             _, conn_id = i_pipe.recv()
             print(f"agents: {target_alias} (pid {target.pid}) <-> {initiator_alias} (pid {initiator.pid}), "
                   f"connection {conn_id} over tcp")
-            if i_pipe.poll(600):
+            if _poll(i_pipe, initiator, 600):
                 _, rows = i_pipe.recv()
         finally:
             for p in (initiator, target):
