@@ -127,7 +127,8 @@ TEST(TransportRegistry, ListsTheActivePortsOfATransportsDevices) {
   EXPECT_TRUE(registry.ports("tcp").empty());
   EXPECT_TRUE(registry.ports("carrier-pigeon").empty());
   EXPECT_TRUE(registry.ports("ascend").empty());
-  const TransportInfo* rdma = find(available_transports(), "rdma");
+  const auto all = available_transports();  // kept: find() points into it
+  const TransportInfo* rdma = find(all, "rdma");
   ASSERT_NE(rdma, nullptr);
   if (!rdma->built) {
     EXPECT_TRUE(registry.ports("rdma").empty());
