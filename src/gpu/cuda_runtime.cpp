@@ -5,6 +5,7 @@
 // without a GPU; tests/hardware/run_gpu_checks.sh runs it where one exists.
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <memory>
@@ -47,7 +48,17 @@ struct CudaApi {
   // cuMemGetAddressRange does (libcuda, present wherever a GPU is usable).
   using GetAddressRangeFn = int (*)(unsigned long long* base, size_t* size, unsigned long long ptr);
   GetAddressRangeFn MemGetAddressRange = nullptr;
+  // cuMemGetHandleForAddressRange (CUDA 11.7+ drivers): the dma-buf export of a range.
+  // The enum argument is passed as its int value (CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 1).
+  using GetHandleForAddressRangeFn = int (*)(void* handle, unsigned long long dptr, size_t size, int type,
+                                             unsigned long long flags);
+  GetHandleForAddressRangeFn MemGetHandleForAddressRange = nullptr;
+  using GetErrorNameFn = int (*)(int result, const char** name);
+  GetErrorNameFn DriverGetErrorName = nullptr;
 };
+
+constexpr int kDmabufHandleType = 1;   // CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD
+constexpr int kCudaNotSupported = 801;  // CUDA_ERROR_NOT_SUPPORTED
 
 class CudaRuntime final : public Runtime {
  public:
@@ -116,6 +127,37 @@ class CudaRuntime final : public Runtime {
     return p;
   }
   void ipc_close(void* opened_base) override { check(api_.IpcCloseMemHandle(opened_base), "cudaIpcCloseMemHandle"); }
+
+  DmabufRange dmabuf_fd(const void* device_ptr, size_t length) override {
+    const AddressRange range = allocation_range(device_ptr);  // InvalidArgumentError for host memory
+    const auto addr = reinterpret_cast<uintptr_t>(device_ptr);
+    if (length == 0 || length > range.size - (addr - range.base)) {
+      throw InvalidArgumentError(fmt::format("dmabuf_fd: [{:#x}, +{}) is empty or runs past its device allocation [{:#x}, +{})",
+                                             addr, length, range.base, range.size));
+    }
+    if (!api_.MemGetHandleForAddressRange) {
+      throw GpuError("no dma-buf export: the CUDA driver lacks cuMemGetHandleForAddressRange (it needs a driver for "
+                     "CUDA 11.7 or later)");
+    }
+    // The driver exports whole host pages: widen the range (cudaMalloc allocations are
+    // page-aligned, so the widened range stays inside the allocation).
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t start = addr / page * page;
+    const uintptr_t end = (addr + length + page - 1) / page * page;
+    int fd = -1;
+    const int rc = api_.MemGetHandleForAddressRange(&fd, start, end - start, kDmabufHandleType, 0);
+    if (rc != 0) {
+      const char* name = nullptr;
+      if (api_.DriverGetErrorName) api_.DriverGetErrorName(rc, &name);
+      throw GpuError(fmt::format("no dma-buf export of [{:#x}, +{}): cuMemGetHandleForAddressRange failed: {} ({}){}",
+                                 start, end - start, name ? name : "CUresult", rc,
+                                 rc == kCudaNotSupported
+                                     ? "; the device or driver does not support dma-buf "
+                                       "(CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 0; it needs the open kernel modules)"
+                                     : ""));
+    }
+    return {fd, addr - start};
+  }
 
   Stream stream_create(int device) override {
     set_device(device);
@@ -242,6 +284,9 @@ Loaded load() {
   // A driver that reported devices is loaded already; this only finds it.
   if (void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL)) {
     api.MemGetAddressRange = reinterpret_cast<CudaApi::GetAddressRangeFn>(dlsym(driver, "cuMemGetAddressRange_v2"));
+    api.MemGetHandleForAddressRange =
+        reinterpret_cast<CudaApi::GetHandleForAddressRangeFn>(dlsym(driver, "cuMemGetHandleForAddressRange"));
+    api.DriverGetErrorName = reinterpret_cast<CudaApi::GetErrorNameFn>(dlsym(driver, "cuGetErrorName"));
   }
   out.runtime = std::make_unique<CudaRuntime>(api, count);
   return out;

@@ -55,6 +55,14 @@ struct AddressRange {
   size_t size = 0;
 };
 
+// A dma-buf file descriptor exporting device memory (Runtime::dmabuf_fd): the caller owns
+// `fd` and closes it; `offset` is where the asked-for address lies in the buffer (a
+// dma-buf covers whole host pages, so it may start before the address).
+struct DmabufRange {
+  int fd = -1;
+  uint64_t offset = 0;
+};
+
 // An IPC handle: cudaIpcMemHandle_t's 64 opaque bytes. It names the whole allocation that
 // held the address it was taken at; opening it gives that allocation's base.
 struct DLSLIME_API IpcHandle {
@@ -95,6 +103,13 @@ class DLSLIME_API Runtime {
   // CUDA, a process cannot open its own handles (InvalidArgumentError).
   virtual void* ipc_open(const IpcHandle& handle, int device) = 0;
   virtual void ipc_close(void* opened_base) = 0;
+
+  // A dma-buf that exports [device_ptr, +length) of one device allocation, for a NIC to
+  // register (ibv_reg_dmabuf_mr: GPUDirect RDMA without a peer-memory module). CUDA:
+  // cuMemGetHandleForAddressRange(CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD) over the range
+  // widened to host pages. InvalidArgumentError for host memory or a range that runs past
+  // its allocation; GpuError when the driver or device cannot export (the message says why).
+  virtual DmabufRange dmabuf_fd(const void* device_ptr, size_t length) = 0;
 
   virtual Stream stream_create(int device) = 0;
   virtual void stream_destroy(Stream stream) = 0;  // waits for its queued work

@@ -289,6 +289,43 @@ class SimRuntime final : public Runtime {
     allocations_.erase(it);
   }
 
+  DmabufRange dmabuf_fd(const void* device_ptr, size_t length) override {
+    const auto addr = reinterpret_cast<uintptr_t>(device_ptr);
+    std::shared_ptr<Allocation> a;
+    {
+      std::lock_guard lock(mu_);
+      a = find_locked(addr);
+    }
+    if (!a) throw InvalidArgumentError(fmt::format("dmabuf_fd({}): not device memory", device_ptr));
+    if (a->imported) {
+      throw InvalidArgumentError(fmt::format("dmabuf_fd({}): memory opened from another process's IPC handle cannot be exported", device_ptr));
+    }
+    if (length == 0 || length > a->size - (addr - a->base)) {
+      throw InvalidArgumentError(fmt::format("dmabuf_fd: [{:#x}, +{}) is empty or runs past its device allocation [{:#x}, +{})",
+                                             addr, length, a->base, a->size));
+    }
+    // The allocation's memfd is the buffer: a duplicate of it, offset as the pointer is.
+    const int fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) throw_errno("dmabuf_fd: dup", errno);
+    return {fd, addr - a->base};
+  }
+
+  std::optional<sim::NicView> nic_view(uintptr_t addr, size_t length) {
+    std::lock_guard lock(mu_);
+    if (auto a = find_locked(addr)) {
+      if (length > a->size - (addr - a->base)) {
+        throw InvalidArgumentError(fmt::format("[{:#x}, +{}) runs past the end of its device allocation [{:#x}, +{})", addr,
+                                               length, a->base, a->size));
+      }
+      return sim::NicView{a->rw + (addr - a->base), a};
+    }
+    auto next = allocations_.upper_bound(addr);
+    if (next != allocations_.end() && next->first - addr < length) {
+      throw InvalidArgumentError(fmt::format("[{:#x}, +{}) runs from host into device memory", addr, length));
+    }
+    return std::nullopt;
+  }
+
   Stream stream_create(int device) override {
     check_device(device);
     auto s = std::make_unique<SimStream>(device);
@@ -464,6 +501,30 @@ namespace sim {
 void hold_streams(bool held) {
   g_held.store(held);
   if (!held) instance().wake_streams();
+}
+
+std::optional<NicView> nic_view(uintptr_t addr, size_t length) { return instance().nic_view(addr, length); }
+
+NicView map_dmabuf(int fd, uint64_t offset, size_t length) {
+  // Only the simulated GPU's buffers are dma-bufs here: its memfds, known by their name.
+  char link[256] = {};
+  const ssize_t n = readlink(fmt::format("/proc/self/fd/{}", fd).c_str(), link, sizeof link - 1);
+  static const std::string prefix = "/memfd:dlslime-sim-gpu:";
+  struct stat st {};
+  if (n <= 0 || std::string(link, static_cast<size_t>(n)).rfind(prefix, 0) != 0 || fstat(fd, &st) != 0) {
+    throw InvalidArgumentError(fmt::format("fd {} is not a dma-buf of the simulated GPU", fd));
+  }
+  if (length == 0 || offset > static_cast<uint64_t>(st.st_size) || length > static_cast<uint64_t>(st.st_size) - offset) {
+    throw InvalidArgumentError(
+        fmt::format("[{}, +{}) is empty or runs past the {}-byte dma-buf (fd {})", offset, length, st.st_size, fd));
+  }
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t start = offset / page * page;
+  const size_t mapped = page_round(static_cast<size_t>(offset - start + length));
+  void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(start));
+  if (p == MAP_FAILED) throw_errno("mapping a dma-buf", errno);
+  std::shared_ptr<const void> keep(p, [mapped](const void* q) { munmap(const_cast<void*>(q), mapped); });
+  return {static_cast<uint8_t*>(p) + (offset - start), std::move(keep)};
 }
 }  // namespace sim
 

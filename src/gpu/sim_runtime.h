@@ -9,10 +9,18 @@
 //    with pidfd_open + pidfd_getfd (which needs ptrace permission over the owner: the same
 //    user, and under Yama ptrace_scope 1 the owner's PR_SET_PTRACER_ANY, which exporting a
 //    handle sets). A handle of a freed allocation, or one of this process's own, fails.
+//  - dma-bufs (Runtime::dmabuf_fd) are duplicates of the allocation's memfd: a simulated
+//    NIC "imports" one by mapping it (map_dmabuf below), as a NIC's driver maps a dma-buf's
+//    pages for DMA.
 //  - Copies are asynchronous: each stream is a worker thread that runs its queue in order;
 //    the host learns of completion only through events. Copies that run past a device
 //    allocation fail when they are queued (InvalidArgumentError).
 #pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
 
 namespace dlslime::gpu::sim {
 
@@ -21,5 +29,22 @@ inline constexpr int kDeviceCount = 2;
 // Test hook: while held, no stream starts queued work (it stays queued, in order), so a
 // test can observe work that has not happened yet. Destroying a stream drains it anyway.
 void hold_streams(bool held);
+
+// --- For the simulated RDMA NIC only (src/rdma/sim_provider.cpp) ---------------------------
+// GPUDirect RDMA: the NIC, never host code, moves the bytes of device memory. These give the
+// simulated NIC its own read-write view of device memory; nothing else may use them (the
+// library's host code must fail on device memory exactly as on a GPU).
+struct NicView {
+  uint8_t* data = nullptr;           // the NIC's view of the first byte asked for
+  std::shared_ptr<const void> keep;  // holds the view (and the pages) while the MR exists
+};
+// Peer memory (nvidia-peermem's role): the view of [addr, +length) when it lies in one
+// simulated device allocation; nullopt when it is no device memory at all.
+// InvalidArgumentError when it is partly device memory or runs past its allocation.
+std::optional<NicView> nic_view(uintptr_t addr, size_t length);
+// dma-buf import: maps [offset, +length) of a simulated GPU's dma-buf fd (the caller keeps
+// the fd; the mapping does not need it). InvalidArgumentError when the fd is not one or the
+// range runs past it.
+NicView map_dmabuf(int fd, uint64_t offset, size_t length);
 
 }  // namespace dlslime::gpu::sim

@@ -283,6 +283,16 @@ class IbvProtectionDomain final : public ProtectionDomain {
     if (!mr) throw_errno(fmt::format("ibv_reg_mr({}, {} bytes, access {:#x})", addr, length, access), errno);
     return std::make_unique<IbvMemoryRegion>(mr);
   }
+  std::unique_ptr<MemoryRegion> reg_dmabuf_mr(uint64_t offset, size_t length, uint64_t iova, int fd,
+                                              uint32_t access) override {
+    ibv_mr* mr = ibv_reg_dmabuf_mr(pd_, offset, length, iova, fd, static_cast<int>(access));
+    if (!mr) {
+      throw_errno(fmt::format("ibv_reg_dmabuf_mr(fd {}, offset {}, {} bytes, iova {:#x}, access {:#x})", fd, offset,
+                              length, iova, access),
+                  errno);
+    }
+    return std::make_unique<IbvMemoryRegion>(mr);
+  }
   std::unique_ptr<QueuePair> create_rc_qp(CompletionQueue& send_cq, CompletionQueue& recv_cq, const QpCaps& caps) override {
     auto* scq = dynamic_cast<IbvCompletionQueue*>(&send_cq);
     auto* rcq = dynamic_cast<IbvCompletionQueue*>(&recv_cq);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cerrno>
 #include <cstring>
 #include <optional>
@@ -155,13 +156,37 @@ Fabric::~Fabric() {
 
 uint32_t Fabric::new_pd() { return next_pd_++; }
 
-Mr& Fabric::add_mr(uint64_t addr, size_t length, uint32_t access, uint32_t pd) {
+DeviceMemorySupport device_memory_support() {
+  const char* value = std::getenv("DLSLIME_RDMA_SIM_DEVICE_MEMORY");
+  if (value == nullptr || *value == '\0') return {};
+  DeviceMemorySupport out{false, false};
+  const std::string text(value);
+  if (text == "none") return out;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string word = text.substr(at, comma - at);
+    if (word == "dmabuf") {
+      out.dmabuf = true;
+    } else if (word == "peermem") {
+      out.peermem = true;
+    } else {
+      throw InvalidArgumentError(fmt::format(
+          "DLSLIME_RDMA_SIM_DEVICE_MEMORY='{}': expected dmabuf, peermem, both comma-separated, or none", text));
+    }
+    at = comma + 1;
+  }
+  return out;
+}
+
+Mr& Fabric::add_mr(uint64_t addr, size_t length, uint32_t access, uint32_t pd, uint8_t* nic,
+                   std::shared_ptr<const void> keep) {
   // Keys are never reused, and an lkey is never valid as an rkey (or the reverse).
   uint32_t lkey = next_key_ == 0 ? ++next_key_ : next_key_;
   uint32_t rkey = lkey + 1 == 0 ? 1 : lkey + 1;
   next_key_ = rkey + 1;
   Mr& mr = mrs_[lkey];
-  mr = Mr{addr, length, access, pd, lkey, rkey};
+  mr = Mr{addr, length, access, pd, lkey, rkey, nic, std::move(keep)};
   rkey_to_lkey_[rkey] = lkey;
   return mr;
 }
@@ -444,7 +469,10 @@ void Fabric::execute(Qp& qp) {
   if (wr.inline_data) {
     rq.inline_bytes = ps.inline_bytes;
   } else {
-    rq.sges = ps.sges;
+    // The responder moves the bytes at the addresses the NIC uses: for device memory its
+    // own view of it (Mr::nic), which is also what another process's responder reaches.
+    rq.sges.reserve(ps.sges.size());
+    for (const Sge& s : ps.sges) rq.sges.push_back(Sge{find_key(s.lkey, false)->dma_addr(s.addr), s.length, s.lkey});
   }
 
   // The packet goes where the remote GID points: this process's own fabric answers at
@@ -530,6 +558,7 @@ Answer Fabric::respond(const Request& rq, pid_t requester) {
 
   // An RDMA op needs a valid rkey in the responder's PD covering the range, with the
   // access the op needs granted both by the MR and by the responder QP.
+  uint64_t remote_dma = 0;  // where the NIC moves the bytes of [remote_addr, +total)
   if (!needs_recv(h.opcode) || h.opcode == WrOpcode::kRdmaWriteWithImm) {
     const uint32_t need = is_read ? kRemoteRead : kRemoteWrite;
     const Mr* rmr = find_key(h.rkey, true);
@@ -537,6 +566,7 @@ Answer Fabric::respond(const Request& rq, pid_t requester) {
         !(peer->init.access & need)) {
       return Answer{Reply::kRemAccess, 0};
     }
+    remote_dma = rmr->dma_addr(h.remote_addr);
   }
 
   // Ops that consume a receive: none posted is an RNR NAK.
@@ -560,9 +590,14 @@ Answer Fabric::respond(const Request& rq, pid_t requester) {
     rwc.wr_id = recv->wr_id;
     rwc.opcode = WcOpcode::kRecv;
     bool recv_ok = true;
+    std::vector<Sge> recv_dma;  // the receive's buffers where the NIC writes them
     for (const Sge& s : recv->sges) {
       const Mr* mr = find_key(s.lkey, false);
-      if (!mr || mr->pd != peer->pd || !in_range(*mr, s.addr, s.length) || !(mr->access & kLocalWrite)) recv_ok = false;
+      if (!mr || mr->pd != peer->pd || !in_range(*mr, s.addr, s.length) || !(mr->access & kLocalWrite)) {
+        recv_ok = false;
+      } else {
+        recv_dma.push_back(Sge{mr->dma_addr(s.addr), s.length, s.lkey});
+      }
     }
     // A bad receive buffer is the responder's protection error (the requester sees a
     // remote operational error); a message longer than the receive is a length error at
@@ -573,11 +608,11 @@ Answer Fabric::respond(const Request& rq, pid_t requester) {
       to_error(*peer);
       return Answer{recv_ok ? Reply::kRemInvReq : Reply::kRemOpErr, 0};
     }
-    err = move_bytes(0, recv->sges, src_pid, src, h.total);
+    err = move_bytes(0, recv_dma, src_pid, src, h.total);
   } else if (is_read) {
-    err = move_bytes(requester, rq.sges, 0, {Sge{h.remote_addr, static_cast<uint32_t>(h.total), 0}}, h.total);
+    err = move_bytes(requester, rq.sges, 0, {Sge{remote_dma, static_cast<uint32_t>(h.total), 0}}, h.total);
   } else if (h.total > 0) {
-    err = move_bytes(0, {Sge{h.remote_addr, static_cast<uint32_t>(h.total), 0}}, src_pid, src, h.total);
+    err = move_bytes(0, {Sge{remote_dma, static_cast<uint32_t>(h.total), 0}}, src_pid, src, h.total);
   }
   if (err != 0) {
     // The requester's memory could not be reached (ptrace permission, a process that is

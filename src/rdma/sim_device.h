@@ -53,7 +53,23 @@ struct Mr {
   uint32_t pd = 0;
   uint32_t lkey = 0;
   uint32_t rkey = 0;
+  // Device memory (GPUDirect RDMA): where the NIC reads and writes the MR's bytes, its own
+  // view of them (gpu::sim::nic_view or map_dmabuf), never the device address host code
+  // cannot touch. Null for host memory, which the NIC reaches at its address.
+  uint8_t* nic = nullptr;
+  std::shared_ptr<const void> keep;  // holds that view while the MR exists
+  // The address the engine copies from or to for [a, ...) inside this MR.
+  uint64_t dma_addr(uint64_t a) const { return nic ? reinterpret_cast<uint64_t>(nic) + (a - addr) : a; }
 };
+
+// Which device memory the simulated NIC can register (DLSLIME_RDMA_SIM_DEVICE_MEMORY, read
+// at each registration): "dmabuf", "peermem", both comma-separated (the default, unset or
+// empty) or "none". Anything else is an InvalidArgumentError naming the variable.
+struct DeviceMemorySupport {
+  bool dmabuf = true;
+  bool peermem = true;
+};
+DeviceMemorySupport device_memory_support();
 
 struct Cq {
   explicit Cq(int depth);
@@ -173,7 +189,8 @@ class Fabric {
 
   std::mutex mu;
   uint32_t new_pd();
-  Mr& add_mr(uint64_t addr, size_t length, uint32_t access, uint32_t pd);
+  Mr& add_mr(uint64_t addr, size_t length, uint32_t access, uint32_t pd, uint8_t* nic = nullptr,
+             std::shared_ptr<const void> keep = nullptr);
   void remove_mr(uint32_t lkey);
   std::shared_ptr<Qp> add_qp(uint32_t pd, std::shared_ptr<Cq> send_cq, std::shared_ptr<Cq> recv_cq, const QpCaps& caps);
   void remove_qp(uint32_t qpn);

@@ -3,9 +3,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <optional>
 
 #include <fmt/format.h>
 
+#include "gpu/sim_runtime.h"
 #include "rdma/sim_device.h"
 
 namespace dlslime::rdma {
@@ -103,14 +105,54 @@ class SimProtectionDomain final : public ProtectionDomain {
   std::unique_ptr<MemoryRegion> reg_mr(void* addr, size_t length, uint32_t access) override {
     // As ibv_reg_mr: remote write needs local write, and only the known flags are valid.
     if (addr == nullptr || length == 0) throw VerbsError(EINVAL, "sim reg_mr: null address or zero length", StatusCode::kInvalidArgument);
+    check_access(access);
+    // Device memory of the simulated GPU: registered by address only with peer-memory
+    // support (nvidia-peermem's role), and then the NIC moves its bytes through its own
+    // view. Without it, pinning a device address fails as get_user_pages does: EFAULT.
+    std::optional<gpu::sim::NicView> view;
+    try {
+      view = gpu::sim::nic_view(reinterpret_cast<uintptr_t>(addr), length);
+    } catch (const InvalidArgumentError& e) {
+      throw VerbsError(EFAULT, fmt::format("sim reg_mr({}, {} bytes): {}", addr, length, e.what()));
+    }
+    if (view && !sim::device_memory_support().peermem) {
+      throw VerbsError(EFAULT, fmt::format("sim reg_mr({}, {} bytes): the range is GPU memory and the simulated device "
+                                           "has no peer-memory support (DLSLIME_RDMA_SIM_DEVICE_MEMORY)",
+                                           addr, length));
+    }
+    std::lock_guard<std::mutex> lock(fabric_->mu);
+    const sim::Mr& mr = view ? fabric_->add_mr(reinterpret_cast<uint64_t>(addr), length, access, pd_, view->data,
+                                               std::move(view->keep))
+                             : fabric_->add_mr(reinterpret_cast<uint64_t>(addr), length, access, pd_);
+    return std::make_unique<SimMemoryRegion>(fabric_, mr);
+  }
+  std::unique_ptr<MemoryRegion> reg_dmabuf_mr(uint64_t offset, size_t length, uint64_t iova, int fd,
+                                              uint32_t access) override {
+    if (!sim::device_memory_support().dmabuf) {
+      throw VerbsError(EOPNOTSUPP, "sim reg_dmabuf_mr: the simulated device has no dma-buf support "
+                                   "(DLSLIME_RDMA_SIM_DEVICE_MEMORY)");
+    }
+    if (iova == 0 || length == 0) {
+      throw VerbsError(EINVAL, "sim reg_dmabuf_mr: null iova or zero length", StatusCode::kInvalidArgument);
+    }
+    check_access(access);
+    // The import: the NIC maps the buffer's pages for itself (the fd may be closed after).
+    gpu::sim::NicView view;
+    try {
+      view = gpu::sim::map_dmabuf(fd, offset, length);
+    } catch (const InvalidArgumentError& e) {
+      throw VerbsError(EINVAL, fmt::format("sim reg_dmabuf_mr: {}", e.what()), StatusCode::kInvalidArgument);
+    }
+    std::lock_guard<std::mutex> lock(fabric_->mu);
+    const sim::Mr& mr = fabric_->add_mr(iova, length, access, pd_, view.data, std::move(view.keep));
+    return std::make_unique<SimMemoryRegion>(fabric_, mr);
+  }
+  static void check_access(uint32_t access) {
     if ((access & ~(kLocalWrite | kRemoteWrite | kRemoteRead)) != 0 ||
         ((access & kRemoteWrite) && !(access & kLocalWrite))) {
       throw VerbsError(EINVAL, fmt::format("sim reg_mr: invalid access flags {:#x} (remote write needs local write)", access),
                        StatusCode::kInvalidArgument);
     }
-    std::lock_guard<std::mutex> lock(fabric_->mu);
-    const sim::Mr& mr = fabric_->add_mr(reinterpret_cast<uint64_t>(addr), length, access, pd_);
-    return std::make_unique<SimMemoryRegion>(fabric_, mr);
   }
   std::unique_ptr<QueuePair> create_rc_qp(CompletionQueue& send_cq, CompletionQueue& recv_cq, const QpCaps& caps) override {
     auto* scq = dynamic_cast<SimCompletionQueue*>(&send_cq);

@@ -219,7 +219,15 @@ class QueuePair {
 class ProtectionDomain {
  public:
   virtual ~ProtectionDomain() = default;
+  // Host memory, or device memory where the platform lets the NIC pin it by address (a
+  // peer-memory module: nvidia-peermem); elsewhere device memory fails (EFAULT).
   virtual std::unique_ptr<MemoryRegion> reg_mr(void* addr, size_t length, uint32_t access) = 0;
+  // ibv_reg_dmabuf_mr: [offset, +length) of the dma-buf `fd` (borrowed: the MR holds the
+  // buffer itself), addressed in work requests as [iova, +length). EOPNOTSUPP (or ENOSYS)
+  // where the kernel, the NIC's driver or rdma-core cannot; EINVAL for an fd that is no
+  // dma-buf or a range past it.
+  virtual std::unique_ptr<MemoryRegion> reg_dmabuf_mr(uint64_t offset, size_t length, uint64_t iova, int fd,
+                                                      uint32_t access) = 0;
   // An RC QP whose sends complete on send_cq and receives on recv_cq (which may be the same).
   virtual std::unique_ptr<QueuePair> create_rc_qp(CompletionQueue& send_cq, CompletionQueue& recv_cq,
                                                   const QpCaps& caps) = 0;

@@ -27,6 +27,7 @@
 #include "core/transport_registry.h"
 #include "dlslime/errors.h"
 #include "dlslime/transport.h"
+#include "gpu/device_runtime.h"
 #include "rdma/sim_device.h"
 #include "rdma/verbs.h"
 
@@ -698,6 +699,211 @@ TEST_F(RdmaSim, DroppedCompletionIsNeverDelivered) {
   EXPECT_EQ(a_.scq->poll(1, &wc), 0);
 }
 
+
+// ---- GPU memory (docs/rdma.md, "GPU memory"): MRs over the simulated GPU's device memory.
+// The device pointers are PROT_NONE to host code, so these pass only if the NIC alone moves
+// their bytes (through its own view), as with GPUDirect RDMA.
+
+// Device memory of the simulated GPU, written and read only through the runtime's copies.
+class SimDeviceBuffer {
+ public:
+  explicit SimDeviceBuffer(size_t n) : rt_(gpu::sim_runtime()), n_(n), ptr_(rt_.device_alloc(0, n)) {}
+  ~SimDeviceBuffer() { rt_.device_free(ptr_); }
+  SimDeviceBuffer(const SimDeviceBuffer&) = delete;
+  SimDeviceBuffer& operator=(const SimDeviceBuffer&) = delete;
+  void* ptr() const { return ptr_; }
+  uint64_t addr(size_t offset = 0) const { return reinterpret_cast<uint64_t>(ptr_) + offset; }
+  void write(const std::vector<uint8_t>& bytes) { copy(ptr_, bytes.data(), bytes.size()); }
+  std::vector<uint8_t> read() {
+    std::vector<uint8_t> out(n_);
+    copy(out.data(), ptr_, n_);
+    return out;
+  }
+
+ private:
+  void copy(void* dst, const void* src, size_t n) {
+    gpu::Event e = rt_.event_create(0);
+    rt_.memcpy_async(dst, src, n, nullptr);
+    rt_.event_record(e, nullptr);
+    rt_.event_synchronize(e);
+    rt_.event_destroy(e);
+  }
+  gpu::Runtime& rt_;
+  size_t n_;
+  void* ptr_;
+};
+
+std::vector<uint8_t> bytes_of(size_t n, uint8_t seed) {
+  std::vector<uint8_t> v(n);
+  fill_pattern(v, 0, n, seed);
+  return v;
+}
+
+constexpr uint32_t kAllAccess = kLocalWrite | kRemoteWrite | kRemoteRead;
+
+class RdmaSimGpu : public RdmaSim {
+ protected:
+  void SetUp() override {
+    RdmaSim::SetUp();
+    ::setenv("DLSLIME_GPU_SIM", "1", 1);
+    ::unsetenv("DLSLIME_RDMA_SIM_DEVICE_MEMORY");
+  }
+  void TearDown() override { ::unsetenv("DLSLIME_RDMA_SIM_DEVICE_MEMORY"); }
+  // An RDMA op of `len` bytes on a_'s QP, waited for; its completion's status.
+  WcStatus run(WrOpcode op, const Sge& local, uint64_t raddr, uint32_t rkey) {
+    SendWr wr = rdma(op, 7, &local, 1, raddr, rkey);
+    if (post(*a_.qp, wr) != 0) return WcStatus::kGeneralErr;
+    return wait_one(*a_.scq).status;
+  }
+};
+
+TEST_F(RdmaSimGpu, PeerMemoryMrsMoveDeviceBytesBothWaysAtOffsets) {
+  connect();
+  const size_t n = 3 * 4096 + 5;  // several MTUs, not a multiple of one
+  SimDeviceBuffer src(n + 64), dst(n + 64);
+  const auto src_bytes = bytes_of(n + 64, 0x21), dst_bytes = bytes_of(n + 64, 0x77);
+  src.write(src_bytes);
+  dst.write(dst_bytes);
+  // Registered by address: the simulated device has peer-memory support by default.
+  auto src_mr = a_.pd->reg_mr(src.ptr(), n + 64, kAllAccess);
+  auto dst_mr = b_.pd->reg_mr(dst.ptr(), n + 64, kAllAccess);
+  EXPECT_NE(src_mr->lkey(), dst_mr->rkey());
+
+  // WRITE device -> device: local offset 3, remote offset 40.
+  ASSERT_EQ(run(WrOpcode::kRdmaWrite, Sge{src.addr(3), static_cast<uint32_t>(n), src_mr->lkey()}, dst.addr(40),
+                dst_mr->rkey()),
+            WcStatus::kSuccess);
+  auto got = dst.read();
+  std::vector<uint8_t> want = dst_bytes;
+  std::copy(src_bytes.begin() + 3, src_bytes.begin() + 3 + n, want.begin() + 40);
+  EXPECT_EQ(got, want);
+
+  // READ device -> host and WRITE host -> device, 1 byte and a few KiB.
+  ASSERT_EQ(run(WrOpcode::kRdmaRead, a_.sge(10, 1), dst.addr(40), dst_mr->rkey()), WcStatus::kSuccess);
+  EXPECT_EQ(a_.buf[10], src_bytes[3]);
+  fill(a_.buf, 100, 5000, 0x42);
+  ASSERT_EQ(run(WrOpcode::kRdmaWrite, a_.sge(100, 5000), dst.addr(1), dst_mr->rkey()), WcStatus::kSuccess);
+  got = dst.read();
+  EXPECT_TRUE(std::equal(got.begin() + 1, got.begin() + 5001, a_.buf.begin() + 100));
+  // READ host -> device: the NIC writes the device bytes of a READ's destination.
+  fill(b_.buf, 0, 777, 0x13);
+  ASSERT_EQ(run(WrOpcode::kRdmaRead, Sge{src.addr(9), 777, src_mr->lkey()}, b_.addr(0), b_.mr->rkey()),
+            WcStatus::kSuccess);
+  got = src.read();
+  EXPECT_TRUE(std::equal(got.begin() + 9, got.begin() + 9 + 777, b_.buf.begin()));
+}
+
+TEST_F(RdmaSimGpu, SendAndWriteWithImmIntoDeviceMemoryCompleteTheReceive) {
+  connect();
+  SimDeviceBuffer dev(8192);
+  dev.write(std::vector<uint8_t>(8192, 0));
+  auto mr = b_.pd->reg_mr(dev.ptr(), 8192, kAllAccess);
+  Sge r{dev.addr(16), 4096, mr->lkey()};
+  ASSERT_EQ(post_recv(*b_.qp, 1, &r, 1), 0);
+  ASSERT_EQ(post_recv(*b_.qp, 2, nullptr, 0), 0);
+  fill(a_.buf, 0, 3000, 0x5c);
+  Sge m = a_.sge(0, 3000);
+  ASSERT_EQ(post(*a_.qp, rdma(WrOpcode::kSend, 1, &m, 1, 0, 0)), 0);
+  Sge w = a_.sge(0, 100);
+  SendWr imm = rdma(WrOpcode::kRdmaWriteWithImm, 2, &w, 1, dev.addr(5000), mr->rkey());
+  imm.imm_data = 0xfeed;
+  ASSERT_EQ(post(*a_.qp, imm), 0);
+  auto rs = wait_for(*b_.rcq, 2);
+  ASSERT_EQ(rs.size(), 2u);
+  EXPECT_EQ(rs[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(rs[0].byte_len, 3000u);
+  EXPECT_EQ(rs[1].status, WcStatus::kSuccess);
+  EXPECT_EQ(rs[1].imm_data, 0xfeedu);
+  EXPECT_EQ(wait_for(*a_.scq, 2).size(), 2u);
+  const auto got = dev.read();
+  EXPECT_TRUE(std::equal(got.begin() + 16, got.begin() + 16 + 3000, a_.buf.begin()));
+  EXPECT_TRUE(std::equal(got.begin() + 5000, got.begin() + 5100, a_.buf.begin()));
+}
+
+TEST_F(RdmaSimGpu, DmabufMrsRegisterTheGpusExportAndOutliveItsFd) {
+  connect();
+  SimDeviceBuffer dev(10000);
+  const auto init = bytes_of(10000, 0x09);
+  dev.write(init);
+  // The export covers whole pages: ask at an unaligned address.
+  const gpu::DmabufRange buf = gpu::runtime().dmabuf_fd(reinterpret_cast<void*>(dev.addr(100)), 9000);
+  EXPECT_EQ(buf.offset, 100u);
+  auto mr = b_.pd->reg_dmabuf_mr(buf.offset, 9000, dev.addr(100), buf.fd, kAllAccess);
+  ::close(buf.fd);  // the MR holds the buffer, not the descriptor
+  fill(a_.buf, 0, 9000, 0x66);
+  ASSERT_EQ(run(WrOpcode::kRdmaWrite, a_.sge(0, 9000), dev.addr(100), mr->rkey()), WcStatus::kSuccess);
+  auto got = dev.read();
+  EXPECT_TRUE(std::equal(got.begin() + 100, got.begin() + 9100, a_.buf.begin()));
+  EXPECT_TRUE(std::equal(got.begin(), got.begin() + 100, init.begin()));
+  // The MR covers [iova, +9000): a byte past it is a remote access error.
+  EXPECT_EQ(run(WrOpcode::kRdmaRead, a_.sge(0, 2), dev.addr(100 + 8999), mr->rkey()), WcStatus::kRemAccessErr);
+}
+
+TEST_F(RdmaSimGpu, DmabufRegistrationRefusesWhatIsNoGpuBufferOrRunsPastIt) {
+  Side s = make_side(Config{});
+  SimDeviceBuffer dev(4096);
+  const gpu::DmabufRange buf = gpu::runtime().dmabuf_fd(dev.ptr(), 4096);
+  auto errno_of = [&](auto&& fn) {
+    try {
+      fn();
+    } catch (const VerbsError& e) {
+      return e.error_number();
+    }
+    return 0;
+  };
+  EXPECT_EQ(errno_of([&] { s.pd->reg_dmabuf_mr(0, 8192, dev.addr(), buf.fd, kAllAccess); }), EINVAL);  // past it
+  const int not_dmabuf = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  EXPECT_EQ(errno_of([&] { s.pd->reg_dmabuf_mr(0, 16, dev.addr(), not_dmabuf, kAllAccess); }), EINVAL);
+  ::close(not_dmabuf);
+  ::close(buf.fd);
+  // The runtime exports device memory only, within its allocation.
+  EXPECT_THROW(gpu::runtime().dmabuf_fd(s.buf.data(), 16), InvalidArgumentError);
+  EXPECT_THROW(gpu::runtime().dmabuf_fd(dev.ptr(), 4097), InvalidArgumentError);
+}
+
+TEST_F(RdmaSimGpu, DeviceMemorySupportKnobRefusesEachPathAsTheRealOnesFail) {
+  Side s = make_side(Config{});
+  SimDeviceBuffer dev(4096);
+  auto errno_of = [&](auto&& fn) {
+    try {
+      fn();
+    } catch (const VerbsError& e) {
+      return e.error_number();
+    }
+    return 0;
+  };
+  auto by_address = [&] { s.pd->reg_mr(dev.ptr(), 4096, kAllAccess); };
+  auto by_dmabuf = [&] {
+    const gpu::DmabufRange buf = gpu::runtime().dmabuf_fd(dev.ptr(), 4096);
+    try {
+      s.pd->reg_dmabuf_mr(buf.offset, 4096, dev.addr(), buf.fd, kAllAccess);
+    } catch (...) {
+      ::close(buf.fd);
+      throw;
+    }
+    ::close(buf.fd);
+  };
+  ::setenv("DLSLIME_RDMA_SIM_DEVICE_MEMORY", "dmabuf", 1);
+  EXPECT_EQ(errno_of(by_address), EFAULT);  // no peer-memory module: pinning a device address fails
+  EXPECT_EQ(errno_of(by_dmabuf), 0);
+  ::setenv("DLSLIME_RDMA_SIM_DEVICE_MEMORY", "peermem", 1);
+  EXPECT_EQ(errno_of(by_address), 0);
+  EXPECT_EQ(errno_of(by_dmabuf), EOPNOTSUPP);
+  ::setenv("DLSLIME_RDMA_SIM_DEVICE_MEMORY", "none", 1);
+  EXPECT_EQ(errno_of(by_address), EFAULT);
+  EXPECT_EQ(errno_of(by_dmabuf), EOPNOTSUPP);
+  // Host memory is unaffected; a range running from host into device memory never registers.
+  EXPECT_NO_THROW(s.pd->reg_mr(s.buf.data(), 64, kAllAccess));
+  ::setenv("DLSLIME_RDMA_SIM_DEVICE_MEMORY", "dmabuf,peermem", 1);
+  EXPECT_EQ(errno_of([&] { s.pd->reg_mr(dev.ptr(), 4097, kAllAccess); }), EFAULT);
+  ::setenv("DLSLIME_RDMA_SIM_DEVICE_MEMORY", "yes", 1);
+  try {
+    s.pd->reg_mr(dev.ptr(), 4096, kAllAccess);
+    ADD_FAILURE() << "DLSLIME_RDMA_SIM_DEVICE_MEMORY=yes was accepted";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("DLSLIME_RDMA_SIM_DEVICE_MEMORY"), std::string::npos) << e.what();
+  }
+}
 
 // ---- Two processes: each has its own sim_rdma0 (its GID names its pid); the responder's
 // device moves the bytes with process_vm_readv/writev (docs/rdma.md, "Across processes").
