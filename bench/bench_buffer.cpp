@@ -98,7 +98,7 @@ SlotLayout SlotLayout::make(uint64_t size, uint32_t batch, bool contiguous) {
   return l;
 }
 
-BenchBuffer::BenchBuffer(uint64_t bytes) : size_(bytes) {
+std::unique_ptr<BenchBuffer> BenchBuffer::host(uint64_t bytes) {
   void* p = ::mmap(nullptr, std::max<uint64_t>(bytes, 1), PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (p == MAP_FAILED) {
@@ -106,31 +106,86 @@ BenchBuffer::BenchBuffer(uint64_t bytes) : size_(bytes) {
                                          "largest size)",
                                          static_cast<double>(bytes) / (1 << 20)));
   }
-  data_ = static_cast<uint8_t*>(p);
+  std::unique_ptr<BenchBuffer> b(new BenchBuffer());
+  b->memory_ = static_cast<uint8_t*>(p);
+  b->size_ = bytes;
+  return b;
 }
 
-BenchBuffer::~BenchBuffer() { ::munmap(data_, std::max<uint64_t>(size_, 1)); }
+std::unique_ptr<BenchBuffer> BenchBuffer::device(uint64_t bytes, int device) {
+  gpu::Runtime& rt = gpu::runtime();  // GpuUnavailableError without one
+  std::unique_ptr<BenchBuffer> b(new BenchBuffer());
+  b->size_ = bytes;
+  b->device_ = device;
+  const size_t n = std::max<uint64_t>(bytes, 1);
+  // Each step is undone by the destructor, which frees what runtime_ says was allocated.
+  b->memory_ = static_cast<uint8_t*>(rt.device_alloc(device, n));
+  b->runtime_ = &rt;
+  b->mirror_ = static_cast<uint8_t*>(rt.pinned_alloc(n));
+  b->stream_ = rt.stream_create(device);
+  b->event_ = rt.event_create(device);
+  return b;
+}
+
+BenchBuffer::~BenchBuffer() {
+  if (!runtime_) {
+    if (memory_) ::munmap(memory_, std::max<uint64_t>(size_, 1));
+    return;
+  }
+  // Teardown must not throw; a runtime that fails here can only leak.
+  try {
+    if (event_) runtime_->event_destroy(event_);
+    if (stream_) runtime_->stream_destroy(stream_);  // waits for its queued copies
+    if (mirror_) runtime_->pinned_free(mirror_);
+    runtime_->device_free(memory_);
+  } catch (const std::exception&) {
+  }
+}
+
+std::string BenchBuffer::runtime_name() const { return runtime_ ? runtime_->name() : ""; }
+
+void BenchBuffer::copy_and_wait(void* dst, const void* src, uint64_t n) {
+  if (n == 0) return;
+  runtime_->memcpy_async(dst, src, n, stream_);
+  runtime_->event_record(event_, stream_);
+  runtime_->event_synchronize(event_);
+}
+
+void BenchBuffer::upload(uint64_t n) {
+  if (on_device()) copy_and_wait(memory_, mirror_, std::min(n, size_));
+}
+
+void BenchBuffer::download() {
+  if (on_device()) copy_and_wait(mirror_, memory_, size_);
+}
 
 uint64_t pattern_seed(uint64_t run_seed, uint64_t size_index) { return mix64(run_seed ^ mix64(size_index + 0x51)); }
 
 uint8_t poison_byte(uint64_t size_index) { return static_cast<uint8_t>(0xA5 ^ (size_index * 0x3B)); }
 
-void fill_source(const BenchBuffer& buf, const SlotLayout& layout, uint64_t seed) {
+void fill_source(BenchBuffer& buf, const SlotLayout& layout, uint64_t seed) {
+  uint8_t* p = buf.host_view();
   for (uint64_t j = 0; j < layout.slots(); ++j) {
-    ItemPattern(seed, j % layout.batch).fill(buf.data() + layout.offset(j), layout.size);
+    ItemPattern(seed, j % layout.batch).fill(p + layout.offset(j), layout.size);
   }
+  buf.upload(layout.bytes());
 }
 
-void fill_poison(const BenchBuffer& buf, uint8_t poison) { std::memset(buf.data(), poison, buf.size()); }
+void fill_poison(BenchBuffer& buf, uint8_t poison) {
+  std::memset(buf.host_view(), poison, buf.size());
+  buf.upload(buf.size());
+}
 
-VerifyResult verify_destination(const BenchBuffer& buf, const SlotLayout& layout, uint64_t seed, uint8_t poison,
-                                uint64_t last_iter) {
+VerifyResult verify_destination(BenchBuffer& buf, const SlotLayout& layout, uint64_t seed, uint8_t poison,
+                                uint64_t last_iter, bool corrupt) {
   VerifyResult r;
   auto fail = [&](std::string what) {
     if (r.ok) r.first_error = std::move(what);
     r.ok = false;
   };
-  const uint8_t* p = buf.data();
+  buf.download();
+  if (corrupt) buf.host_view()[layout.offset(layout.batch / 2) + layout.size / 2] ^= 0x01;
+  const uint8_t* p = buf.host_view();
   for (uint32_t i = 0; i < layout.batch; ++i) {
     const uint64_t expected_item = layout.source_slot(i, last_iter) % layout.batch;
     const ItemPattern pattern(seed, expected_item);

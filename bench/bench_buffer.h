@@ -1,7 +1,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+
+#include "gpu/device_runtime.h"
 
 namespace dlslime::bench {
 
@@ -33,22 +36,47 @@ struct SlotLayout {
   uint64_t source_slot(uint32_t item, uint64_t iter) const { return item + iter % rotations; }
 };
 
-// Page-aligned memory that the transport registers. Pages are touched at allocation so the
-// first timed iteration does not pay for page faults.
+// The memory the transport registers: host memory, or GPU memory allocated through the
+// device runtime (--device-memory). Host code never touches GPU memory (on the simulated GPU
+// it would fault): the pattern and poison bytes are written into a pinned host copy and
+// copied up, and the checks read a copy brought down, both with memcpy_async and an event.
 class BenchBuffer {
  public:
-  explicit BenchBuffer(uint64_t bytes);
+  // Page-aligned host memory, touched at allocation so the first timed iteration does not pay
+  // for page faults.
+  static std::unique_ptr<BenchBuffer> host(uint64_t bytes);
+  // GPU memory of `device` and its pinned host copy. Throws gpu::GpuUnavailableError without a
+  // GPU runtime, InvalidArgumentError for a device the runtime does not have.
+  static std::unique_ptr<BenchBuffer> device(uint64_t bytes, int device);
   ~BenchBuffer();
   BenchBuffer(const BenchBuffer&) = delete;
   BenchBuffer& operator=(const BenchBuffer&) = delete;
 
-  uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }
-  uintptr_t address() const { return reinterpret_cast<uintptr_t>(data_); }
+  uintptr_t address() const { return reinterpret_cast<uintptr_t>(memory_); }  // what is registered
+  bool on_device() const { return runtime_ != nullptr; }
+  int device() const { return device_; }
+  // "cuda" or "sim" for GPU memory, "" for host memory.
+  std::string runtime_name() const;
+
+  // The bytes host code fills and checks: the memory itself, or the host copy of GPU memory.
+  uint8_t* host_view() const { return on_device() ? mirror_ : memory_; }
+  // GPU memory: copies [0, n) of the host copy to the device / all of the device to the host
+  // copy, and waits for the copy. Nothing to do for host memory.
+  void upload(uint64_t n);
+  void download();
 
  private:
-  uint8_t* data_ = nullptr;
+  BenchBuffer() = default;
+  void copy_and_wait(void* dst, const void* src, uint64_t n);
+
+  uint8_t* memory_ = nullptr;
   uint64_t size_ = 0;
+  gpu::Runtime* runtime_ = nullptr;  // GPU memory: the runtime that allocated it
+  int device_ = -1;
+  uint8_t* mirror_ = nullptr;  // pinned
+  gpu::Stream stream_ = nullptr;
+  gpu::Event event_ = nullptr;
 };
 
 struct VerifyResult {
@@ -61,10 +89,12 @@ struct VerifyResult {
 uint64_t pattern_seed(uint64_t run_seed, uint64_t size_index);
 uint8_t poison_byte(uint64_t size_index);
 
-void fill_source(const BenchBuffer& buf, const SlotLayout& layout, uint64_t seed);
-void fill_poison(const BenchBuffer& buf, uint8_t poison);
+// Before the batches of one size (outside the timed region).
+void fill_source(BenchBuffer& buf, const SlotLayout& layout, uint64_t seed);
+void fill_poison(BenchBuffer& buf, uint8_t poison);
 // Checks the destination after iteration `last_iter`; the whole buffer is examined.
-VerifyResult verify_destination(const BenchBuffer& buf, const SlotLayout& layout, uint64_t seed, uint8_t poison,
-                                uint64_t last_iter);
+// `corrupt` (--inject-corruption) flips one byte of an item first, to prove the check fails.
+VerifyResult verify_destination(BenchBuffer& buf, const SlotLayout& layout, uint64_t seed, uint8_t poison,
+                                uint64_t last_iter, bool corrupt);
 
 }  // namespace dlslime::bench

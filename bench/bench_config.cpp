@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include "dlslime/transport.h"
+#include "gpu/device_runtime.h"
 
 namespace dlslime::bench {
 
@@ -17,6 +18,16 @@ const char* op_name(Op op) noexcept {
     case Op::kWrite: return "write";
     case Op::kRead: return "read";
     case Op::kSend: return "send";
+  }
+  return "?";
+}
+
+const char* device_memory_name(DeviceMemory d) noexcept {
+  switch (d) {
+    case DeviceMemory::kNone: return "none";
+    case DeviceMemory::kInitiator: return "initiator";
+    case DeviceMemory::kTarget: return "target";
+    case DeviceMemory::kBoth: return "both";
   }
   return "?";
 }
@@ -51,6 +62,14 @@ Op parse_op(const std::string& s) {
   throw UsageError(fmt::format("--op must be read, write or send, not '{}'", s));
 }
 
+DeviceMemory parse_device_memory(const std::string& s) {
+  if (s == "none") return DeviceMemory::kNone;
+  if (s == "initiator") return DeviceMemory::kInitiator;
+  if (s == "target") return DeviceMemory::kTarget;
+  if (s == "both") return DeviceMemory::kBoth;
+  throw UsageError(fmt::format("--device-memory must be initiator, target or both, not '{}'", s));
+}
+
 uint64_t parse_uint(const std::string& text, const char* what) {
   uint64_t v = 0;
   const char* end = text.data() + text.size();
@@ -67,6 +86,13 @@ uint32_t parse_count(const std::string& text, const char* what, uint32_t min) {
     throw UsageError(fmt::format("{} must be in {}..{}, not {}", what, min, std::numeric_limits<uint32_t>::max(), v));
   }
   return static_cast<uint32_t>(v);
+}
+
+// A device number; the runtime refuses one it does not have, naming it.
+int parse_gpu(const std::string& text) {
+  const uint64_t v = parse_uint(text, "--gpu");
+  if (v > 1024) throw UsageError(fmt::format("--gpu {}: not a device number", text));
+  return static_cast<int>(v);
 }
 
 }  // namespace
@@ -136,6 +162,13 @@ Run parameters (the initiator sends them to the target):
                              (for comparisons; implies --no-verify; write and read only)
   --no-verify                do not check the transferred bytes
   --timeout SECONDS          deadline for every wait (default 300)
+
+GPU memory (the CUDA runtime, or the simulated GPU with DLSLIME_GPU_SIM=1):
+  --device-memory [initiator|target|both]
+                             allocate that side's buffer (default: both) in GPU memory;
+                             write and read only. --transport nvlink implies both
+  --gpu I[,T]                the GPU of the initiator's [and the target's] buffer
+                             (default 0; one number: both sides)
 
 Roles and addresses:
   --role initiator|target    run one side only (two hosts)
@@ -215,6 +248,24 @@ BenchConfig parse_command_line(int argc, char** argv, bool* help) {
     } else if (arg == "--one-slot") {
       flag();
       c.one_slot = true;
+    } else if (arg == "--device-memory") {
+      // The side is optional: a following word that names one is taken as the value.
+      if (has_inline_value) {
+        c.device_memory = parse_device_memory(value);
+      } else if (i + 1 < argc && (std::string(argv[i + 1]) == "initiator" || std::string(argv[i + 1]) == "target" ||
+                                  std::string(argv[i + 1]) == "both")) {
+        c.device_memory = parse_device_memory(argv[++i]);
+      } else {
+        c.device_memory = DeviceMemory::kBoth;
+      }
+      if (c.device_memory == DeviceMemory::kNone) {
+        throw UsageError("--device-memory must be initiator, target or both, not 'none'");
+      }
+    } else if (arg == "--gpu") {
+      const std::string v = next();
+      const auto comma = v.find(',');
+      c.gpu_initiator = parse_gpu(v.substr(0, comma));
+      c.gpu_target = comma == std::string::npos ? c.gpu_initiator : parse_gpu(v.substr(comma + 1));
     } else if (arg == "--no-verify") {
       flag();
       c.verify = false;
@@ -267,6 +318,30 @@ BenchConfig parse_command_line(int argc, char** argv, bool* help) {
     if (c.inject_corruption) throw UsageError("--one-slot cannot verify, so it cannot take --inject-corruption");
     c.verify = false;  // every item lands on the same bytes
   }
+  if (c.transport == "nvlink") {
+    // NVLinkEndpoint registers GPU memory only (docs/nvlink.md), so both buffers are.
+    if (c.device_memory != DeviceMemory::kNone && c.device_memory != DeviceMemory::kBoth) {
+      throw UsageError(fmt::format("--transport nvlink moves GPU memory on both sides, not --device-memory {}",
+                                   device_memory_name(c.device_memory)));
+    }
+    c.device_memory = DeviceMemory::kBoth;
+  }
+  if (c.device_memory != DeviceMemory::kNone && c.op == Op::kSend) {
+    throw UsageError(c.transport == "nvlink"
+                         ? "--op send: NVLinkEndpoint has no send/recv (it reads and writes)"
+                         : "--op send takes host memory only (TCP's send/recv do not take GPU memory): use write or "
+                           "read with --device-memory");
+  }
+  // Refused here, before any process starts, when this process (or, for the loopback pair,
+  // one of its children) would allocate GPU memory; a target learns its side from the run
+  // parameters and refuses then (DataPath::create).
+  const bool needs_gpu_here = c.role == Role::kLoopbackPair ? c.device_memory != DeviceMemory::kNone
+                                                            : c.role == Role::kInitiator && on_device(c, Role::kInitiator);
+  if (needs_gpu_here && c.transport != "nvlink") {  // --transport nvlink was checked by the registry's probe
+    if (const std::string reason = gpu::unavailable_reason(); !reason.empty()) {
+      throw UsageError(fmt::format("--device-memory needs a GPU: {}", reason));
+    }
+  }
   if (c.control_fd >= 0 && c.role == Role::kLoopbackPair) {
     throw UsageError("--control-fd is internal to the loopback pair and needs --role");
   }
@@ -281,6 +356,18 @@ BenchConfig parse_command_line(int argc, char** argv, bool* help) {
   }
   return c;
 }
+
+bool on_device(const BenchConfig& c, Role side) {
+  switch (c.device_memory) {
+    case DeviceMemory::kNone: return false;
+    case DeviceMemory::kBoth: return true;
+    case DeviceMemory::kInitiator: return side == Role::kInitiator;
+    case DeviceMemory::kTarget: return side == Role::kTarget;
+  }
+  return false;
+}
+
+int gpu_of(const BenchConfig& c, Role side) { return side == Role::kTarget ? c.gpu_target : c.gpu_initiator; }
 
 std::string layout_name(const BenchConfig& c) {
   if (c.one_slot) return "one-slot";
@@ -298,7 +385,9 @@ nlohmann::json run_params_to_json(const BenchConfig& c) {
                       {"verify", c.verify},
                       {"inject_corruption", c.inject_corruption},
                       {"timeout_s", c.timeout_s},
-                      {"seed", c.seed}};
+                      {"seed", c.seed},
+                      {"device_memory", device_memory_name(c.device_memory)},
+                      {"gpu", {{"initiator", c.gpu_initiator}, {"target", c.gpu_target}}}};
   j["transport_options"] = c.transport_options;
   j["lanes"] = c.lanes ? nlohmann::json(*c.lanes) : nlohmann::json(nullptr);
   j["chunk_size"] = c.chunk_size ? nlohmann::json(*c.chunk_size) : nlohmann::json(nullptr);
@@ -325,6 +414,11 @@ void apply_run_params(const nlohmann::json& j, BenchConfig* c) {
     c->lanes = j.at("lanes").is_null() ? std::nullopt : std::optional<uint32_t>(j.at("lanes").get<uint32_t>());
     c->chunk_size =
         j.at("chunk_size").is_null() ? std::nullopt : std::optional<uint64_t>(j.at("chunk_size").get<uint64_t>());
+    // Absent from an initiator that predates --device-memory: host memory.
+    c->device_memory = parse_device_memory(j.value("device_memory", std::string("none")));
+    const nlohmann::json gpu = j.value("gpu", nlohmann::json::object());
+    c->gpu_initiator = gpu.value("initiator", 0);
+    c->gpu_target = gpu.value("target", 0);
   } catch (const nlohmann::json::exception& e) {
     throw UsageError(fmt::format("the initiator sent malformed run parameters: {}", e.what()));
   }

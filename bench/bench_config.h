@@ -13,8 +13,11 @@ namespace dlslime::bench {
 enum class Op { kWrite, kRead, kSend };
 enum class Role { kLoopbackPair, kInitiator, kTarget };
 enum class Progress { kAuto, kBar, kLines, kNone };
+// Which side's benchmark buffer is GPU memory (--device-memory); kNone: both in host memory.
+enum class DeviceMemory { kNone, kInitiator, kTarget, kBoth };
 
 const char* op_name(Op op) noexcept;
+const char* device_memory_name(DeviceMemory d) noexcept;  // "none", "initiator", "target", "both"
 
 // A bad command line. main() prints the message and the usage hint and exits with 2.
 class UsageError : public std::runtime_error {
@@ -46,6 +49,11 @@ struct BenchConfig {
   bool inject_corruption = false;  // self-test of the checker: corrupt one byte before verifying
   double timeout_s = 300.0;        // deadline for every control-channel wait and every op
   uint64_t seed = 0;               // per run; makes every run's pattern different
+  // --device-memory: the buffers allocated through the device runtime (gpu::runtime(): CUDA,
+  // or the simulated GPU with DLSLIME_GPU_SIM=1). NVLink implies kBoth.
+  DeviceMemory device_memory = DeviceMemory::kNone;
+  int gpu_initiator = 0;  // --gpu I[,T]: the device of each side's GPU buffer (and NVLink endpoint)
+  int gpu_target = 0;
 
   // Process-local settings.
   Role role = Role::kLoopbackPair;
@@ -62,6 +70,10 @@ struct BenchConfig {
 
 // "strided", "contiguous" or "one-slot".
 std::string layout_name(const BenchConfig& c);
+// Whether the buffer of `side` (kInitiator or kTarget) is GPU memory.
+bool on_device(const BenchConfig& c, Role side);
+// The GPU of `side`'s buffer and endpoint.
+int gpu_of(const BenchConfig& c, Role side);
 
 // Parses argv. Throws UsageError. Sets `help` instead of parsing further on -h/--help.
 BenchConfig parse_command_line(int argc, char** argv, bool* help);

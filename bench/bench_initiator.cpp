@@ -66,12 +66,19 @@ class Initiator {
 std::string transport_title(const std::string& transport) {
   if (transport == "tcp") return "TCP";
   if (transport == "rdma") return "RDMA";
+  if (transport == "nvlink") return "NVLink";
   return transport;
+}
+
+// "host", "GPU 0 (sim)": where one side's buffer lives, from its buffer_info().
+std::string memory_text(const nlohmann::json& buffer) {
+  if (buffer.value("memory", std::string("host")) != "gpu") return "host";
+  return fmt::format("GPU {} ({})", buffer.value("device", 0), buffer.value("runtime", std::string("?")));
 }
 
 // host:port of an endpoint_info, for transports that have one.
 std::string address_of(const nlohmann::json& info) {
-  if (!info.contains("host")) return "-";
+  if (!info.contains("host") || !info.contains("port")) return "-";
   return fmt::format("{}:{}", info.value("host", std::string("?")), info.value("port", 0));
 }
 
@@ -86,16 +93,22 @@ void Initiator::print_configuration() const {
   if (options.contains("lanes")) {
     out += fmt::format("  lanes: {}\n  chunk_size: {} B\n", options["lanes"].dump(), options["chunk_size"].dump());
   }
-  if (self.contains("device")) {
+  if (cfg_.transport == "rdma" && self.contains("device")) {
     out += fmt::format("  device: {} port {} ({}), num_qp: {}\n", self.value("device", std::string()),
                        self.value("ib_port", 0), self.value("link_layer", std::string()), self.value("num_qp", 0));
   }
   if (data_.simulated_device()) out += fmt::format("  {}\n", kSimulatedDeviceNote);
+  out += fmt::format("  memory: initiator {}, target {}\n", memory_text(data_.buffer_info()),
+                     memory_text(data_.peer_buffer));
+  if (data_.simulated_gpu()) out += fmt::format("  {}\n", kSimulatedGpuNote);
   if (!cfg_.transport_options.empty()) out += fmt::format("  transport options: {}\n", cfg_.transport_options.dump());
   out += fmt::format("  batch: {}\n  layout: {}\n", cfg_.batch, layout_name(cfg_));
   out += fmt::format("  sizes: {}\n  warmup: {}\n  iters: {}\n", sizes_text(cfg_.sizes), cfg_.warmup, cfg_.iters);
-  out += fmt::format("  verify: {}\n  buffer: {:.1f} MiB per process\n\n", cfg_.verify ? "on" : "off",
-                     static_cast<double>(data_.buffer->size()) / (1 << 20));
+  out += fmt::format("  verify: {}\n  buffer: {:.1f} MiB per process{}\n\n", cfg_.verify ? "on" : "off",
+                     static_cast<double>(data_.buffer->size()) / (1 << 20),
+                     cfg_.device_memory != DeviceMemory::kNone ? " (a GPU buffer has a pinned host copy as large, "
+                                                                 "for the pattern and the check)"
+                                                               : "");
   std::fputs(out.c_str(), stdout);
 }
 
@@ -185,8 +198,7 @@ SizeOutcome Initiator::run_size(size_t index, ProgressReporter& progress) {
   out.row.bytes_per_cpu_s = cpu > 0 ? static_cast<double>(size) * cfg_.batch * total / cpu : 0;
   if (cfg_.verify) {
     if (local_is_destination) {
-      if (cfg_.inject_corruption) data_.buffer->data()[layout.offset(layout.batch / 2) + size / 2] ^= 0x01;
-      out.verify = verify_destination(*data_.buffer, layout, seed, poison, total - 1);
+      out.verify = verify_destination(*data_.buffer, layout, seed, poison, total - 1, cfg_.inject_corruption);
     } else {
       out.verify.ok = result.value("ok", false);
       out.verify.bad_items = result.value("bad_items", uint64_t{0});
@@ -212,7 +224,10 @@ nlohmann::json Initiator::config_json(bool all_verified, double cpu_target_total
   c["endpoint"] = self;  // the transport's endpoint_info (regions left out) and options
   if (cfg_.transport == "tcp") c["tcp_options"] = options;
   if (cfg_.transport == "rdma") c["rdma_options"] = options;
+  if (cfg_.transport == "nvlink") c["nvlink_options"] = options;
   c["simulated_device"] = data_.simulated_device();
+  c["memory"] = {{"initiator", data_.buffer_info()}, {"target", data_.peer_buffer}};
+  c["simulated_gpu"] = data_.simulated_gpu();
   c["verified"] = all_verified;
   c["buffer_bytes"] = data_.buffer->size();
   c["version"] = kVersion;
@@ -231,10 +246,17 @@ nlohmann::json Initiator::config_json(bool all_verified, double cpu_target_total
 
 int Initiator::run() {
   if (!cfg_.quiet) print_configuration();
+  // lanes, layout, and where the buffers are when not both in host memory.
+  std::string details = self_lanes().empty() ? std::string() : fmt::format("lanes {}, ", self_lanes());
+  details += layout_name(cfg_);
+  if (cfg_.transport != "nvlink" && cfg_.device_memory != DeviceMemory::kNone) {  // NVLink: GPU memory always
+    details += cfg_.device_memory == DeviceMemory::kBoth
+                   ? ", GPU memory both sides"
+                   : fmt::format(", GPU memory on the {}", device_memory_name(cfg_.device_memory));
+  }
+  if (data_.simulated_gpu()) details += ", simulated GPU";
   const std::string title =
-      fmt::format("DLSlime {} Benchmark: {} ({}{})", transport_title(cfg_.transport),
-                  op_name(cfg_.op),
-                  self_lanes().empty() ? std::string() : fmt::format("lanes {}, ", self_lanes()), layout_name(cfg_));
+      fmt::format("DLSlime {} Benchmark: {} ({})", transport_title(cfg_.transport), op_name(cfg_.op), details);
   TablePrinter table(title, cfg_.op == Op::kSend);
   ProgressReporter progress(cfg_.progress);
   std::vector<ResultRow> rows;
@@ -282,6 +304,7 @@ int Initiator::run() {
                 last.cpu_target_s);
   }
   if (data_.simulated_device()) std::printf("%s\n", kSimulatedDeviceNote);
+  if (data_.simulated_gpu()) std::printf("%s\n", kSimulatedGpuNote);
   std::fflush(stdout);
 
   const std::string json_path = report_path();

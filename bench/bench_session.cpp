@@ -8,8 +8,12 @@
 #ifdef DLSLIME_BENCH_RDMA
 #include "dlslime/rdma_endpoint.h"
 #endif
+#ifdef DLSLIME_BENCH_NVLINK
+#include "dlslime/nvlink_endpoint.h"
+#endif
 #include "dlslime/tcp_endpoint.h"
 #include "dlslime/transport.h"
+#include "gpu/device_runtime.h"
 
 namespace dlslime::bench {
 
@@ -100,9 +104,11 @@ nlohmann::json endpoint_options(const BenchConfig& cfg, const std::string& bind_
     o["op_timeout_ms"] = std::max<int64_t>(1, static_cast<int64_t>(cfg.timeout_s * 1000));
     if (cfg.batch > defaults.max_batch_items) o["max_batch_items"] = cfg.batch;
     if (cfg.batch > defaults.max_inflight_ops) o["max_inflight_ops"] = cfg.batch;
-  } else if (cfg.transport == "rdma") {
+  } else if (cfg.transport == "rdma" || cfg.transport == "nvlink") {
     // As for TCP: --timeout, not the transport's 30 s default, bounds a (slow) benchmark batch.
     o["op_timeout_ms"] = std::max<int64_t>(1, static_cast<int64_t>(cfg.timeout_s * 1000));
+    // NVLink copies on the GPU that holds this side's buffer (--gpu).
+    if (cfg.transport == "nvlink") o["device"] = gpu_of(cfg, cfg.role);
   }
   if (cfg.transport != "tcp" && (cfg.lanes || cfg.chunk_size)) {
     throw UsageError(fmt::format("--lanes and --chunk-size are TCP's; give the {} transport its options with "
@@ -128,13 +134,29 @@ bool is_wildcard(const std::string& ip) { return ip.empty() || ip == "0.0.0.0" |
 DataPath DataPath::create(const BenchConfig& cfg) {
   DataPath d;
   d.bind_ip = !cfg.ip.empty() ? cfg.ip : cfg.control_fd >= 0 ? "127.0.0.1" : "0.0.0.0";
-  d.buffer = std::make_unique<BenchBuffer>(buffer_bytes(cfg));
+  if (on_device(cfg, cfg.role)) {
+    const int device = gpu_of(cfg, cfg.role);
+    try {
+      d.buffer = BenchBuffer::device(buffer_bytes(cfg), device);
+    } catch (const gpu::GpuUnavailableError& e) {
+      throw UsageError(fmt::format("--device-memory needs a GPU: {}", e.what()));
+    } catch (const InvalidArgumentError& e) {
+      throw UsageError(fmt::format("cannot allocate the benchmark buffer on GPU {}: {}", device, e.what()));
+    }
+  } else {
+    d.buffer = BenchBuffer::host(buffer_bytes(cfg));
+  }
   try {
     d.endpoint = make_endpoint(cfg.transport, endpoint_options(cfg, d.bind_ip));
   } catch (const Error& e) {
     throw UsageError(fmt::format("cannot make the {} endpoint: {}", cfg.transport, e.what()));
   }
-  d.local_handle = d.endpoint->register_memory_region("bench", d.buffer->address(), 0, d.buffer->size());
+  try {
+    d.local_handle = d.endpoint->register_memory_region("bench", d.buffer->address(), 0, d.buffer->size());
+  } catch (const InvalidArgumentError& e) {  // e.g. a transport that does not take this kind of memory
+    throw UsageError(fmt::format("the {} endpoint refused the benchmark buffer ({} memory): {}", cfg.transport,
+                                 d.buffer->on_device() ? "GPU" : "host", e.what()));
+  }
   return d;
 }
 
@@ -147,7 +169,19 @@ nlohmann::json DataPath::describe() const {
 #ifdef DLSLIME_BENCH_RDMA
   if (const auto* rdma = dynamic_cast<const RDMAEndpoint*>(endpoint.get())) d["options"] = rdma->options().to_json();
 #endif
+#ifdef DLSLIME_BENCH_NVLINK
+  if (const auto* nv = dynamic_cast<const NVLinkEndpoint*>(endpoint.get())) d["options"] = nv->options().to_json();
+#endif
   return d;
+}
+
+nlohmann::json DataPath::buffer_info() const {
+  if (!buffer->on_device()) return {{"memory", "host"}};
+  return {{"memory", "gpu"}, {"runtime", buffer->runtime_name()}, {"device", buffer->device()}};
+}
+
+bool DataPath::simulated_gpu() const {
+  return buffer->runtime_name() == "sim" || peer_buffer.value("runtime", std::string()) == "sim";
 }
 
 bool DataPath::simulated_device() const {
@@ -160,13 +194,16 @@ nlohmann::json DataPath::hello_payload() const {
   const nlohmann::json info = describe();
   const bool explicit_host =
       !is_wildcard(bind_ip) || !info.value("options", nlohmann::json::object()).value("advertise_host", "").empty();
-  return {{"endpoint_info", endpoint->endpoint_info()}, {"host_explicit", explicit_host}};
+  return {{"endpoint_info", endpoint->endpoint_info()}, {"host_explicit", explicit_host}, {"buffer", buffer_info()}};
 }
 
 void DataPath::connect(const nlohmann::json& peer_hello, const ControlChannel& channel) {
   peer_info = peer_hello.at("endpoint_info");
-  // Only an endpoint_info with a host (TCP's) is dialed at an address; RDMA's names QPs.
-  if (!peer_hello.value("host_explicit", true) && peer_info.contains("host")) {
+  peer_buffer = peer_hello.value("buffer", nlohmann::json::object());
+  // Only TCP's endpoint_info is dialed at an address; RDMA's names QPs, NVLink's "host" is
+  // the boot id that proves both run on one host.
+  if (!peer_hello.value("host_explicit", true) && peer_info.value("transport", std::string()) == "tcp" &&
+      peer_info.contains("host")) {
     if (const std::string seen = channel.peer_ip(); !seen.empty()) peer_info["host"] = seen;
   }
   try {
@@ -176,8 +213,10 @@ void DataPath::connect(const nlohmann::json& peer_hello, const ControlChannel& c
     }
     remote_handle = endpoint->register_remote_memory_region("bench", peer_info["mr_info"]["bench"]);
   } catch (const Error& e) {
-    throw BenchFailure(fmt::format("connecting the data endpoint to {}:{} failed: {}",
-                                   peer_info.value("host", std::string("?")), peer_info.value("port", 0), e.what()));
+    const std::string to = peer_info.contains("port") ? fmt::format(" to {}:{}", peer_info.value("host", std::string()),
+                                                                    peer_info.value("port", 0))
+                                                      : std::string();
+    throw BenchFailure(fmt::format("connecting the data endpoint{} failed: {}", to, e.what()));
   }
 }
 

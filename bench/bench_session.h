@@ -69,9 +69,14 @@ struct DataPath {
   int32_t remote_handle = -1;
   std::string bind_ip;
   nlohmann::json peer_info;
+  // The peer's buffer as its hello described it: {"memory": "host"|"gpu", "runtime", "device"}.
+  nlohmann::json peer_buffer = nlohmann::json::object();
 
-  // Allocates the buffer for the largest size, binds the endpoint, registers the buffer.
+  // Allocates the buffer for the largest size (in GPU memory where --device-memory asks for
+  // this side's), binds the endpoint, registers the buffer.
   static DataPath create(const BenchConfig& cfg);
+  // This side's buffer: {"memory": "host"|"gpu", "runtime": "cuda"|"sim", "device": N}.
+  nlohmann::json buffer_info() const;
   // What to send in hello: endpoint_info and whether its host is meant to be dialed as is.
   nlohmann::json hello_payload() const;
   // The transport's resolved options and addresses, for the report: endpoint_info() minus
@@ -84,12 +89,20 @@ struct DataPath {
   // Whether the endpoint runs on the simulated RDMA device (DLSLIME_RDMA_SIM=1), whose
   // figures measure this library's code paths in software, not a NIC.
   bool simulated_device() const;
+  // Whether either side's buffer is on the simulated GPU (DLSLIME_GPU_SIM=1): its "device
+  // memory" is host memory the simulated runtime copies in software.
+  bool simulated_gpu() const;
 };
 
 // Printed with every result on the simulated RDMA device (docs/bench.md).
 inline constexpr const char* kSimulatedDeviceNote =
     "note: simulated RDMA device (DLSLIME_RDMA_SIM=1): the bytes move in software, so these figures measure the "
     "code, not RDMA hardware";
+
+// Printed with every result that moved simulated GPU memory (docs/bench.md).
+inline constexpr const char* kSimulatedGpuNote =
+    "note: simulated GPU (DLSLIME_GPU_SIM=1): its device memory is host memory copied in software, so these figures "
+    "measure the code, not a GPU";
 
 // The options the data endpoint is made with: the bench's defaults for the transport,
 // then --lanes/--chunk-size, then --transport-options.

@@ -75,9 +75,8 @@ void Target::run_size(const nlohmann::json& request) {
   const double cpu1 = process_cpu_seconds();
   nlohmann::json result = {{"type", "result"}, {"cpu_s", cpu1 - cpu0}, {"recv_s", recv_s}, {"ok", true}};
   if (cfg_.verify && local_is_destination) {
-    if (cfg_.inject_corruption) data_.buffer->data()[layout.offset(layout.batch / 2) + size / 2] ^= 0x01;
-    const VerifyResult v =
-        verify_destination(*data_.buffer, layout, seed, poison, finish.at("last_iter").get<uint64_t>());
+    const VerifyResult v = verify_destination(*data_.buffer, layout, seed, poison,
+                                              finish.at("last_iter").get<uint64_t>(), cfg_.inject_corruption);
     result["ok"] = v.ok;
     result["bad_items"] = v.bad_items;
     result["error"] = v.first_error;

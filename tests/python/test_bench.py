@@ -200,3 +200,143 @@ def test_bench_rdma_on_the_simulated_device_prints_the_same_table(tmp_path, op):
     # TCP's options are refused by name.
     bad = run_bench("--transport", "rdma", "--lanes", "2", *TINY, env=env)
     assert bad.returncode == 2 and "--lanes and --chunk-size are TCP's" in bad.stderr
+
+
+# --- GPU memory (--device-memory, --transport nvlink) on the simulated GPU ------------------
+# The simulated GPU's device memory faults on any host access (docs/nvlink.md), so these runs
+# also prove that the bench and the transports fill, move and check it without touching it.
+
+SIM_GPU_NOTE = "simulated GPU (DLSLIME_GPU_SIM=1): its device memory is host memory copied in software"
+# Sizes around TCP's smallest chunk_size (4 KiB), so items are staged in several pipelined chunks.
+GPU_SIZES = ["--sizes", "1,4097,20000", "--batch", "3", "--iters", "3", "--warmup", "1", "--progress", "none"]
+
+
+def sim_gpu_env():
+    return dict(os.environ, DLSLIME_GPU_SIM="1")
+
+
+def no_gpu_env():
+    # No simulated GPU, and no CUDA device visible even on a host that has one: every GPU
+    # feature must refuse with the runtime's reason.
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    env.pop("DLSLIME_GPU_SIM", None)
+    return env
+
+
+def assert_gpu_run(r, out, title, memory):
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert title in r.stdout, r.stdout
+    assert "verify: all bytes of the last batch of every size matched" in r.stdout
+    assert SIM_GPU_NOTE in r.stdout and "these figures measure the code, not a GPU" in r.stdout
+    doc = load_report(out)
+    config = doc["config"]
+    assert config["simulated_gpu"] is True and config["verified"] is True
+    for side in ("initiator", "target"):
+        if memory[side] == "gpu":
+            assert config["memory"][side] == {"memory": "gpu", "runtime": "sim", "device": 0}
+        else:
+            assert config["memory"][side] == {"memory": "host"}
+    assert [row["msg_size"] for row in doc["rows"]] == [1, 4097, 20000]
+    for row in doc["rows"]:
+        assert row["verified"] is True and row["batch"] == 3 and row["iters"] == 3
+        assert 0 < row["min_lat_us"] <= row["avg_lat_us"] and row["max_bw_gbps"] >= row["avg_bw_gbps"] > 0
+    return config
+
+
+# GPU-to-GPU both ways, GPU-to-host (write from the initiator's GPU) and host-to-GPU (read into it).
+@pytest.mark.parametrize("op,side", [("write", "both"), ("read", "both"), ("write", "initiator"),
+                                     ("read", "initiator"), ("write", "target")])
+def test_bench_tcp_device_memory_on_the_simulated_gpu(tmp_path, op, side):
+    out = tmp_path / f"gpu-{op}-{side}.json"
+    r = run_bench("--op", op, "--device-memory", side, "--chunk-size", "4K", *GPU_SIZES, "--json", str(out),
+                  env=sim_gpu_env())
+    memory = {s: "gpu" if side in (s, "both") else "host" for s in ("initiator", "target")}
+    where = "GPU memory both sides" if side == "both" else f"GPU memory on the {side}"
+    config = assert_gpu_run(r, out, f"DLSlime TCP Benchmark: {op} (lanes 2, strided, {where}, simulated GPU)", memory)
+    assert config["transport"] == "tcp" and config["device_memory"] == side
+    assert config["tcp_options"]["chunk_size"] == 4096
+
+
+def test_bench_device_memory_defaults_to_both_and_catches_corruption(tmp_path):
+    # A bare --device-memory (followed by another option) means both sides.
+    out = tmp_path / "both.json"
+    r = run_bench("--device-memory", "--op", "write", *GPU_SIZES, "--json", str(out), env=sim_gpu_env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert load_report(out)["config"]["device_memory"] == "both"
+    # The check reads the GPU bytes back: a flipped byte there fails the run (target and initiator side).
+    for op in ("write", "read"):
+        bad = run_bench("--device-memory", "--op", op, *GPU_SIZES, "--inject-corruption", env=sim_gpu_env())
+        assert bad.returncode == 1 and "VERIFY FAILED" in bad.stderr, bad.stdout + bad.stderr
+
+
+def test_bench_device_memory_refuses_send_and_bad_sides():
+    r = run_bench("--device-memory", "--op", "send", *TINY, env=sim_gpu_env())
+    assert r.returncode == 2 and "--op send takes host memory only" in r.stderr
+    r = run_bench("--device-memory=nowhere", *TINY, env=sim_gpu_env())
+    assert r.returncode == 2 and "--device-memory must be initiator, target or both" in r.stderr
+
+
+def _nvlink_built():
+    import dlslime
+
+    return hasattr(dlslime, "NVLinkEndpoint")
+
+
+@pytest.mark.skipif(not _nvlink_built(), reason="NVLink transport not built (configure with -DBUILD_NVLINK=ON)")
+@pytest.mark.parametrize("op", ["write", "read"])
+def test_bench_nvlink_on_the_simulated_gpu(tmp_path, op):
+    # Target and initiator are two processes (a process cannot open its own IPC handles).
+    out = tmp_path / f"nvlink-{op}.json"
+    r = run_bench("--transport", "nvlink", "--op", op, *GPU_SIZES, "--json", str(out), env=sim_gpu_env())
+    config = assert_gpu_run(r, out, f"DLSlime NVLink Benchmark: {op} (strided, simulated GPU)",
+                            {"initiator": "gpu", "target": "gpu"})
+    assert config["transport"] == "nvlink" and config["device_memory"] == "both"
+    assert config["endpoint"]["transport"] == "nvlink" and config["nvlink_options"]["device"] == 0
+    assert config["lanes"] is None and config["chunk_size"] is None
+    bad = run_bench("--transport", "nvlink", "--op", op, *GPU_SIZES, "--inject-corruption", env=sim_gpu_env())
+    assert bad.returncode == 1 and "VERIFY FAILED" in bad.stderr, bad.stdout + bad.stderr
+
+
+@pytest.mark.skipif(not _nvlink_built(), reason="NVLink transport not built (configure with -DBUILD_NVLINK=ON)")
+def test_bench_nvlink_refuses_what_it_cannot_do():
+    r = run_bench("--transport", "nvlink", "--op", "send", *TINY, env=sim_gpu_env())
+    assert r.returncode == 2 and "NVLinkEndpoint has no send/recv" in r.stderr
+    r = run_bench("--transport", "nvlink", "--device-memory", "target", *TINY, env=sim_gpu_env())
+    assert r.returncode == 2 and "moves GPU memory on both sides" in r.stderr
+    r = run_bench("--transport", "nvlink", "--lanes", "2", *TINY, env=sim_gpu_env())
+    assert r.returncode != 0 and "--lanes and --chunk-size are TCP's" in r.stderr
+
+
+def test_bench_gpu_modes_without_a_gpu_say_so(tmp_path):
+    # Without a GPU runtime: exit 2 before anything runs, with the runtime's reason (it names the
+    # GPU and DLSLIME_GPU_SIM); no traceback, no abort, no table.
+    modes = [["--device-memory"], ["--device-memory", "target"]]
+    if _nvlink_built():
+        modes.append(["--transport", "nvlink"])
+    for mode in modes:
+        r = run_bench(*mode, *TINY, env=no_gpu_env())
+        assert r.returncode == 2, (mode, r.stdout, r.stderr)
+        assert "no GPU" in r.stderr and "set DLSLIME_GPU_SIM=1 to use the simulated GPU" in r.stderr, r.stderr
+        assert ("--transport nvlink: not available here" if "nvlink" in mode else "--device-memory needs a GPU") \
+            in r.stderr, r.stderr
+        for crash in ("Traceback", "terminate called", "Aborted", "core dumped"):
+            assert crash not in r.stderr
+        assert "MsgSize" not in r.stdout
+    # A target told by the initiator to use GPU memory refuses the same way; the initiator
+    # (host memory here, so it started) reports the target's reason.
+    target = subprocess.Popen(
+        [sys.executable, "-m", "dlslime.bench", "--role", "target", "--listen", "127.0.0.1:0", "--timeout", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=no_gpu_env(),
+    )
+    try:
+        m = re.search(r"waiting for an initiator on (127\.0\.0\.1:\d+)", target.stderr.readline())
+        assert m
+        r = run_bench("--role", "initiator", "--peer", m.group(1), "--device-memory", "target", *TINY,
+                      env=no_gpu_env())
+        assert r.returncode == 1 and "the target failed: --device-memory needs a GPU: no GPU" in r.stderr, r.stderr
+        assert target.wait(timeout=60) == 2
+        assert "--device-memory needs a GPU: no GPU" in target.stderr.read()
+    finally:
+        if target.poll() is None:
+            target.kill()
+            target.wait()
