@@ -12,13 +12,15 @@ On the simulated GPU ``buf.ptr`` is an address the host cannot touch (reading it
 device memory on a GPU: move bytes with ``write``/``read`` or a transfer, never ctypes.
 """
 
+import ctypes
+
 from ._dlslime import _gpu
 
 GpuUnavailableError = _gpu.GpuUnavailableError
 DeviceBuffer = _gpu.DeviceBuffer
 
-__all__ = ["DeviceBuffer", "GpuUnavailableError", "device_buffer", "gpu_runtime", "gpu_unavailable_reason",
-           "pointer_type"]
+__all__ = ["DeviceBuffer", "GpuUnavailableError", "HostBuffer", "buffer_for", "device_buffer", "gpu_runtime",
+           "gpu_unavailable_reason", "pointer_type"]
 
 
 def device_buffer(nbytes: int, device: int = 0) -> DeviceBuffer:
@@ -40,3 +42,56 @@ def gpu_unavailable_reason() -> str:
 def pointer_type(ptr: int) -> str:
     """Where an address lives: ``"host"``, ``"pinned host"`` or ``"device"``."""
     return _gpu.pointer_type(ptr)
+
+
+class HostBuffer:
+    """``nbytes`` of zeroed host memory with DeviceBuffer's interface (``ptr``, ``nbytes``,
+    ``write``, ``read``, ``close``), so code that moves bytes through either kind of buffer
+    is written once."""
+
+    device = None
+
+    def __init__(self, nbytes: int):
+        if nbytes <= 0:
+            raise ValueError(f"a buffer needs at least one byte, not {nbytes}")
+        self._raw = ctypes.create_string_buffer(nbytes)
+        self.nbytes = nbytes
+        self.ptr = ctypes.addressof(self._raw)
+
+    def _check(self, offset: int, n: int) -> None:
+        if self._raw is None:
+            raise ValueError("the buffer is closed")
+        if offset < 0 or n < 0 or offset + n > self.nbytes:
+            raise ValueError(f"[{offset}, {offset + n}) is outside the buffer's {self.nbytes} bytes")
+
+    def write(self, offset: int, data) -> None:
+        data = bytes(data)
+        self._check(offset, len(data))
+        ctypes.memmove(self.ptr + offset, data, len(data))
+
+    def read(self, offset: int, n: int) -> bytes:
+        self._check(offset, n)
+        return ctypes.string_at(self.ptr + offset, n)
+
+    def close(self) -> None:
+        self._raw = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def buffer_for(capabilities: dict, nbytes: int, device: int = 0):
+    """Zeroed memory an endpoint with these ``capabilities()`` registers: host memory where
+    ``host_memory`` is true, else device memory on ``device`` (zeroed explicitly: CUDA's
+    fresh memory is not). Both kinds have ``ptr``, ``nbytes``, ``write``, ``read``, ``close``.
+    Raises ValueError for a transport that moves neither."""
+    if capabilities.get("host_memory"):
+        return HostBuffer(nbytes)
+    if capabilities.get("device_memory"):
+        buf = device_buffer(nbytes, device)
+        buf.write(0, bytes(nbytes))
+        return buf
+    raise ValueError(f"{capabilities.get('transport')!r} registers neither host nor device memory")
