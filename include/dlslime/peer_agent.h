@@ -27,6 +27,11 @@ struct DLSLIME_API PeerAgentOptions {
   // names none (upstream DLSlime's `device`); empty: the first with an active port. Must be
   // one available_transports() lists for rdma (InvalidArgumentError otherwise).
   std::string device;
+  // The GPU (device ordinal of this process's GPU runtime) this agent's NVLink endpoints copy
+  // with and map peers' memory on: NVLinkEndpoint's `device`, for connect_to's and the passive
+  // side's alike. Published in the agent's record, where transport="auto" reads it. Where the
+  // agent serves nvlink it must be one of the runtime's devices (InvalidArgumentError).
+  int nvlink_device = 0;
   // How often the agent heartbeats; 0 = what NanoCtrl suggests at registration (ttl / 4).
   std::chrono::milliseconds heartbeat_interval{0};
   // Deadline of each control-plane request.
@@ -52,10 +57,11 @@ struct DLSLIME_API RdmaConnectOptions {
 };
 
 struct DLSLIME_API ConnectOptions {
-  // A name from available_transports(), or "auto": RDMA when both agents publish a usable
-  // RDMA port of the same link layer (within local_device/peer_device when set), TCP
-  // otherwise (PeerConnection::selection_reason() says which and why). "rdma" is DLSlime's
-  // default; "tcp" works on every host.
+  // A name from available_transports(), or "auto": NVLink when both agents serve it on one
+  // host with the same GPU runtime; else RDMA when both agents publish a usable RDMA port of
+  // the same link layer (within local_device/peer_device when set); else TCP
+  // (PeerConnection::selection_reason() says which and why). "rdma" is DLSlime's default;
+  // "tcp" works on every host. NVLink moves GPU memory only (docs/peer-agent.md).
   std::string transport = "rdma";
   // TCP's bind address for this connection's endpoint (port 0: the OS picks one).
   std::string local_host = "0.0.0.0";
@@ -100,14 +106,16 @@ class DLSLIME_API PeerConnection {
   // The transport in use ("auto" while connect_to(transport="auto") waits for the peer to
   // register, which it needs to choose).
   std::string transport() const;
-  // What was chosen and why, e.g. "rdma: both agents serve RoCE ports (sim_rdma0 -> sim_rdma0)"
-  // or "tcp: the peer agent 'b' publishes no RDMA device"; empty while undecided.
+  // What was chosen and why, e.g. "nvlink: both agents on host h, GPU 0 -> GPU 1 via CUDA IPC",
+  // "rdma: both agents serve RoCE (sim_rdma0 here, sim_rdma0 on 'b')" or "tcp: the peer agent
+  // 'b' publishes no RDMA device"; empty while undecided.
   std::string selection_reason() const;
-  // The RDMA devices of this side and of the peer ("" for TCP). Before the handshake the
+  // The RDMA devices of this side and of the peer ("" for TCP and NVLink). Before the handshake the
   // peer's is the requested peer_device ("" when none was asked for).
   std::string local_nic() const;
   std::string remote_nic() const;
-  // The underlying endpoint (a TcpEndpoint for transport "tcp", an RDMAEndpoint for "rdma";
+  // The underlying endpoint (a TcpEndpoint for transport "tcp", an RDMAEndpoint for "rdma", an
+  // NVLinkEndpoint for "nvlink";
   // what wrap_endpoint returned, when set). Null while the transport is undecided.
   std::shared_ptr<Endpoint> endpoint() const;
   // The peer's endpoint_info() (with its mr_info) once the handshake completed; null before.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -22,6 +23,7 @@
 #include "core/transport_registry.h"
 #include "dlslime/errors.h"
 #include "dlslime/nanoctrl_client.h"
+#include "gpu/device_runtime.h"
 
 namespace dlslime {
 
@@ -454,17 +456,41 @@ json rdma_ports() {
   return out;
 }
 
-// The transports available here, as published: [{"name", "devices"}], and for rdma
-// "ports" (rdma_ports()).
-json available_here() {
+// This host's boot id: the one NVLinkEndpoint::connect compares ("the same host"; it reads
+// the same file, nvlink::boot_id()). "" where the file cannot be read.
+std::string host_boot_id() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id;
+}
+
+// The transports available here, as published: [{"name", "devices"}], for rdma "ports"
+// (rdma_ports()), and for nvlink what transport="auto" compares: the host's boot id, the GPU
+// runtime ("cuda" or "sim": the two cannot open each other's handles) and the agent's GPU.
+json available_here(int nvlink_device) {
   json out = json::array();
   for (const auto& t : TransportRegistry::instance().list()) {
     if (!t.available) continue;
     json entry = {{"name", t.name}, {"devices", t.devices}};
     if (t.name == "rdma") entry["ports"] = rdma_ports();
+    if (t.name == "nvlink") {
+      entry["host"] = host_boot_id();
+      entry["runtime"] = gpu::runtime().name();  // available: the probe found a runtime
+      entry["device"] = nvlink_device;
+    }
     out.push_back(std::move(entry));
   }
   return out;
+}
+
+// The entry of transport `name` in a published transports list; null when there is none.
+json transport_entry(const json& transports, const std::string& name) {
+  if (!transports.is_array()) return nullptr;
+  for (const auto& t : transports) {
+    if (t.is_object() && t.value("name", "") == name) return t;
+  }
+  return nullptr;
 }
 
 // The "ports" of the rdma entry of a published transports list; empty when there is none.
@@ -490,12 +516,56 @@ struct Choice {
   RdmaConnectOptions rdma;
 };
 
-// transport="auto": RDMA when a usable port of this agent (within local_device/ib_port when
+// Whether NVLink can connect this agent (its published transports `served`) and the peer
+// whose NanoCtrl record is `record`: both serve nvlink, on one host (the boot id), with the
+// same GPU runtime. Both sides compare the same two entries, so they agree. Peer access
+// between the two GPUs is not asked (the device-runtime seam has no such call yet): on one
+// host the GPUs are taken to reach each other, and the reason says so. `text` says how, or
+// why not (for "auto"'s reason and an explicit connect_to's error).
+struct NvlinkPath {
+  bool ok = false;
+  bool peer_serves = false;  // the peer's record has an nvlink entry
+  std::string text;          // ok: "both agents on host h, GPU 0 -> GPU 1 ... via CUDA IPC"; else why not
+};
+
+NvlinkPath nvlink_path(const json& served, const json& record, const std::string& peer, const std::string& host) {
+  // A record's fields are anyone's to write (NanoCtrl without a token): read them by type.
+  auto text_of = [](const json& entry, const char* key) {
+    return entry.contains(key) && entry[key].is_string() ? entry[key].get<std::string>() : std::string();
+  };
+  const json mine = transport_entry(served, "nvlink");
+  if (mine.is_null()) return {false, false, "this agent serves none"};
+  const json meta = record.is_object() && record.contains("metadata") ? record["metadata"] : json();
+  const json theirs = meta.is_object() && meta.contains("transports") ? transport_entry(meta["transports"], "nvlink")
+                                                                       : json();
+  if (!theirs.is_object()) return {false, false, fmt::format("the peer agent '{}' does not serve it", peer)};
+  const std::string boot = text_of(mine, "host");
+  if (boot.empty() || text_of(theirs, "host") != boot) {
+    return {false, true, fmt::format("the peer agent '{}' is on another host", peer)};
+  }
+  const std::string runtime = text_of(mine, "runtime");
+  if (text_of(theirs, "runtime") != runtime) {
+    const std::string other = text_of(theirs, "runtime");
+    return {false, true,
+            fmt::format("the peer agent '{}' uses the {} GPU runtime, this agent the {} one", peer,
+                        other.empty() ? "unknown" : other, runtime)};
+  }
+  const int here = mine["device"].get<int>();  // ours: available_here() wrote it
+  const bool known = theirs.contains("device") && theirs["device"].is_number_integer();
+  const std::string there = known ? std::to_string(theirs["device"].get<int64_t>()) : "?";
+  const bool same = known && theirs["device"].get<int64_t>() == here;
+  return {true, true,
+          fmt::format("both agents on host {}, GPU {} -> GPU {} via {}{}", host, here, there,
+                      runtime == "sim" ? "the simulated GPU's IPC" : "CUDA IPC",
+                      same ? "" : " (peer access between the GPUs is not checked)")};
+}
+
+// RDMA when a usable port of this agent (within local_device/ib_port when
 // set) and one the peer publishes (within peer_device) have the same link layer, TCP
 // otherwise. `record` is the peer's NanoCtrl record. Both sides of a connection come to the
 // same answer from the same records, so a peer that also asks for "auto" agrees.
-Choice choose_auto(const json& served, const std::string& served_reason, const json& record, const std::string& peer,
-                   const RdmaConnectOptions& o) {
+Choice choose_rdma_or_tcp(const json& served, const std::string& served_reason, const json& record,
+                          const std::string& peer, const RdmaConnectOptions& o) {
   Choice c{"tcp", "", o};
   std::vector<json> local;
   for (const auto& p : rdma_ports_of(served)) {
@@ -555,6 +625,18 @@ Choice choose_auto(const json& served, const std::string& served_reason, const j
   return c;
 }
 
+// transport="auto": NVLink when nvlink_path() finds one, else RDMA or TCP as above; where
+// this agent serves nvlink, the reason also says why NVLink was not taken. `host` names this
+// host in the reason.
+Choice choose_auto(const json& served, const std::string& served_reason, const json& record, const std::string& peer,
+                   const RdmaConnectOptions& o, const std::string& host) {
+  const NvlinkPath nv = nvlink_path(served, record, peer, host);
+  if (nv.ok) return {"nvlink", "nvlink: " + nv.text, o};
+  Choice c = choose_rdma_or_tcp(served, served_reason, record, peer, o);
+  if (!transport_entry(served, "nvlink").is_null()) c.reason += " (nvlink: " + nv.text + ")";
+  return c;
+}
+
 // Why rdma is not served here, for a selection reason ("" when it is).
 std::string rdma_unavailable_reason() {
   for (const auto& t : TransportRegistry::instance().list()) {
@@ -591,9 +673,17 @@ std::optional<std::string> not_served_by(const json& record, const std::string& 
 PeerAgentImpl::PeerAgentImpl(PeerAgentOptions opts)
     : options(std::move(opts)),
       ctrl(options.ctrl_url, options.scope, options.ctrl_timeout, options.ctrl_token),
-      served_(available_here()) {
+      served_(available_here(options.nvlink_device)) {
   options.tcp.validate();
   if (options.heartbeat_interval.count() < 0) throw InvalidArgumentError("heartbeat_interval must be >= 0");
+  if (const json nv = transport_entry(served_, "nvlink"); !nv.is_null() || options.nvlink_device < 0) {
+    const size_t count = nv.is_null() ? 0 : nv["devices"].size();
+    if (options.nvlink_device < 0 || static_cast<size_t>(options.nvlink_device) >= count) {
+      throw InvalidArgumentError(fmt::format("nvlink_device={} is not a GPU of this process (the {} runtime has {})",
+                                             options.nvlink_device, nv.is_null() ? "GPU" : nv.value("runtime", ""),
+                                             count));
+    }
+  }
   if (!options.device.empty()) {
     std::vector<std::string> devices;
     for (const auto& t : served_) {
@@ -982,6 +1072,7 @@ json PeerAgentImpl::own_options(const std::string& transport, const ConnectOptio
             {"num_qp", o.rdma.qp_num},
             {"device_name", o.rdma.local_device.empty() ? options.device : o.rdma.local_device}};
   }
+  if (transport == "nvlink") return {{"device", options.nvlink_device}};
   return json::object();  // a transport without agent-level options: its defaults
 }
 
@@ -1078,7 +1169,8 @@ bool PeerAgentImpl::decide(const std::shared_ptr<PeerConnectionState>& c, const 
   if (peer_transport.empty()) {
     RdmaConnectOptions wanted = c->requested.rdma;
     if (wanted.local_device.empty()) wanted.local_device = options.device;
-    choice = choose_auto(served_, rdma_unavailable_reason(), record.value_or(json()), c->peer_alias, wanted);
+    choice = choose_auto(served_, rdma_unavailable_reason(), record.value_or(json()), c->peer_alias, wanted,
+                         local_address(options.tcp));
   } else {
     choice = {peer_transport, fmt::format("{}: the peer agent '{}' connects over it", peer_transport, c->peer_alias),
               c->requested.rdma};
@@ -1293,6 +1385,16 @@ void PeerAgentImpl::claim_and_post(const std::shared_ptr<PeerConnectionState>& c
     c->shutdown_endpoint();
     c->finish("failed", *why);
     return;
+  }
+  if (c->transport_name() == "nvlink") {
+    // Its endpoint's connect() would refuse it too, but only once the peer answered.
+    const NvlinkPath nv = nvlink_path(served_, record, c->peer_alias, local_address(options.tcp));
+    if (!nv.ok && nv.peer_serves) {  // a record that does not say is tried (not_served_by)
+      c->shutdown_endpoint();
+      c->finish("failed", fmt::format("NVLink cannot reach the peer agent '{}': {}; use transport=\"rdma\" or \"tcp\"",
+                                      c->peer_alias, nv.text));
+      return;
+    }
   }
   {
     std::lock_guard lock(c->mu);

@@ -196,7 +196,8 @@ void bind_agent(py::module_& m) {
   py::class_<PeerAgent, std::shared_ptr<PeerAgent>>(m, "PeerAgent",
                                                      "Finds peers and connects them through NanoCtrl.")
       .def(py::init([](py::handle ctrl_url, py::handle alias, py::handle device, py::handle scope,
-                       py::handle nanoctrl_url, py::handle heartbeat_interval, const py::kwargs& kwargs) {
+                       py::handle nanoctrl_url, py::handle heartbeat_interval, py::handle nvlink_device,
+                       const py::kwargs& kwargs) {
              PeerAgentOptions o;
              const std::string url = optional_str_arg(ctrl_url, "ctrl_url");
              const std::string url2 = optional_str_arg(nanoctrl_url, "nanoctrl_url");
@@ -210,6 +211,13 @@ void bind_agent(py::module_& m) {
              o.device = optional_str_arg(device, "device");
              if (!heartbeat_interval.is_none()) {
                o.heartbeat_interval = millis_arg(heartbeat_interval, "heartbeat_interval");
+             }
+             if (!nvlink_device.is_none()) {
+               // bool is an int in Python; a GPU ordinal is not a flag.
+               if (!py::isinstance<py::int_>(nvlink_device) || py::isinstance<py::bool_>(nvlink_device)) {
+                 throw py::type_error("nvlink_device must be an int (a GPU device ordinal) or None");
+               }
+               o.nvlink_device = nvlink_device.cast<int>();
              }
              // token= is the one secret for both planes; ctrl_token= (or nanoctrl_token=) and
              // tcp_token= set one of them alone. None keeps the environment's default.
@@ -248,7 +256,7 @@ void bind_agent(py::module_& m) {
            // Upstream DLSlime's positional order: (nanoctrl_url, alias, device, scope).
            py::arg("ctrl_url") = py::none(), py::arg("alias") = py::none(), py::arg("device") = py::none(),
            py::arg("scope") = py::none(), py::kw_only(), py::arg("nanoctrl_url") = py::none(),
-           py::arg("heartbeat_interval") = py::none())
+           py::arg("heartbeat_interval") = py::none(), py::arg("nvlink_device") = py::none())
       .def_property_readonly("alias", &PeerAgent::alias)
       .def_property_readonly("scope", &PeerAgent::scope)
       .def_property_readonly("ctrl_url", &PeerAgent::ctrl_url)

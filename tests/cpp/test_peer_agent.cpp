@@ -797,3 +797,179 @@ TEST(PeerAgentCpp, PublishingRdmaPortsMakesNoEndpoint) {
   EXPECT_EQ(first_qpn(e3) - first_qpn(e2), step) << "making the agent made an endpoint (QPs)";
   for (auto& e : {e1, e2, e3}) e->shutdown();
 }
+
+namespace {
+
+// DLSLIME_GPU_SIM=1 (the simulated GPU, so nvlink is available) for the agents made while it
+// lives; the previous value comes back after.
+class SimGpu {
+ public:
+  SimGpu() {
+    if (const char* v = std::getenv("DLSLIME_GPU_SIM")) saved_ = v;
+    ::setenv("DLSLIME_GPU_SIM", "1", 1);
+  }
+  ~SimGpu() { saved_ ? ::setenv("DLSLIME_GPU_SIM", saved_->c_str(), 1) : ::unsetenv("DLSLIME_GPU_SIM"); }
+
+ private:
+  std::optional<std::string> saved_;
+};
+
+bool nvlink_built() {
+  for (const auto& t : available_transports()) {
+    if (t.name == "nvlink") return t.built;
+  }
+  return false;
+}
+
+std::string boot_id() {
+  std::FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r");
+  char buf[64] = {};
+  if (f) {
+    if (!std::fgets(buf, sizeof buf, f)) buf[0] = 0;
+    std::fclose(f);
+  }
+  std::string id(buf);
+  while (!id.empty() && id.back() == '\n') id.pop_back();
+  return id;
+}
+
+// Registers a fabricated agent record (no agent behind it, so it never answers a handshake):
+// what transport="auto" chooses from. `nvlink`: its nvlink entry, or null for none.
+void fake_peer(const std::string& url, const std::string& alias, const nlohmann::json& nvlink,
+               bool with_rdma = false) {
+  nlohmann::json transports = {{{"name", "tcp"}, {"devices", nlohmann::json::array()}}};
+  if (with_rdma) {
+    transports.push_back({{"name", "rdma"},
+                          {"devices", {"sim_rdma0"}},
+                          {"ports", {{{"device", "sim_rdma0"}, {"ib_port", 1}, {"link_layer", "Ethernet"}}}}});
+  }
+  if (!nvlink.is_null()) transports.push_back(nvlink);
+  NanoCtrlClient(url).start_peer_agent(
+      {{"alias", alias}, {"address", "127.0.0.1"}, {"metadata", {{"transports", transports}}}});
+}
+
+nlohmann::json nvlink_entry(const std::string& host, const std::string& runtime, int device) {
+  return {{"name", "nvlink"}, {"devices", {"sim:0", "sim:1"}}, {"host", host}, {"runtime", runtime}, {"device", device}};
+}
+
+bool has_suffix(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+// The agent publishes what transport="auto" compares for NVLink: the host's boot id, the GPU
+// runtime and its GPU (nvlink_device); a GPU the runtime does not have is refused.
+TEST(PeerAgentCpp, AgentsPublishTheirNvlinkHostRuntimeAndGpu) {
+  StartedCtrl ctrl;
+  SimGpu gpu;
+  PeerAgentOptions o = agent(ctrl.server.url(), "nv_pub");
+  o.nvlink_device = 1;
+  PeerAgent a(o);
+  nlohmann::json entry;
+  const nlohmann::json record = a.agent_record("nv_pub").value();  // held: the loop reads into it
+  for (const auto& t : record.at("metadata")["transports"]) {
+    if (t["name"] == "nvlink") entry = t;
+  }
+  if (!nvlink_built()) {
+    EXPECT_TRUE(entry.is_null()) << entry.dump();
+    return;
+  }
+  ASSERT_TRUE(entry.is_object());
+  EXPECT_EQ(entry["host"], boot_id());
+  EXPECT_EQ(entry["runtime"], "sim");
+  EXPECT_EQ(entry["device"], 1);
+  EXPECT_EQ(entry["devices"], nlohmann::json({"sim:0", "sim:1"}));
+  PeerAgentOptions bad = agent(ctrl.server.url(), "nv_bad");
+  bad.nvlink_device = 2;  // the simulated GPU has devices 0 and 1
+  try {
+    PeerAgent refused(bad);
+    ADD_FAILURE() << "an agent on a GPU the runtime does not have";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("nvlink_device=2 is not a GPU of this process (the sim runtime has 2)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// transport="auto" with NVLink, from fabricated peer records (the choice is made as soon as
+// the peer's record is known, before any handshake): NVLink on one host with the same GPU
+// runtime, else RDMA or TCP, the reason saying why NVLink was not taken.
+TEST(PeerAgentCpp, AutoPrefersNvlinkOnOneHostAndSaysWhyNotOtherwise) {
+  StartedCtrl ctrl;
+  SimGpu gpu;
+  SimRdmaDevice rdma;
+  const std::string url = ctrl.server.url();
+  PeerAgent a(agent(url, "na_a"));  // GPU 0
+  fake_peer(url, "na_same", nvlink_entry(boot_id(), "sim", 1));
+  fake_peer(url, "na_gpu0", nvlink_entry(boot_id(), "sim", 0));
+  fake_peer(url, "na_far", nvlink_entry("another-boot-id", "sim", 0), /*with_rdma=*/true);
+  fake_peer(url, "na_cuda", nvlink_entry(boot_id(), "cuda", 0));
+  fake_peer(url, "na_none", nullptr);
+  auto reason = [&](const std::string& peer) {
+    PeerConnection c = a.connect_to(peer, with_transport("auto"));
+    return std::make_pair(c.transport(), c.selection_reason());
+  };
+  if (!nvlink_built()) {
+    // Not built: nothing about NVLink is published, compared, or said.
+    auto [t, why] = reason("na_same");
+    EXPECT_EQ(t, "tcp") << why;
+    EXPECT_EQ(why.find("nvlink"), std::string::npos) << why;
+    return;
+  }
+  const std::string host = a.agent_record("na_a")->at("address").get<std::string>();
+  auto [t1, why1] = reason("na_same");
+  EXPECT_EQ(t1, "nvlink");
+  EXPECT_EQ(why1, "nvlink: both agents on host " + host +
+                      ", GPU 0 -> GPU 1 via the simulated GPU's IPC (peer access between the GPUs is not checked)");
+  EXPECT_EQ(std::string(a.connection("na_same")->endpoint()->capabilities().transport), "nvlink");
+  auto [t2, why2] = reason("na_gpu0");
+  EXPECT_EQ(t2, "nvlink");
+  EXPECT_EQ(why2, "nvlink: both agents on host " + host + ", GPU 0 -> GPU 0 via the simulated GPU's IPC");
+  auto [t3, why3] = reason("na_far");
+  EXPECT_EQ(t3, rdma_built() ? "rdma" : "tcp") << why3;
+  EXPECT_TRUE(has_suffix(why3, " (nvlink: the peer agent 'na_far' is on another host)")) << why3;
+  if (rdma_built()) EXPECT_EQ(why3.rfind("rdma: both agents serve RoCE (sim_rdma0 here, sim_rdma0 on 'na_far')", 0), 0u);
+  auto [t4, why4] = reason("na_cuda");
+  EXPECT_EQ(t4, "tcp");
+  EXPECT_TRUE(has_suffix(why4, " (nvlink: the peer agent 'na_cuda' uses the cuda GPU runtime, this agent the sim one)"))
+      << why4;
+  auto [t5, why5] = reason("na_none");
+  EXPECT_EQ(t5, "tcp");
+  EXPECT_EQ(why5.rfind(rdma_built() ? "tcp: the peer agent 'na_none' publishes no RDMA device"
+                                     : "tcp: this agent serves no RDMA device (",
+                       0),
+            0u)
+      << why5;
+  EXPECT_TRUE(has_suffix(why5, " (nvlink: the peer agent 'na_none' does not serve it)")) << why5;
+}
+
+// An explicit transport="nvlink" to a peer that cannot take it fails at once, saying why,
+// instead of waiting for an answer that never comes.
+TEST(PeerAgentCpp, ExplicitNvlinkToAPeerThatCannotTakeItFailsAtOnce) {
+  StartedCtrl ctrl;
+  SimGpu gpu;
+  const std::string url = ctrl.server.url();
+  PeerAgent a(agent(url, "ne_a"));
+  if (!nvlink_built()) {
+    EXPECT_THROW(a.connect_to("ne_b", with_transport("nvlink")), NotImplementedError);
+    return;
+  }
+  fake_peer(url, "ne_far", nvlink_entry("another-boot-id", "sim", 0));
+  fake_peer(url, "ne_none", nullptr);
+  auto failure = [&](const std::string& peer) -> std::string {
+    PeerConnection c = a.connect_to(peer, with_transport("nvlink"));
+    try {
+      c.wait(5s);
+    } catch (const ConnectionError& e) {
+      EXPECT_EQ(c.state(), "failed");
+      return e.what();
+    }
+    return "connected";
+  };
+  EXPECT_NE(failure("ne_far").find("NVLink cannot reach the peer agent 'ne_far': the peer agent 'ne_far' is on another "
+                                   "host; use transport=\"rdma\" or \"tcp\""),
+            std::string::npos);
+  EXPECT_NE(failure("ne_none").find("the peer agent 'ne_none' does not serve transport \"nvlink\" (it serves: tcp)"),
+            std::string::npos);
+}
