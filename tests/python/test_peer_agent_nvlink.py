@@ -63,6 +63,15 @@ AGENT = textwrap.dedent(
             say(status=f.wait(), message=f.message)
         elif op == "bytes":
             say(hex=read(cmd["off"], cmd["n"]).hex())
+        elif op == "register_late":  # a GPU region registered after the handshake
+            late = testing.device_buffer(SIZE, device=device)
+            agent.register_memory_region("late", late.ptr, 0, SIZE)
+            say(event="registered")
+        elif op == "late_bytes":
+            say(hex=late.read(cmd["off"], cmd["n"]).hex())
+        elif op == "write_late":
+            f = agent.write(peer, [("kv", "late", cmd["local"], cmd["remote"], cmd["n"])])
+            say(status=f.wait(), message=f.message)
         elif op == "host_write":
             h = ctypes.create_string_buffer(4096)
             agent.register_memory_region("host", ctypes.addressof(h), 0, 4096)
@@ -183,6 +192,11 @@ def test_auto_prefers_nvlink_on_one_host_and_host_regions_fail_clearly(agents, c
     assert cb == {"transport": "nvlink", "reason": f"nvlink: the peer agent 'na_a_{unique}' connected over it",
                   "endpoint": "NVLinkEndpoint"}, cb
     check_bytes_move(a, b)
+    # A region registered after the handshake: a resolves it from b's NanoCtrl record, whose
+    # entry for b's NVLink endpoint carries the IPC handle.
+    assert b.ask(op="register_late") == {"event": "registered"}
+    assert a.ask(op="write_late", local=300, remote=1000, n=9000) == {"status": OK, "message": ""}
+    assert bytes.fromhex(b.ask(op="late_bytes", off=1000, n=9000)["hex"]) == pattern(SIZE, 1)[300:9300]
     # Host memory cannot move over NVLink: the op fails, saying so; the connection stays.
     failed = a.ask(op="host_write")
     assert failed["status"] == INVALID_ARGUMENT and "host memory: NVLink moves GPU memory only" in failed["message"]
