@@ -67,6 +67,17 @@ class DLSLIME_API RDMAEndpoint final : public Endpoint {
 
   int32_t register_memory_region(const std::string& name, uintptr_t addr, uint64_t offset,
                                  uint64_t length) override;
+  // Upstream DLSlime's dma-buf registration (docs/rdma.md, "GPU memory"): [offset, +length)
+  // of the dma-buf `fd` (borrowed for the call), addressed as [iova, +length). `iova` must be
+  // the GPU address of that byte in this process (the pointer the dma-buf was exported
+  // from): the region is that GPU memory, registered as any GPU region is. Throws
+  // InvalidArgumentError for a bad fd, an empty or out-of-range range, or an iova that is
+  // not GPU memory; what registering GPU memory throws otherwise.
+  int32_t register_dmabuf_memory_region(const std::string& name, int fd, uint64_t offset, uint64_t length,
+                                        uint64_t iova);
+  // The same into a memory registry shared by RDMA endpoints (the Python RDMAMemoryPool's).
+  static int32_t add_dmabuf_region(MemoryRegistry& registry, const std::string& name, int fd, uint64_t offset,
+                                   uint64_t length, uint64_t iova);
   int32_t register_remote_memory_region(const std::string& name, const nlohmann::json& mr_info_entry) override;
   void unregister_memory_region(const std::string& name) override;
   void unregister_memory_region(int32_t handle) override;

@@ -97,6 +97,31 @@ struct RdmaContextView {
   }
 };
 
+// register_dmabuf_memory_region(fd, offset, length, iova, name=None): upstream DLSlime
+// 0.1.23's RDMAMemoryPool signature, offered on RDMAEndpoint.
+constexpr const char* kDmabufDoc =
+    "Registers [offset, +length) of the dma-buf fd (borrowed for the call) as a region addressed at iova, which "
+    "must be the GPU address of that byte in this process (the pointer it was exported from); name=None names it "
+    "by iova ('0x...'). Returns its handle. GPU memory registers for RDMA by dma-buf or peer memory "
+    "(docs/rdma.md, 'GPU memory'); ValueError for a bad fd, range or an iova that is not GPU memory.";
+
+struct DmabufArgs {
+  int fd = -1;
+  uint64_t offset = 0, length = 0, iova = 0;
+  std::string name;
+};
+
+DmabufArgs dmabuf_args(py::handle fd, py::handle offset, py::handle length, py::handle iova, py::handle name) {
+  DmabufArgs a;
+  a.fd = int_arg<int>(fd, "fd", 0);
+  a.offset = int_arg<uint64_t>(offset, "offset");
+  a.length = int_arg<uint64_t>(length, "length", 1);
+  a.iova = int_arg<uint64_t>(iova, "iova");
+  a.name = name.is_none() ? fmt::format("{:#x}", a.iova) : str_arg(name, "name");
+  if (a.name.empty()) throw InvalidArgumentError("register_dmabuf_memory_region: name must not be empty");
+  return a;
+}
+
 // RDMAMemoryPool: a MemoryPool bound to one context.
 struct RdmaPoolView final : MemoryPoolView {
   explicit RdmaPoolView(std::shared_ptr<RdmaContextView> ctx) : context(std::move(ctx)) {}
@@ -307,6 +332,15 @@ void bind_rdma(py::module_& m) {
            "RdmaOptions' keys (docs/rdma.md); worker must be None.")
       .def_property_readonly("options",
                              [](const RDMAEndpoint& ep) { return from_json(ep.options().to_json(), "options"); })
+      .def(
+          "register_dmabuf_memory_region",
+          [](RDMAEndpoint& ep, py::handle fd, py::handle offset, py::handle length, py::handle iova, py::handle name) {
+            const DmabufArgs a = dmabuf_args(fd, offset, length, iova, name);
+            ReleaseGil release;
+            return ep.register_dmabuf_memory_region(a.name, a.fd, a.offset, a.length, a.iova);
+          },
+          py::arg("fd"), py::arg("offset"), py::arg("length"), py::arg("iova"), py::arg("name") = py::none(),
+          kDmabufDoc)
       .def("__repr__", [](const RDMAEndpoint& ep) {
         return fmt::format("<dlslime.RDMAEndpoint {} num_qp={}{}>", ep.options().device_name.empty()
                                                                          ? std::string("(first active device)")

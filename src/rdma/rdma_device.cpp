@@ -2,7 +2,10 @@
 #include "rdma/rdma_device.h"
 
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <set>
 #include <sstream>
@@ -13,6 +16,7 @@
 
 #include "dlslime/errors.h"
 #include "dlslime/rdma_endpoint.h"
+#include "gpu/device_runtime.h"
 
 namespace dlslime::rdma {
 
@@ -152,12 +156,75 @@ std::shared_ptr<Device> open_device(const RdmaOptions& options) {
   throw ConnectionError(fmt::format("no usable RDMA device{}", why));
 }
 
+std::unique_ptr<MemoryRegion> register_memory(ProtectionDomain& pd, uintptr_t addr, uint64_t length, MemoryKind kind,
+                                              uint32_t access) {
+  if (kind == MemoryKind::kHost) return pd.reg_mr(reinterpret_cast<void*>(addr), length, access);
+  // dma-buf first: it needs no peer-memory module, and the MR holds the buffer itself.
+  std::string dmabuf_why;
+  try {
+    const gpu::DmabufRange buf = gpu::runtime().dmabuf_fd(reinterpret_cast<const void*>(addr), length);
+    try {
+      auto mr = pd.reg_dmabuf_mr(buf.offset, length, addr, buf.fd, access);
+      ::close(buf.fd);  // the MR holds the dma-buf, not the descriptor
+      return mr;
+    } catch (const VerbsError& e) {
+      ::close(buf.fd);
+      dmabuf_why = fmt::format("the NIC did not take the GPU's dma-buf ({}{})", e.what(),
+                               e.error_number() == EOPNOTSUPP || e.error_number() == ENOSYS
+                                   ? ": no dma-buf support in the kernel, the NIC's driver or rdma-core (34+)"
+                                   : "");
+    }
+  } catch (const gpu::GpuError& e) {
+    dmabuf_why = fmt::format("the GPU could not export a dma-buf ({})", e.what());
+  }
+  try {
+    return pd.reg_mr(reinterpret_cast<void*>(addr), length, access);
+  } catch (const VerbsError& e) {
+    throw VerbsError(e.error_number(),
+                     fmt::format("cannot register GPU memory [{:#x}, +{}) for RDMA: {}; and registering it by address "
+                                 "failed ({}): no peer-memory module (load nvidia-peermem) or the NIC cannot reach this "
+                                 "GPU. GPU memory is never staged through host memory by RDMA",
+                                 addr, length, dmabuf_why, e.what()));
+  }
+}
+
+MemoryPlace memory_place_of(uintptr_t addr) {
+  gpu::Runtime* rt = nullptr;
+  try {
+    rt = &gpu::runtime();
+  } catch (const gpu::GpuUnavailableError&) {
+    return {};
+  }
+  const gpu::PointerInfo info = rt->pointer_info(reinterpret_cast<const void*>(addr));
+  if (info.type != gpu::MemoryType::kDevice) return {};
+  return {MemoryKind::kDevice, info.device};
+}
+
+void check_dmabuf_region(int fd, uint64_t offset, uint64_t length, uint64_t iova) {
+  if (length == 0) throw InvalidArgumentError("register_dmabuf_memory_region: length must be positive");
+  struct stat st {};
+  if (fd < 0 || ::fstat(fd, &st) != 0) {
+    throw InvalidArgumentError(fmt::format("register_dmabuf_memory_region: fd {} is not an open file descriptor", fd));
+  }
+  // A dma-buf's size is its inode's; a descriptor that reports none is not checked here.
+  if (st.st_size > 0 && (offset > static_cast<uint64_t>(st.st_size) || length > static_cast<uint64_t>(st.st_size) - offset)) {
+    throw InvalidArgumentError(fmt::format("register_dmabuf_memory_region: [{}, +{}) runs past the {}-byte dma-buf",
+                                           offset, length, st.st_size));
+  }
+  if (memory_place_of(iova).kind != MemoryKind::kDevice) {
+    throw InvalidArgumentError(fmt::format(
+        "register_dmabuf_memory_region: iova {:#x} is not GPU memory of this process; pass the GPU address the "
+        "dma-buf's byte `offset` has here (the pointer it was exported from)",
+        iova));
+  }
+}
+
 void RdmaMemoryDomain::region_added(int32_t handle, const LocalRegion& region) {
-  if (region.kind != MemoryKind::kHost || region.length == 0) return;  // nothing to register
-  auto mr = device_->pd->reg_mr(reinterpret_cast<void*>(region.addr), region.length,
-                                kLocalWrite | kRemoteWrite | kRemoteRead);
+  if (region.length == 0) return;  // nothing to register
+  auto mr = register_memory(*device_->pd, region.addr, region.length, region.kind,
+                            kLocalWrite | kRemoteWrite | kRemoteRead);
   std::lock_guard lock(mu_);
-  mrs_[handle] = std::move(mr);
+  mrs_[handle] = Registered{std::move(mr), region.kind == MemoryKind::kDevice};
 }
 
 void RdmaMemoryDomain::region_removed(int32_t handle, const LocalRegion&) {
@@ -166,7 +233,7 @@ void RdmaMemoryDomain::region_removed(int32_t handle, const LocalRegion&) {
     std::lock_guard lock(mu_);
     auto it = mrs_.find(handle);
     if (it == mrs_.end()) return;
-    mr = std::move(it->second);
+    mr = std::move(it->second.mr);
     mrs_.erase(it);
   }
   if (before_deregister) before_deregister(mr->rkey());
@@ -176,15 +243,15 @@ void RdmaMemoryDomain::region_removed(int32_t handle, const LocalRegion&) {
 nlohmann::json RdmaMemoryDomain::describe(int32_t handle, const LocalRegion& region) const {
   nlohmann::json entry = {{"handle", handle}, {"addr", region.addr}, {"length", region.length}};
   std::lock_guard lock(mu_);
-  if (auto it = mrs_.find(handle); it != mrs_.end()) entry["rkey"] = it->second->rkey();
+  if (auto it = mrs_.find(handle); it != mrs_.end()) entry["rkey"] = it->second.mr->rkey();
   return entry;
 }
 
-std::optional<uint32_t> RdmaMemoryDomain::lkey(int32_t handle) const {
+std::optional<LocalKey> RdmaMemoryDomain::lkey(int32_t handle) const {
   std::lock_guard lock(mu_);
   auto it = mrs_.find(handle);
   if (it == mrs_.end()) return std::nullopt;
-  return it->second->lkey();
+  return LocalKey{it->second.mr->lkey(), it->second.device};
 }
 
 }  // namespace dlslime::rdma

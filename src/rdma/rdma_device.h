@@ -48,18 +48,46 @@ struct Device {
 // link layer, or without a usable GID.
 std::shared_ptr<Device> open_device(const RdmaOptions& options);
 
-// The RDMA memory domain: one MR per host region (local write, remote read and write),
-// published as {addr, rkey, length, handle}. Device memory is not registered (this
-// transport moves host memory only); its entry then has no rkey and a peer cannot
-// address it.
+// Registers [addr, +length) as an MR of `pd` (docs/rdma.md, "GPU memory"). Host memory:
+// reg_mr. Device memory (GPUDirect RDMA: the NIC moves its bytes, host code never touches
+// them): a dma-buf the GPU runtime exports (reg_dmabuf_mr), else the device address itself
+// (reg_mr, which works where a peer-memory module such as nvidia-peermem is loaded). When
+// neither works it throws VerbsError naming why each failed; device memory never falls
+// back to anything host code would touch.
+std::unique_ptr<MemoryRegion> register_memory(ProtectionDomain& pd, uintptr_t addr, uint64_t length, MemoryKind kind,
+                                              uint32_t access);
+
+// Where `addr` lives, asked through the device-runtime seam: host memory when no GPU
+// runtime can be used in this process (no device memory can exist then).
+struct MemoryPlace {
+  MemoryKind kind = MemoryKind::kHost;
+  int device = -1;  // the GPU, for device memory
+};
+MemoryPlace memory_place_of(uintptr_t addr);
+
+// The checks of register_dmabuf_memory_region (RDMAEndpoint's and RDMAMemoryPool's):
+// InvalidArgumentError unless `fd` is an open descriptor whose buffer holds [offset,
+// +length), length > 0, and `iova` is GPU memory (rdma_endpoint.h says why).
+void check_dmabuf_region(int fd, uint64_t offset, uint64_t length, uint64_t iova);
+
+// An MR's local key, and whether it is device memory (never posted inline: inline data is
+// copied by the CPU at post time).
+struct LocalKey {
+  uint32_t lkey = 0;
+  bool device = false;
+};
+
+// The RDMA memory domain: one MR per region (local write, remote read and write), host or
+// device memory (register_memory), published as {addr, rkey, length, handle}. Zero-length
+// regions get no MR; their entry has no rkey and a peer cannot address them.
 class RdmaMemoryDomain final : public MemoryDomain {
  public:
   explicit RdmaMemoryDomain(std::shared_ptr<Device> device) : device_(std::move(device)) {}
   void region_added(int32_t handle, const LocalRegion& region) override;
   void region_removed(int32_t handle, const LocalRegion& region) override;
   nlohmann::json describe(int32_t handle, const LocalRegion& region) const override;
-  // The lkey of region `handle`'s MR; nullopt when it has none.
-  std::optional<uint32_t> lkey(int32_t handle) const;
+  // The key of region `handle`'s MR; nullopt when it has none.
+  std::optional<LocalKey> lkey(int32_t handle) const;
   // Called with a region's rkey just before its MR is deregistered (the endpoint tells its
   // peer and waits until nothing the peer has in flight can still reach it). Set once,
   // before the domain is attached.
@@ -69,7 +97,11 @@ class RdmaMemoryDomain final : public MemoryDomain {
   std::shared_ptr<Device> device_;  // declared first: destroyed after the MRs
   mutable std::mutex mu_;
   // By handle (a registry never reuses one).
-  std::unordered_map<int32_t, std::unique_ptr<MemoryRegion>> mrs_;
+  struct Registered {
+    std::unique_ptr<MemoryRegion> mr;
+    bool device = false;
+  };
+  std::unordered_map<int32_t, Registered> mrs_;
 };
 
 }  // namespace dlslime::rdma

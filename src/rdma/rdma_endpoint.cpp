@@ -403,6 +403,7 @@ Future RdmaEndpointImpl::submit(OpRequest request) {
   struct Resolved {
     uint64_t local = 0, remote = 0;
     uint32_t lkey = 0, rkey = 0;
+    bool device = false;
   };
   std::vector<Resolved> resolved(items.size());
   Op op;
@@ -411,7 +412,7 @@ Future RdmaEndpointImpl::submit(OpRequest request) {
   ResolveCache cache;
   RemoteRegions<RdmaRemoteKey>::Cache remote_cache;
   int32_t lkey_handle = -1;
-  uint32_t lkey = 0;
+  LocalKey lkey;
   for (size_t i = 0; i < items.size(); ++i) {
     const Assignment& a = items[i];
     uintptr_t local = 0;
@@ -424,7 +425,7 @@ Future RdmaEndpointImpl::submit(OpRequest request) {
       if (!key) {
         return lock.unlock(),
                fail(Status::invalid_argument(fmt::format(
-                   "local region {} has no RDMA memory registration (device memory, or zero length)", a.local_handle)));
+                   "local region {} has no RDMA memory registration (it has zero length)", a.local_handle)));
       }
       lkey_handle = a.local_handle;
       lkey = *key;
@@ -437,7 +438,7 @@ Future RdmaEndpointImpl::submit(OpRequest request) {
       return lock.unlock(), fail(Status::unknown_handle(fmt::format(
                                 "remote memory region {} was unregistered by the peer", a.remote_handle)));
     }
-    resolved[i] = {local, rk.addr + a.target_offset, lkey, rk.rkey};
+    resolved[i] = {local, rk.addr + a.target_offset, lkey.lkey, rk.rkey, lkey.device};
   }
 
   // write_with_imm stays on lane 0: the immediate must arrive after every byte of the batch,
@@ -462,6 +463,7 @@ Future RdmaEndpointImpl::submit(OpRequest request) {
       const Resolved& r = resolved[p.item];
       lane.waiting.push_back({op_id, opcode, r.local + p.offset, static_cast<uint32_t>(p.length), r.lkey,
                               r.remote + p.offset, r.rkey, 0, k + 1 == pieces.size()});
+      lane.waiting.back().device = r.device;
     }
     op.wrs_left += pieces.size();
     op.lanes |= uint64_t(1) << l;
@@ -513,7 +515,8 @@ void RdmaEndpointImpl::pump(Lane& lane, size_t index, std::vector<Done>& done) {
     wr.imm_data = q.imm;
     wr.remote_addr = q.remote_addr;
     wr.rkey = q.rkey;
-    wr.inline_data = q.opcode != WrOpcode::kRdmaRead && q.length > 0 && q.length <= max_inline_;
+    // Inline data is copied by the CPU when posting: never from GPU memory.
+    wr.inline_data = q.opcode != WrOpcode::kRdmaRead && !q.device && q.length > 0 && q.length <= max_inline_;
     wr.signaled = q.last_of_op || ++lane.since_signal >= interval;
     if (wr.signaled) lane.since_signal = 0;
   }
@@ -873,7 +876,23 @@ bool RDMAEndpoint::is_connected() const { return impl_->is_connected(); }
 
 int32_t RDMAEndpoint::register_memory_region(const std::string& name, uintptr_t addr, uint64_t offset,
                                              uint64_t length) {
-  return impl_->regions->add(name, addr, offset, length);
+  // Where the memory lives, asked here until MemoryRegistry::add detects it itself: the
+  // memory domain registers GPU memory for the NIC (docs/rdma.md, "GPU memory").
+  const rdma::MemoryPlace place = length > 0 ? rdma::memory_place_of(addr + offset) : rdma::MemoryPlace{};
+  return impl_->regions->add(name, addr, offset, length, place.kind, place.device);
+}
+int32_t RDMAEndpoint::register_dmabuf_memory_region(const std::string& name, int fd, uint64_t offset, uint64_t length,
+                                                    uint64_t iova) {
+  return add_dmabuf_region(*impl_->regions, name, fd, offset, length, iova);
+}
+int32_t RDMAEndpoint::add_dmabuf_region(MemoryRegistry& registry, const std::string& name, int fd, uint64_t offset,
+                                        uint64_t length, uint64_t iova) {
+  rdma::check_dmabuf_region(fd, offset, length, iova);
+  // The region is the GPU memory at iova; each endpoint's memory domain registers it as it
+  // registers every GPU region (a dma-buf the GPU runtime exports of the same pages, else
+  // peer memory), so endpoints made later on a shared registry register it too.
+  const rdma::MemoryPlace place = rdma::memory_place_of(iova);  // device memory: checked above
+  return registry.add(name, static_cast<uintptr_t>(iova), 0, length, place.kind, place.device);
 }
 int32_t RDMAEndpoint::register_remote_memory_region(const std::string& name, const nlohmann::json& entry) {
   return impl_->register_remote(name, entry);
@@ -887,6 +906,7 @@ Capabilities RDMAEndpoint::capabilities() const {
   caps.transport = "rdma";
   caps.read = caps.write = caps.write_with_imm = caps.imm_recv = caps.send_recv = true;
   caps.host_memory = true;
+  caps.device_memory = true;  // registered for the NIC itself (docs/rdma.md, "GPU memory")
   return caps;
 }
 

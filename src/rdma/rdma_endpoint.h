@@ -77,6 +77,7 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
     uint32_t imm = 0;
     bool last_of_op = false;  // the op's last WR on this lane: always signaled
     int32_t slot = -1;        // a control message's send slot, freed when the WR completes
+    bool device = false;      // the local buffer is GPU memory: never posted inline
   };
   // A posted WR not yet known to be complete (wr_id = seq).
   struct PostedWr {
@@ -153,6 +154,7 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
     uint64_t addr = 0;
     uint64_t length = 0;
     bool exact_size = false;  // OpRequest::exact_size: a shorter message fails it
+    bool device = false;      // GPU memory: an eager message is copied in by the GPU runtime
   };
   struct Unexpected {
     uint32_t type = 0;
@@ -179,6 +181,9 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
   void on_recv_op_finished(Op& op, const Status& status, std::vector<Done>& done);
   std::optional<uint32_t> lkey_for(uint64_t addr, uint64_t length, std::unique_ptr<rdma::MemoryRegion>& temp,
                                    uint32_t access, RegionUses& uses);
+  // Whether a message buffer is GPU memory: its region's kind, or the GPU runtime's answer
+  // for memory outside registered regions.
+  bool device_buffer(uint64_t addr, uint64_t length) const;
   void say_bye();
   // Unregistration at the owner (docs/rdma.md): REVOKE(rkey) to the peer, which stops new
   // ops on it and answers REVOKED once its earlier one-sided ops have ended; only then is

@@ -19,6 +19,7 @@
 
 #include "core/log.h"
 #include "dlslime/errors.h"
+#include "gpu/device_runtime.h"
 #include "rdma/rdma_endpoint.h"
 
 namespace dlslime {
@@ -117,19 +118,55 @@ std::optional<uint32_t> RdmaEndpointImpl::lkey_for(uint64_t addr, uint64_t lengt
     if (regions->resolve(match->handle, match->offset, length, &resolved, cache)) {
       if (auto key = domain_->lkey(match->handle)) {
         uses.hold(cache);
-        return key;
+        return key->lkey;
       }
     }
   }
   // Not in registered memory: a registration for this op alone (costly; documented).
   try {
-    temp = device_->pd->reg_mr(reinterpret_cast<void*>(addr), length, access);
+    temp = register_memory(*device_->pd, addr, length, memory_place_of(addr).kind, access);
   } catch (const VerbsError& e) {
     DLSLIME_WARN("RDMA: cannot register a message buffer of {} bytes: {}", length, e.what());
     return std::nullopt;
   }
   return temp->lkey();
 }
+
+bool RdmaEndpointImpl::device_buffer(uint64_t addr, uint64_t length) const {
+  if (length == 0) return false;
+  if (auto match = regions->find_containing(addr, length)) {
+    if (auto region = regions->get(match->handle)) return region->kind == MemoryKind::kDevice;
+  }
+  return memory_place_of(addr).kind == MemoryKind::kDevice;
+}
+
+namespace {
+
+// An eager message's bytes into a GPU recv buffer: host code cannot store there, the GPU
+// runtime copies them (at most kEagerPayload bytes; waited for here, so the recv completes
+// once they are in place). The legacy default stream: ordered after the device's other
+// work, as a user's recv into that memory expects.
+Status copy_into_device(uint64_t dst, const uint8_t* src, uint64_t n) {
+  try {
+    gpu::Runtime& rt = gpu::runtime();
+    const int device = rt.pointer_info(reinterpret_cast<const void*>(dst)).device;
+    gpu::Event event = rt.event_create(device);
+    try {
+      rt.memcpy_async(reinterpret_cast<void*>(dst), src, n, nullptr);
+      rt.event_record(event, nullptr);
+      rt.event_synchronize(event);
+    } catch (...) {
+      rt.event_destroy(event);
+      throw;
+    }
+    rt.event_destroy(event);
+    return Status::ok();
+  } catch (const Error& e) {
+    return Status::failed(fmt::format("recv: copying the message into GPU memory failed: {}", e.what()));
+  }
+}
+
+}  // namespace
 
 bool RdmaEndpointImpl::post_control(uint32_t type, uint32_t status, uint64_t seq, uint64_t length, uint64_t addr,
                                     uint32_t rkey, uint32_t reason, const void* payload, size_t payload_len,
@@ -188,7 +225,8 @@ void RdmaEndpointImpl::start_pending_sends(std::vector<Done>& done) {
     const uint64_t seq = next_msg_seq_++;
     const uint64_t addr = ps.chunk.addr + ps.chunk.offset;
     const uint64_t len = ps.chunk.length;
-    if (len <= kEagerPayload) {
+    // GPU memory always goes by rendezvous: the peer's NIC reads it, no CPU copies it.
+    if (len <= kEagerPayload && !device_buffer(addr, len)) {
       if (!post_control(kEager, 0, seq, len, 0, 0, kReasonNone, reinterpret_cast<const void*>(addr), len, done)) break;
     } else {
       // Rendezvous: the peer reads the bytes; they must stay registered until its DONE.
@@ -228,7 +266,8 @@ Future RdmaEndpointImpl::submit_recv(const OpRequest& request, std::shared_ptr<O
                                      std::unique_lock<std::mutex>& lock) {
   Future future(state);
   const Chunk& chunk = request.chunk;
-  recvs_.push_back({std::move(state), chunk.addr + chunk.offset, chunk.length, request.exact_size});
+  const uint64_t addr = chunk.addr + chunk.offset;
+  recvs_.push_back({std::move(state), addr, chunk.length, request.exact_size, device_buffer(addr, chunk.length)});
   std::vector<Done> done;
   match(done);
   lock.unlock();
@@ -315,9 +354,15 @@ void RdmaEndpointImpl::deliver(PostedRecv r, Unexpected m, std::vector<Done>& do
     return;
   }
   if (m.type == kEager) {
-    if (m.length > 0) std::memcpy(reinterpret_cast<void*>(r.addr), m.payload.data(), m.length);
-    done.push_back({std::move(r.state), Status::ok(), m.length});
-    post_control(kDone, 0, m.seq, m.length, 0, 0, kReasonNone, nullptr, 0, done);
+    Status copied = Status::ok();
+    if (m.length > 0 && r.device) {
+      copied = copy_into_device(r.addr, m.payload.data(), m.length);
+    } else if (m.length > 0) {
+      std::memcpy(reinterpret_cast<void*>(r.addr), m.payload.data(), m.length);
+    }
+    done.push_back({std::move(r.state), copied, copied ? m.length : 0});
+    post_control(kDone, copied ? 0 : static_cast<uint32_t>(StatusCode::kFailed), m.seq, m.length, 0, 0,
+                 copied ? kReasonNone : kReasonRecvBuffer, nullptr, 0, done);
     return;
   }
   // Rendezvous: READ the sender's buffer into the recv's, then answer DONE.

@@ -2,6 +2,7 @@
 // (bytes that arrived, the status an op ends with and its reason, futures that never hang),
 // including the faults a NIC produces (bad rkey, QP error, dead peer, deadline).
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -16,6 +17,7 @@
 #include "dlslime/errors.h"
 #include "dlslime/rdma_endpoint.h"
 #include "dlslime/transport.h"
+#include "gpu/device_runtime.h"
 #include "rdma/sim_device.h"
 #include "test_support.h"
 
@@ -675,6 +677,206 @@ TEST_F(RdmaSilentPeer, ReconnectSettlesWorkStillInFlightOnTheOtherQps) {
   expect_reconnects(*a_, o, src_, h_src_, before);
   ASSERT_TRUE(f.wait_for(0ms).has_value()) << "an op of the old connection was still pending after connect()";
   EXPECT_EQ(*f.wait_for(0ms), code(StatusCode::kFailed)) << f.message();
+}
+
+// ---- GPU memory (docs/rdma.md, "GPU memory") on the simulated GPU: its device pointers are
+// PROT_NONE to host code, so a host touch of device memory anywhere in the endpoint (an
+// inline post, an eager copy) kills the test.
+
+// Device memory, written and read only through the runtime's copies.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t n) : rt_(gpu::sim_runtime()), n_(n), ptr_(rt_.device_alloc(0, n)) {}
+  ~DeviceBuffer() { rt_.device_free(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  uintptr_t addr() const { return reinterpret_cast<uintptr_t>(ptr_); }
+  void write(const std::vector<uint8_t>& bytes) { copy(ptr_, bytes.data(), bytes.size()); }
+  std::vector<uint8_t> read() {
+    std::vector<uint8_t> out(n_);
+    copy(out.data(), ptr_, n_);
+    return out;
+  }
+
+ private:
+  void copy(void* dst, const void* src, size_t n) {
+    gpu::Event e = rt_.event_create(0);
+    rt_.memcpy_async(dst, src, n, nullptr);
+    rt_.event_record(e, nullptr);
+    rt_.event_synchronize(e);
+    rt_.event_destroy(e);
+  }
+  gpu::Runtime& rt_;
+  size_t n_;
+  void* ptr_;
+};
+
+class RdmaGpuTest : public RdmaEndpointTest {
+ protected:
+  void SetUp() override {
+    RdmaEndpointTest::SetUp();
+    ::setenv("DLSLIME_GPU_SIM", "1", 1);
+    ::unsetenv("DLSLIME_RDMA_SIM_DEVICE_MEMORY");
+  }
+  void TearDown() override {
+    ::unsetenv("DLSLIME_RDMA_SIM_DEVICE_MEMORY");
+    RdmaEndpointTest::TearDown();
+  }
+};
+
+TEST_F(RdmaGpuTest, WriteAndReadBetweenDeviceAndHostInEveryDirectionAtOffsetsAndSizes) {
+  RdmaOptions o;
+  o.num_qp = 2;
+  o.chunk_size = 256 << 10;  // several WRs per item, striped over both QPs
+  make(o);
+  constexpr size_t kMax = (3 << 20) + 11, kSize = kMax + 64;
+  DeviceBuffer a_dev(kSize), b_dev(kSize);
+  std::vector<uint8_t> a_host(kSize, 0), b_host(kSize, 0);
+  const auto a_bytes = pattern(kSize, 1), b_bytes = pattern(kSize, 2);
+  a_dev.write(a_bytes);
+  b_dev.write(b_bytes);
+  const int32_t la_dev = a_->register_memory_region("a_dev", a_dev.addr(), 0, kSize);
+  const int32_t la_host = a_->register_memory_region("a_host", addr_of(a_host), 0, kSize);
+  b_->register_memory_region("b_dev", b_dev.addr(), 0, kSize);
+  b_->register_memory_region("b_host", addr_of(b_host), 0, kSize);
+  connect();
+  EXPECT_TRUE(a_->capabilities().device_memory);
+  const int32_t rb_dev = remote("b_dev"), rb_host = remote("b_host");
+  std::vector<uint8_t> b_dev_want = b_bytes, a_dev_want = a_bytes;
+  for (size_t n : {size_t(1), size_t(63), size_t(4099), size_t(1 << 20), kMax}) {
+    SCOPED_TRACE(n);
+    const uint64_t src_off = n % 7 + 1, dst_off = n % 13 + 3;
+    // device -> device write, then device -> host write.
+    auto w = a_->write({{la_dev, rb_dev, dst_off, src_off, n}});
+    ASSERT_EQ(status_within(w), 0) << w.message();
+    // (a_dev_want: a_dev's bytes, which the reads below change)
+    std::copy_n(a_dev_want.begin() + src_off, n, b_dev_want.begin() + dst_off);
+    EXPECT_EQ(b_dev.read(), b_dev_want);
+    std::fill(b_host.begin(), b_host.end(), 0);
+    auto wh = a_->write({{la_dev, rb_host, dst_off, src_off, n}});
+    ASSERT_EQ(status_within(wh), 0) << wh.message();
+    EXPECT_TRUE(std::equal(a_dev_want.begin() + src_off, a_dev_want.begin() + src_off + n, b_host.begin() + dst_off));
+    // host -> device (read the peer's host region into local device memory).
+    auto r = a_->read({{la_dev, rb_host, dst_off, src_off + 1, n}});
+    ASSERT_EQ(status_within(r), 0) << r.message();
+    std::copy_n(b_host.begin() + dst_off, n, a_dev_want.begin() + src_off + 1);
+    EXPECT_EQ(a_dev.read(), a_dev_want);
+    // device -> host (read the peer's device region into local host memory).
+    std::fill(a_host.begin(), a_host.end(), 0);
+    auto rh = a_->read({{la_host, rb_dev, dst_off, 5, n}});
+    ASSERT_EQ(status_within(rh), 0) << rh.message();
+    EXPECT_TRUE(std::equal(b_dev_want.begin() + dst_off, b_dev_want.begin() + dst_off + n, a_host.begin() + 5));
+  }
+}
+
+TEST_F(RdmaGpuTest, WriteWithImmSendAndRecvUseDeviceMemoryWithoutTheCpu) {
+  make();
+  DeviceBuffer a_dev(1 << 16), b_dev(1 << 16);
+  const auto bytes = pattern(1 << 16, 9);
+  a_dev.write(bytes);
+  b_dev.write(std::vector<uint8_t>(1 << 16, 0));
+  std::vector<uint8_t> host_msg = pattern(100, 4);
+  const int32_t la = a_->register_memory_region("a_dev", a_dev.addr(), 0, 1 << 16);
+  b_->register_memory_region("b_dev", b_dev.addr(), 0, 1 << 16);
+  connect();
+  const int32_t rb = remote("b_dev");
+  // write_with_imm of 16 bytes: small enough to be inline for host memory, never for GPU.
+  auto imm = b_->imm_recv();
+  auto w = a_->write_with_imm({{la, rb, 32, 8, 16}}, 0x1234);
+  ASSERT_EQ(status_within(w), 0) << w.message();
+  ASSERT_EQ(status_within(imm), 0) << imm.message();
+  EXPECT_EQ(imm.imm_data(), 0x1234u);
+  auto got = b_dev.read();
+  EXPECT_TRUE(std::equal(bytes.begin() + 8, bytes.begin() + 24, got.begin() + 32));
+  // send from GPU memory (small: sent by rendezvous, the receiver's NIC reads it) into GPU
+  // memory; a host message (eager) into GPU memory; a large GPU message into host memory.
+  std::vector<uint8_t> host_box(40000, 0);
+  auto r1 = b_->recv({b_dev.addr(), 1000, 200});
+  auto r2 = b_->recv({b_dev.addr(), 2000, 100});
+  auto r3 = b_->recv({addr_of(host_box), 0, host_box.size()});
+  auto s1 = a_->send({a_dev.addr(), 10, 200});
+  auto s2 = a_->send({addr_of(host_msg), 0, 100});
+  auto s3 = a_->send({a_dev.addr(), 0, 40000});
+  for (Future* f : {&s1, &s2, &s3, &r1, &r2, &r3}) ASSERT_EQ(status_within(*f), 0) << f->message();
+  EXPECT_EQ(r1.nbytes(), 200u);
+  EXPECT_EQ(r2.nbytes(), 100u);
+  EXPECT_EQ(r3.nbytes(), 40000u);
+  got = b_dev.read();
+  EXPECT_TRUE(std::equal(bytes.begin() + 10, bytes.begin() + 210, got.begin() + 1000));
+  EXPECT_TRUE(std::equal(host_msg.begin(), host_msg.end(), got.begin() + 2000));
+  EXPECT_TRUE(std::equal(bytes.begin(), bytes.begin() + 40000, host_box.begin()));
+}
+
+TEST_F(RdmaGpuTest, UnregisteringADeviceRegionRevokesItsRkeyThenOpsOnItFail) {
+  make();
+  DeviceBuffer dev(8192);
+  std::vector<uint8_t> src = pattern(8192, 5);
+  const int32_t ls = a_->register_memory_region("src", addr_of(src), 0, 8192);
+  b_->register_memory_region("dev", dev.addr(), 0, 8192);
+  connect();
+  const int32_t rd = remote("dev");
+  auto ok = a_->write({{ls, rd, 0, 0, 8192}});
+  ASSERT_EQ(status_within(ok), 0) << ok.message();
+  EXPECT_EQ(dev.read(), src);
+  b_->unregister_memory_region("dev");
+  auto late = a_->write({{ls, rd, 0, 0, 64}});
+  EXPECT_EQ(status_within(late), code(StatusCode::kUnknownHandle)) << late.message();
+  // The local side: a device region unregistered is no handle any more.
+  const int32_t la = a_->register_memory_region("a_dev", dev.addr(), 0, 8192);
+  a_->unregister_memory_region(la);
+  auto gone = a_->write({{la, rd, 0, 0, 8}});
+  EXPECT_EQ(status_within(gone), code(StatusCode::kUnknownHandle)) << gone.message();
+}
+
+TEST_F(RdmaGpuTest, DeviceMemoryRegistersByDmabufOrPeerMemoryAndOtherwiseFailsNamingBoth) {
+  make();
+  DeviceBuffer dev(4096);
+  std::vector<uint8_t> src = pattern(4096, 7);
+  a_->register_memory_region("src", addr_of(src), 0, 4096);
+  connect();
+  for (const char* support : {"dmabuf", "peermem"}) {
+    SCOPED_TRACE(support);
+    ::setenv("DLSLIME_RDMA_SIM_DEVICE_MEMORY", support, 1);
+    const std::string name = std::string("dev_") + support;
+    b_->register_memory_region(name, dev.addr(), 0, 4096);
+    auto w = a_->write({{0, remote(name), 0, 0, 4096}});
+    ASSERT_EQ(status_within(w), 0) << w.message();
+    EXPECT_EQ(dev.read(), src);
+    b_->unregister_memory_region(name);
+  }
+  ::setenv("DLSLIME_RDMA_SIM_DEVICE_MEMORY", "none", 1);
+  try {
+    b_->register_memory_region("dev", dev.addr(), 0, 4096);
+    FAIL() << "device memory registered without dma-buf or peer-memory support";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("dma-buf"), std::string::npos) << what;
+    EXPECT_NE(what.find("nvidia-peermem"), std::string::npos) << what;
+    EXPECT_NE(what.find("never staged through host memory"), std::string::npos) << what;
+  }
+  EXPECT_FALSE(b_->mr_info().contains("dev"));  // the refused registration left nothing behind
+}
+
+TEST_F(RdmaGpuTest, DmabufRegistrationTakesUpstreamsArgumentsAndChecksThem) {
+  make();
+  DeviceBuffer dev(8192);
+  std::vector<uint8_t> src = pattern(8192, 3);
+  a_->register_memory_region("src", addr_of(src), 0, 8192);
+  const gpu::DmabufRange buf = gpu::runtime().dmabuf_fd(reinterpret_cast<void*>(dev.addr() + 4096), 4096);
+  ::setenv("DLSLIME_RDMA_SIM_DEVICE_MEMORY", "dmabuf", 1);
+  const int32_t h = b_->register_dmabuf_memory_region("kv", buf.fd, buf.offset, 4096, dev.addr() + 4096);
+  ::close(buf.fd);  // borrowed for the call
+  EXPECT_EQ(b_->mr_info()["kv"]["addr"].get<uint64_t>(), dev.addr() + 4096);
+  EXPECT_GE(h, 0);
+  connect();
+  auto w = a_->write({{0, remote("kv"), 0, 100, 4096}});
+  ASSERT_EQ(status_within(w), 0) << w.message();
+  const auto got = dev.read();
+  EXPECT_TRUE(std::equal(src.begin() + 100, src.begin() + 4196, got.begin() + 4096));
+  std::vector<uint8_t> host(4096);
+  EXPECT_THROW(b_->register_dmabuf_memory_region("h", buf.fd, 0, 4096, addr_of(host)), InvalidArgumentError);
+  EXPECT_THROW(b_->register_dmabuf_memory_region("bad", -1, 0, 4096, dev.addr()), InvalidArgumentError);
+  EXPECT_THROW(b_->register_dmabuf_memory_region("zero", 0, 0, 0, dev.addr()), InvalidArgumentError);
 }
 
 }  // namespace
