@@ -771,7 +771,8 @@ TEST(PeerAgentCpp, PublishingRdmaPortsMakesNoEndpoint) {
   if (!rdma_built()) {
     // Nothing to list: the record names no rdma transport.
     PeerAgent a(agent(ctrl.server.url(), "pp_a"));
-    for (const auto& t : a.agent_record("pp_a")->at("metadata")["transports"]) EXPECT_NE(t["name"], "rdma");
+    const nlohmann::json record = a.agent_record("pp_a").value();  // held: the loop reads into it
+    for (const auto& t : record.at("metadata")["transports"]) EXPECT_NE(t["name"], "rdma");
     return;
   }
   auto first_qpn = [](const std::shared_ptr<Endpoint>& e) {
