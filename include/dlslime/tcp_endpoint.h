@@ -43,6 +43,9 @@ struct DLSLIME_API TcpOptions {
   // Bytes of messages that arrived before a matching recv was posted and are held in
   // memory; past it the connection stops reading until a recv is posted.
   uint64_t unexpected_buffer_bytes = 16 << 20;
+  // GPU memory crosses TCP through pinned staging buffers (docs/tcp.md "GPU memory"): at
+  // most this many per direction per endpoint, each at most chunk_size bytes.
+  uint32_t gpu_staging_chunks = 4;
   // Shared secret. When set, every connection is authenticated in the handshake by HMAC-
   // SHA256 challenge and response (the token never crosses the wire), and only a peer with
   // the same token can connect, read or write. Both sides must agree: set or not set.

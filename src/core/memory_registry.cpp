@@ -7,6 +7,7 @@
 
 #include "core/log.h"
 #include "dlslime/errors.h"
+#include "gpu/device_runtime.h"
 
 namespace dlslime {
 
@@ -33,7 +34,33 @@ bool cached_range(ResolveCache& cache, std::mutex& mu, const Regions& regions, i
   return cache.valid && range_within(cache.length, offset, length);
 }
 
+// Where [start, +length) lives. Device memory must lie inside one allocation: IPC
+// handles, dma-bufs and staging copies all name allocations.
+MemoryPlace place(const std::string& name, uintptr_t start, uint64_t length) {
+  if (length == 0) return {};
+  const MemoryPlace where = memory_place_of(start);
+  if (where.kind != MemoryKind::kDevice) return where;
+  const gpu::AddressRange range = gpu::runtime().allocation_range(reinterpret_cast<const void*>(start));
+  if (start < range.base || !range_within(range.size, start - range.base, length)) {
+    throw InvalidArgumentError(fmt::format("memory region '{}': [{:#x}, +{}) runs past its device allocation [{:#x}, +{})",
+                                           name, start, length, range.base, range.size));
+  }
+  return where;
+}
+
 }  // namespace
+
+MemoryPlace memory_place_of(uintptr_t addr) {
+  gpu::Runtime* rt = nullptr;
+  try {
+    rt = &gpu::runtime();
+  } catch (const gpu::GpuUnavailableError&) {
+    return {};
+  }
+  const gpu::PointerInfo info = rt->pointer_info(reinterpret_cast<const void*>(addr));
+  if (info.type != gpu::MemoryType::kDevice) return {};
+  return {MemoryKind::kDevice, info.device};
+}
 
 void RegionLifetime::release() noexcept {
   if (users_.fetch_sub(1, std::memory_order_seq_cst) == 1 && draining_.load(std::memory_order_seq_cst)) {
@@ -157,8 +184,7 @@ void MemoryRegistry::retire(int32_t handle, const LocalRegion& region) {
   }
 }
 
-int32_t MemoryRegistry::add(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length,
-                            MemoryKind kind, int device) {
+int32_t MemoryRegistry::add(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length) {
   if (name.empty()) throw InvalidArgumentError("memory region name must not be empty");
   if (addr == 0 && length > 0) throw InvalidArgumentError(fmt::format("memory region '{}': address is null", name));
   constexpr uint64_t kMax = std::numeric_limits<uintptr_t>::max();
@@ -168,6 +194,7 @@ int32_t MemoryRegistry::add(const std::string& name, uintptr_t addr, uint64_t of
                     offset, length));
   }
   const uintptr_t start = addr + offset;
+  const auto [kind, device] = place(name, start, length);
   std::optional<std::pair<int32_t, LocalRegion>> replaced;
   int32_t handle = 0;
   LocalRegion added;

@@ -125,6 +125,16 @@ class RegionRevoker {
 enum class MemoryKind : uint8_t { kHost, kDevice };
 const char* memory_kind_name(MemoryKind kind) noexcept;
 
+// Where the byte at `addr` lives, asked through the device-runtime seam: host memory when
+// no GPU runtime can be used in this process (no device memory can exist then). The
+// registry asks it for every region; transports ask it for raw buffers outside regions
+// (messages).
+struct MemoryPlace {
+  MemoryKind kind = MemoryKind::kHost;
+  int device = -1;  // the GPU, for device memory
+};
+MemoryPlace memory_place_of(uintptr_t addr);
+
 struct LocalRegion {
   std::string name;
   uintptr_t addr = 0;  // already includes the registration offset
@@ -179,12 +189,15 @@ class DLSLIME_API MemoryRegistry {
   // transfers in flight on the region before it revokes them.
   static constexpr std::chrono::milliseconds kDefaultDrainTimeout{5000};
 
-  // Registers [addr+offset, +length). Re-registering a name replaces it under a new
-  // handle unless it describes the same bytes, in which case the old handle is returned;
-  // the replaced region is drained as by remove(). Throws InvalidArgumentError on address
-  // overflow or a null address with length > 0.
-  int32_t add(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length,
-              MemoryKind kind = MemoryKind::kHost, int device = -1);
+  // Registers [addr+offset, +length). Where the memory lives (host, or which GPU) is asked
+  // here, once, through the device-runtime seam (gpu/device_runtime.h), so that every
+  // transport and the PeerAgent see the same kind and none can mistake device memory for
+  // host memory; without a GPU runtime every region is host memory. Re-registering a name
+  // replaces it under a new handle unless it describes the same bytes, in which case the
+  // old handle is returned; the replaced region is drained as by remove(). Throws
+  // InvalidArgumentError on address overflow, a null address with length > 0, or device
+  // memory that runs past its allocation.
+  int32_t add(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length);
   // Unregisters: new lookups fail at once; returns once nothing in flight refers to the
   // region's memory. Transfers still using it after the drain timeout are revoked (their
   // ops fail, the connections carrying them close). Throws NotFoundError if absent,

@@ -635,7 +635,7 @@ int32_t NVLinkEndpoint::register_memory_region(const std::string& name, uintptr_
                                            "memory (use TcpEndpoint or RDMAEndpoint for host memory)",
                                            name, start, gpu::memory_type_name(info.type)));
   }
-  return impl_->regions->add(name, addr, offset, length, MemoryKind::kDevice, info.device);
+  return impl_->regions->add(name, addr, offset, length);
 }
 int32_t NVLinkEndpoint::register_remote_memory_region(const std::string& name, const nlohmann::json& entry) {
   return impl_->add_remote(name, entry, /*strict=*/true);

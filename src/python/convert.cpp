@@ -289,6 +289,7 @@ constexpr TcpKwargKey kTcpKwargs[] = {
     {"max_inflight_ops", "max_inflight_ops", TcpKwarg::kInteger},
     {"max_batch_items", "max_batch_items", TcpKwarg::kInteger},
     {"unexpected_buffer_bytes", "unexpected_buffer_bytes", TcpKwarg::kInteger},
+    {"gpu_staging_chunks", "gpu_staging_chunks", TcpKwarg::kInteger},
     {"token", "token", TcpKwarg::kToken},
 };
 

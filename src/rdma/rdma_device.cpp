@@ -188,18 +188,6 @@ std::unique_ptr<MemoryRegion> register_memory(ProtectionDomain& pd, uintptr_t ad
   }
 }
 
-MemoryPlace memory_place_of(uintptr_t addr) {
-  gpu::Runtime* rt = nullptr;
-  try {
-    rt = &gpu::runtime();
-  } catch (const gpu::GpuUnavailableError&) {
-    return {};
-  }
-  const gpu::PointerInfo info = rt->pointer_info(reinterpret_cast<const void*>(addr));
-  if (info.type != gpu::MemoryType::kDevice) return {};
-  return {MemoryKind::kDevice, info.device};
-}
-
 void check_dmabuf_region(int fd, uint64_t offset, uint64_t length, uint64_t iova) {
   if (length == 0) throw InvalidArgumentError("register_dmabuf_memory_region: length must be positive");
   struct stat st {};

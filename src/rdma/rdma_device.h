@@ -57,14 +57,6 @@ std::shared_ptr<Device> open_device(const RdmaOptions& options);
 std::unique_ptr<MemoryRegion> register_memory(ProtectionDomain& pd, uintptr_t addr, uint64_t length, MemoryKind kind,
                                               uint32_t access);
 
-// Where `addr` lives, asked through the device-runtime seam: host memory when no GPU
-// runtime can be used in this process (no device memory can exist then).
-struct MemoryPlace {
-  MemoryKind kind = MemoryKind::kHost;
-  int device = -1;  // the GPU, for device memory
-};
-MemoryPlace memory_place_of(uintptr_t addr);
-
 // The checks of register_dmabuf_memory_region (RDMAEndpoint's and RDMAMemoryPool's):
 // InvalidArgumentError unless `fd` is an open descriptor whose buffer holds [offset,
 // +length), length > 0, and `iova` is GPU memory (rdma_endpoint.h says why).

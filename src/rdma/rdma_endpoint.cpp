@@ -876,10 +876,9 @@ bool RDMAEndpoint::is_connected() const { return impl_->is_connected(); }
 
 int32_t RDMAEndpoint::register_memory_region(const std::string& name, uintptr_t addr, uint64_t offset,
                                              uint64_t length) {
-  // Where the memory lives, asked here until MemoryRegistry::add detects it itself: the
-  // memory domain registers GPU memory for the NIC (docs/rdma.md, "GPU memory").
-  const rdma::MemoryPlace place = length > 0 ? rdma::memory_place_of(addr + offset) : rdma::MemoryPlace{};
-  return impl_->regions->add(name, addr, offset, length, place.kind, place.device);
+  // The registry asks where the memory lives; the memory domain registers GPU memory for
+  // the NIC (docs/rdma.md, "GPU memory").
+  return impl_->regions->add(name, addr, offset, length);
 }
 int32_t RDMAEndpoint::register_dmabuf_memory_region(const std::string& name, int fd, uint64_t offset, uint64_t length,
                                                     uint64_t iova) {
@@ -891,8 +890,7 @@ int32_t RDMAEndpoint::add_dmabuf_region(MemoryRegistry& registry, const std::str
   // The region is the GPU memory at iova; each endpoint's memory domain registers it as it
   // registers every GPU region (a dma-buf the GPU runtime exports of the same pages, else
   // peer memory), so endpoints made later on a shared registry register it too.
-  const rdma::MemoryPlace place = rdma::memory_place_of(iova);  // device memory: checked above
-  return registry.add(name, static_cast<uintptr_t>(iova), 0, length, place.kind, place.device);
+  return registry.add(name, static_cast<uintptr_t>(iova), 0, length);  // device memory: checked above
 }
 int32_t RDMAEndpoint::register_remote_memory_region(const std::string& name, const nlohmann::json& entry) {
   return impl_->register_remote(name, entry);

@@ -26,15 +26,15 @@ bool TcpEndpoint::is_connected() const { return impl_->is_connected(); }
 
 int32_t TcpEndpoint::register_memory_region(const std::string& name, uintptr_t addr, uint64_t offset,
                                             uint64_t length) {
-  return impl_->register_memory_region(name, addr, offset, length);
+  return impl_->local_regions->add(name, addr, offset, length);  // device memory: see region_added
 }
 
 int32_t TcpEndpoint::register_remote_memory_region(const std::string& name, const nlohmann::json& mr_info_entry) {
   return add_owner_resolved(impl_->remote_regions, name, mr_info_entry);
 }
 
-void TcpEndpoint::unregister_memory_region(const std::string& name) { impl_->unregister_memory_region(name); }
-void TcpEndpoint::unregister_memory_region(int32_t handle) { impl_->unregister_memory_region(handle); }
+void TcpEndpoint::unregister_memory_region(const std::string& name) { impl_->local_regions->remove(name); }
+void TcpEndpoint::unregister_memory_region(int32_t handle) { impl_->local_regions->remove(handle); }
 nlohmann::json TcpEndpoint::mr_info() const { return impl_->local_regions->mr_info(); }
 
 Capabilities TcpEndpoint::capabilities() const {

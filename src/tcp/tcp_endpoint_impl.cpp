@@ -32,10 +32,7 @@ uint64_t random_id() {
 
 bool is_wildcard(const asio::ip::address& a) { return a.is_unspecified(); }
 
-uint32_t gpu_staging_slots_from_env() {
-  return static_cast<uint32_t>(env_integer("DLSLIME_TCP_GPU_STAGING_CHUNKS", 1, tcp::GpuStaging::kMaxSlots,
-                                           tcp::GpuStaging::kDefaultSlots));
-}
+static_assert(tcp::GpuStaging::kMaxSlots == 64, "TcpOptions::gpu_staging_chunks allows 1..64 (tcp_options.cpp)");
 
 // The address a peer should dial: the bind address, or for a wildcard bind the
 // configured advertise host, else what the host name resolves to.
@@ -74,7 +71,6 @@ TcpEndpointImpl::TcpEndpointImpl(const std::string& ip, uint16_t port, TcpOption
       io_(runtime_->next_context()),
       endpoint_id_(random_id()),
       inflight_(options_.max_inflight_ops),
-      gpu_staging_slots_(gpu_staging_slots_from_env()),
       pairing_(io_, options_, endpoint_id_, shut_down_, *this, matcher_),
       initiator_(options_, pairing_, gpu_),
       matcher_(options_, pairing_),
@@ -92,7 +88,6 @@ TcpEndpointImpl::TcpEndpointImpl(asio::io_context& io, TcpOptions options, std::
       io_(io),
       endpoint_id_(random_id()),
       inflight_(options_.max_inflight_ops),
-      gpu_staging_slots_(gpu_staging_slots_from_env()),
       pairing_(io_, options_, endpoint_id_, shut_down_, *this, matcher_),
       initiator_(options_, pairing_, gpu_),
       matcher_(options_, pairing_),
@@ -165,6 +160,7 @@ void TcpEndpointImpl::run_on_io(std::function<void()> fn) {
 
 void TcpEndpointImpl::start() {
   local_regions->watch(std::static_pointer_cast<RegionRevoker>(shared_from_this()));
+  local_regions->attach(std::static_pointer_cast<MemoryDomain>(shared_from_this()));
   std::weak_ptr<TcpEndpointImpl> weak = weak_from_this();
   run_on_io([&] {
     listener_->start(
@@ -192,51 +188,17 @@ nlohmann::json TcpEndpointImpl::endpoint_info() const {
 // ---------------------------------------------------------------------------------------
 // Regions
 
-int32_t TcpEndpointImpl::register_memory_region(const std::string& name, uintptr_t addr, uint64_t offset,
-                                                uint64_t length) {
-  // Where the memory lives is asked once here, so that ops decide per region, never per
-  // byte. Without a GPU runtime every region is host memory.
-  MemoryKind kind = MemoryKind::kHost;
-  int device = -1;
-  gpu::Runtime* rt = nullptr;
-  if (length > 0 && offset <= std::numeric_limits<uintptr_t>::max() - addr) {
-    try {
-      rt = &gpu::runtime();
-    } catch (const gpu::GpuUnavailableError&) {
-    }
-    const uintptr_t start = addr + offset;
-    if (rt) {
-      const gpu::PointerInfo info = rt->pointer_info(reinterpret_cast<const void*>(start));
-      if (info.type == gpu::MemoryType::kDevice) {
-        const gpu::AddressRange range = rt->allocation_range(reinterpret_cast<const void*>(start));
-        if (start < range.base || !range_within(range.size, start - range.base, length)) {
-          throw InvalidArgumentError(fmt::format(
-              "region '{}': [{:#x}, +{}) runs past its device allocation [{:#x}, +{})", name, start, length,
-              range.base, range.size));
-        }
-        kind = MemoryKind::kDevice;
-        device = info.device;
-      }
-    }
-  }
-  if (kind == MemoryKind::kDevice) {
-    std::weak_ptr<TcpEndpointImpl> weak = weak_from_this();
-    gpu_.make_staging(io_, *rt, device, gpu_staging_slots_, weak, [this] { initiator_.pump_gpu(); });
-  }
-  const int32_t handle = local_regions->add(name, addr, offset, length, kind, device);
-  if (kind == MemoryKind::kDevice) gpu_.regions.add(handle, device);
-  return handle;
+void TcpEndpointImpl::region_added(int32_t handle, const LocalRegion& region) {
+  // Which ops and frames need staging is decided per region, never per byte; host
+  // regions cost nothing here.
+  if (region.kind != MemoryKind::kDevice) return;
+  std::weak_ptr<TcpEndpointImpl> weak = weak_from_this();
+  gpu_.make_staging(io_, gpu::runtime(), region.device, options_.gpu_staging_chunks, weak, [this] { initiator_.pump_gpu(); });
+  gpu_.regions.add(handle, region.device);
 }
 
-void TcpEndpointImpl::unregister_memory_region(const std::string& name) {
-  const std::optional<int32_t> handle = local_regions->find(name);
-  local_regions->remove(name);
-  if (handle) gpu_.regions.remove(*handle);
-}
-
-void TcpEndpointImpl::unregister_memory_region(int32_t handle) {
-  local_regions->remove(handle);
-  gpu_.regions.remove(handle);
+void TcpEndpointImpl::region_removed(int32_t handle, const LocalRegion& region) {
+  if (region.kind == MemoryKind::kDevice) gpu_.regions.remove(handle);
 }
 
 tcp::GpuStaging::Stats TcpEndpointImpl::gpu_staging_stats() const {

@@ -47,6 +47,7 @@ namespace dlslime {
 // thread and touched only there.
 class TcpEndpointImpl final : public tcp::FrameHandler,
                               public RegionRevoker,
+                              public MemoryDomain,
                               public std::enable_shared_from_this<TcpEndpointImpl> {
  public:
   using Clock = std::chrono::steady_clock;
@@ -78,12 +79,10 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
   const std::shared_ptr<MemoryRegistry> local_regions;  // may be shared (PeerAgent)
   OwnerRemoteRegions remote_regions;
 
-  // Registers a local region; memory the device runtime calls device memory is
-  // registered as such and crosses TCP through the staging (docs/tcp.md "GPU memory").
-  int32_t register_memory_region(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length);
-  void unregister_memory_region(const std::string& name);
-  void unregister_memory_region(int32_t handle);
-  // Staging bytes in use and their high-water mark (zeros before any device region).
+  // Device memory in local_regions (the registry asks the device runtime) crosses TCP
+  // through the staging (docs/tcp.md "GPU memory"), whoever registered it: the endpoint,
+  // or a PeerAgent or pool sharing the registry (region_added below). Staging bytes in
+  // use and their high-water mark (zeros before any device region):
   tcp::GpuStaging::Stats gpu_staging_stats() const;
 
   // tcp::FrameHandler
@@ -98,6 +97,14 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
   void revoke_region(const RegionLifetime& lifetime) override;
   bool on_own_thread() const override {
     return io_.get_executor().running_in_this_thread() || IoRuntime::current_context() == &io_;
+  }
+
+  // MemoryDomain (attached at start()): notes the device regions, and makes the staging
+  // at the first one. A peer names regions by handle, as OwnerResolvedDomain describes.
+  void region_added(int32_t handle, const LocalRegion& region) override;
+  void region_removed(int32_t handle, const LocalRegion& region) override;
+  nlohmann::json describe(int32_t handle, const LocalRegion& region) const override {
+    return OwnerResolvedDomain::instance().describe(handle, region);
   }
 
  private:
@@ -151,7 +158,6 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
 
   // ---- I/O thread only (Pairing: also the connect waits and lane counts) ----
   // Device regions and their staging: read by the parts below, so declared before them.
-  const uint32_t gpu_staging_slots_;  // DLSLIME_TCP_GPU_STAGING_CHUNKS
   tcp::GpuPath gpu_;
   // Declared in this order: the parts refer to one another (see each), and to the
   // options and flags above.

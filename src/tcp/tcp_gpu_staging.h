@@ -70,7 +70,7 @@ class GpuStaging {
     uint32_t slots_per_direction = 0;
   };
 
-  // Default and range of DLSLIME_TCP_GPU_STAGING_CHUNKS (slots per direction).
+  // Default and most slots per direction (TcpOptions::gpu_staging_chunks).
   static constexpr uint32_t kDefaultSlots = 4;
   static constexpr uint32_t kMaxSlots = 64;
 

@@ -36,6 +36,7 @@ constexpr Range kKeepaliveCount{1, 127};
 constexpr Range kMaxInflightOps{1, 1 << 24};
 constexpr Range kMaxBatchItems{1, 1 << 24};
 constexpr Range kUnexpectedBufferBytes{0, 1LL << 40};
+constexpr Range kGpuStagingChunks{1, 64};  // tcp::GpuStaging::kMaxSlots
 
 template <class T>
 void env_option(const char* name, Range r, T& field) {
@@ -83,6 +84,7 @@ TcpOptions TcpOptions::from_env() {
   env_option("DLSLIME_TCP_MAX_INFLIGHT_OPS", kMaxInflightOps, o.max_inflight_ops);
   env_option("DLSLIME_TCP_MAX_BATCH_ITEMS", kMaxBatchItems, o.max_batch_items);
   env_option("DLSLIME_TCP_UNEXPECTED_BUFFER_BYTES", kUnexpectedBufferBytes, o.unexpected_buffer_bytes);
+  env_option("DLSLIME_TCP_GPU_STAGING_CHUNKS", kGpuStagingChunks, o.gpu_staging_chunks);
   return o;
 }
 
@@ -100,6 +102,7 @@ void TcpOptions::validate() const {
   check_option("max_inflight_ops", max_inflight_ops, kMaxInflightOps);
   check_option("max_batch_items", max_batch_items, kMaxBatchItems);
   check_option("unexpected_buffer_bytes", unexpected_buffer_bytes, kUnexpectedBufferBytes);
+  check_option("gpu_staging_chunks", gpu_staging_chunks, kGpuStagingChunks);
   // Anyone who can reach the port can get a MAC over a nonce of its choosing and guess
   // the token offline, so a short one is refused rather than silently weak.
   if (!token.empty() && token.size() < kMinTokenSize) {
@@ -163,6 +166,7 @@ TcpOptions TcpOptions::from_json(const nlohmann::json& options, TcpOptions base)
     else if (key == "max_inflight_ops") integer(o.max_inflight_ops);
     else if (key == "max_batch_items") integer(o.max_batch_items);
     else if (key == "unexpected_buffer_bytes") integer(o.unexpected_buffer_bytes);
+    else if (key == "gpu_staging_chunks") integer(o.gpu_staging_chunks);
     else throw InvalidArgumentError(fmt::format("unknown TcpEndpoint option '{}'", key));
   }
   o.validate();
@@ -184,6 +188,7 @@ nlohmann::json TcpOptions::to_json() const {
           {"max_inflight_ops", max_inflight_ops},
           {"max_batch_items", max_batch_items},
           {"unexpected_buffer_bytes", unexpected_buffer_bytes},
+          {"gpu_staging_chunks", gpu_staging_chunks},
           // Whether a token is set, never the token.
           {"authenticated", !token.empty()}};
 }

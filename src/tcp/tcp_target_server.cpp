@@ -77,7 +77,8 @@ void TargetServer::on_write_prefix(TcpConnection& conn, const FrameHeader& h, st
     st = Status::protocol_error(
         fmt::format("the write frame's pieces add up to {} bytes, but it carries {}", total, data));
   }
-  auto staged = staged_.find(&conn);
+  // Frames are staged only once a device region exists: the host path asks no table.
+  auto staged = gpu_.staging() ? staged_.find(&conn) : staged_.end();
   if (!st) {
     conn.segment_uses().clear();  // nothing of it is placed
     if (staged != staged_.end()) gpu_.staging()->release(take_reserved(&conn));

@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/memory_registry.h"
+#include "core/transport_registry.h"
 #include "dlslime/dlslime.h"
 #include "gpu/device_runtime.h"
 
@@ -122,6 +124,51 @@ TEST_F(TcpGpu, AWriteToAnUnknownRemoteHandleFailsAloneAndTheNextOneWorks) {
   ASSERT_TRUE(good.wait_for(std::chrono::seconds(30)));
   ASSERT_EQ(good.status(), 0) << good.message();
   EXPECT_EQ(dst.read(), pattern(n, 7));
+}
+
+// The registry, not the endpoint, asks where memory lives: regions a PeerAgent or a pool
+// registers in a shared registry (before or after the endpoint exists) cross TCP through
+// the staging too, never touched by host code.
+TEST_F(TcpGpu, DeviceMemoryRegisteredInASharedRegistryIsStagedWhoeverRegisteredIt) {
+  const size_t n = 2 * kChunk + 5;
+  DeviceBuffer early(n), late(n), dst(2 * n);
+  early.write(pattern(n, 3));
+  late.write(pattern(n, 4));
+  auto shared = std::make_shared<MemoryRegistry>();
+  const int32_t he = shared->add("early", early.addr(), 0, n);  // before the endpoint
+  // As a PeerAgent makes its endpoints: through the registry, over its memory registry.
+  std::shared_ptr<Endpoint> ep = TransportRegistry::instance().make(
+      "tcp", {{"ip", "127.0.0.1"}, {"chunk_size", kChunk}, {"gpu_staging_chunks", 2}}, shared);
+  auto& c = dynamic_cast<TcpEndpoint&>(*ep);
+  const int32_t hl = shared->add("late", late.addr(), 0, n);  // after
+  EXPECT_EQ(shared->get(he)->kind, MemoryKind::kDevice);
+  EXPECT_EQ(shared->get(hl)->device, 0);
+  TcpEndpoint d{"127.0.0.1", 0, small_chunks()};
+  c.connect(d.endpoint_info());
+  d.connect(c.endpoint_info());
+  d.register_memory_region("dst", dst.addr(), 0, 2 * n);
+  const int32_t hb = c.register_remote_memory_region("dst", d.endpoint_info()["mr_info"]["dst"]);
+  Future w = c.write({Assignment{he, hb, 0, 0, n}, Assignment{hl, hb, n, 0, n}});
+  ASSERT_TRUE(w.wait_for(std::chrono::seconds(30)));
+  ASSERT_EQ(w.status(), 0) << w.message();
+  std::vector<uint8_t> want = pattern(n, 3), second = pattern(n, 4);
+  want.insert(want.end(), second.begin(), second.end());
+  EXPECT_EQ(dst.read(), want);
+  const auto stats = c.listener_stats();
+  EXPECT_EQ(stats["gpu_staging_slots"], 2u);  // TcpOptions::gpu_staging_chunks
+  EXPECT_GT(static_cast<uint64_t>(stats["gpu_staging_high_water_bytes"]), 0u);
+  EXPECT_LE(static_cast<uint64_t>(stats["gpu_staging_high_water_bytes"]), 2 * 2 * kChunk);
+  ep->shutdown();
+}
+
+TEST(MemoryRegistryGpu, DeviceMemoryMustLieInsideOneAllocation) {
+  ::setenv("DLSLIME_GPU_SIM", "1", 1);
+  DeviceBuffer buf(4096);
+  MemoryRegistry reg;
+  EXPECT_EQ(reg.get(reg.add("inside", buf.addr(), 96, 4000))->kind, MemoryKind::kDevice);
+  EXPECT_THROW(reg.add("past", buf.addr(), 96, 4001), InvalidArgumentError);
+  std::vector<uint8_t> host(64);
+  EXPECT_EQ(reg.get(reg.add("host", reinterpret_cast<uintptr_t>(host.data()), 0, 64))->kind, MemoryKind::kHost);
 }
 
 }  // namespace
