@@ -98,7 +98,7 @@ struct RdmaContextView {
 };
 
 // register_dmabuf_memory_region(fd, offset, length, iova, name=None): upstream DLSlime
-// 0.1.23's RDMAMemoryPool signature, offered on RDMAEndpoint.
+// 0.1.23's RDMAMemoryPool signature, on the pool and on RDMAEndpoint.
 constexpr const char* kDmabufDoc =
     "Registers [offset, +length) of the dma-buf fd (borrowed for the call) as a region addressed at iova, which "
     "must be the GPU address of that byte in this process (the pointer it was exported from); name=None names it "
@@ -313,12 +313,14 @@ void bind_rdma(py::module_& m) {
       .def_property_readonly("context", [](const RdmaPoolView& pool) { return pool.context; })
       .def(
           "register_dmabuf_memory_region",
-          [](RdmaPoolView&, py::args, py::kwargs) -> int {
-            throw NotImplementedError(
-                "register_dmabuf_memory_region: dma-buf regions are not supported by this RDMA transport (host "
-                "memory only)");
+          [](RdmaPoolView& pool, py::handle fd, py::handle offset, py::handle length, py::handle iova,
+             py::handle name) {
+            const DmabufArgs a = dmabuf_args(fd, offset, length, iova, name);
+            ReleaseGil release;  // replacing a name waits for the old region's transfers
+            return RDMAEndpoint::add_dmabuf_region(*pool.registry(), a.name, a.fd, a.offset, a.length, a.iova);
           },
-          "Not supported here: NotImplementedError.")
+          py::arg("fd"), py::arg("offset"), py::arg("length"), py::arg("iova"), py::arg("name") = py::none(),
+          kDmabufDoc)
       .def("__repr__", [](const RdmaPoolView& pool) {
         return fmt::format("<dlslime.RDMAMemoryPool {} {} regions>", pool.context->describe(), pool.registry()->size());
       });

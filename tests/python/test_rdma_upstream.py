@@ -130,7 +130,7 @@ ERRORS = """
     raises(TypeError, pool.register_memory_region, "0x10", 64, "str")
     raises(TypeError, pool.register_memory_region, ctypes.addressof(buf), 64.0, "float")
     raises(KeyError, pool.unregister_memory_region, "never")
-    raises(NotImplementedError, pool.register_dmabuf_memory_region, 3, 0, 64, 0)
+    raises(ValueError, pool.register_dmabuf_memory_region, 3, 0, 64, 0)  # iova 0 is not GPU memory
     # Unnamed (upstream's name=None): named by its address.
     h = pool.register_memory_region(ctypes.addressof(buf), 64)
     assert pool.get_handle(hex(ctypes.addressof(buf))) == h
