@@ -71,3 +71,11 @@ if "$PYTHON" -c 'import sys, dlslime; sys.exit(0 if hasattr(dlslime, "RDMAEndpoi
   (cd "$ROOT" && DLSLIME_RDMA_SIM=1 "$PYTHON" -m pytest tests/python/test_conformance.py -v -p no:cacheprovider \
     -k rdma)
 fi
+
+# And over nvlink on the simulated GPU, when NVLink is built (its peer runs in a second
+# process: a process cannot open its own CUDA IPC handles).
+if "$PYTHON" -c 'import sys, dlslime; sys.exit(0 if hasattr(dlslime, "NVLinkEndpoint") else 1)'; then
+  step "Python conformance over nvlink on the simulated GPU"
+  (cd "$ROOT" && DLSLIME_GPU_SIM=1 "$PYTHON" -m pytest tests/python/test_conformance.py -v -p no:cacheprovider \
+    -k nvlink)
+fi
