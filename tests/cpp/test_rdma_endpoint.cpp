@@ -17,6 +17,7 @@
 #include "dlslime/errors.h"
 #include "dlslime/rdma_endpoint.h"
 #include "dlslime/transport.h"
+#include "device_buffer.h"
 #include "gpu/device_runtime.h"
 #include "rdma/sim_device.h"
 #include "test_support.h"
@@ -683,33 +684,7 @@ TEST_F(RdmaSilentPeer, ReconnectSettlesWorkStillInFlightOnTheOtherQps) {
 // PROT_NONE to host code, so a host touch of device memory anywhere in the endpoint (an
 // inline post, an eager copy) kills the test.
 
-// Device memory, written and read only through the runtime's copies.
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t n) : rt_(gpu::sim_runtime()), n_(n), ptr_(rt_.device_alloc(0, n)) {}
-  ~DeviceBuffer() { rt_.device_free(ptr_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  uintptr_t addr() const { return reinterpret_cast<uintptr_t>(ptr_); }
-  void write(const std::vector<uint8_t>& bytes) { copy(ptr_, bytes.data(), bytes.size()); }
-  std::vector<uint8_t> read() {
-    std::vector<uint8_t> out(n_);
-    copy(out.data(), ptr_, n_);
-    return out;
-  }
-
- private:
-  void copy(void* dst, const void* src, size_t n) {
-    gpu::Event e = rt_.event_create(0);
-    rt_.memcpy_async(dst, src, n, nullptr);
-    rt_.event_record(e, nullptr);
-    rt_.event_synchronize(e);
-    rt_.event_destroy(e);
-  }
-  gpu::Runtime& rt_;
-  size_t n_;
-  void* ptr_;
-};
+using test_support::DeviceBuffer;
 
 class RdmaGpuTest : public RdmaEndpointTest {
  protected:

@@ -27,6 +27,7 @@
 #include "core/transport_registry.h"
 #include "dlslime/errors.h"
 #include "dlslime/transport.h"
+#include "device_buffer.h"
 #include "gpu/device_runtime.h"
 #include "rdma/sim_device.h"
 #include "rdma/verbs.h"
@@ -704,34 +705,7 @@ TEST_F(RdmaSim, DroppedCompletionIsNeverDelivered) {
 // The device pointers are PROT_NONE to host code, so these pass only if the NIC alone moves
 // their bytes (through its own view), as with GPUDirect RDMA.
 
-// Device memory of the simulated GPU, written and read only through the runtime's copies.
-class SimDeviceBuffer {
- public:
-  explicit SimDeviceBuffer(size_t n) : rt_(gpu::sim_runtime()), n_(n), ptr_(rt_.device_alloc(0, n)) {}
-  ~SimDeviceBuffer() { rt_.device_free(ptr_); }
-  SimDeviceBuffer(const SimDeviceBuffer&) = delete;
-  SimDeviceBuffer& operator=(const SimDeviceBuffer&) = delete;
-  void* ptr() const { return ptr_; }
-  uint64_t addr(size_t offset = 0) const { return reinterpret_cast<uint64_t>(ptr_) + offset; }
-  void write(const std::vector<uint8_t>& bytes) { copy(ptr_, bytes.data(), bytes.size()); }
-  std::vector<uint8_t> read() {
-    std::vector<uint8_t> out(n_);
-    copy(out.data(), ptr_, n_);
-    return out;
-  }
-
- private:
-  void copy(void* dst, const void* src, size_t n) {
-    gpu::Event e = rt_.event_create(0);
-    rt_.memcpy_async(dst, src, n, nullptr);
-    rt_.event_record(e, nullptr);
-    rt_.event_synchronize(e);
-    rt_.event_destroy(e);
-  }
-  gpu::Runtime& rt_;
-  size_t n_;
-  void* ptr_;
-};
+using test_support::DeviceBuffer;
 
 std::vector<uint8_t> bytes_of(size_t n, uint8_t seed) {
   std::vector<uint8_t> v(n);
@@ -760,7 +734,7 @@ class RdmaSimGpu : public RdmaSim {
 TEST_F(RdmaSimGpu, PeerMemoryMrsMoveDeviceBytesBothWaysAtOffsets) {
   connect();
   const size_t n = 3 * 4096 + 5;  // several MTUs, not a multiple of one
-  SimDeviceBuffer src(n + 64), dst(n + 64);
+  DeviceBuffer src(n + 64), dst(n + 64);
   const auto src_bytes = bytes_of(n + 64, 0x21), dst_bytes = bytes_of(n + 64, 0x77);
   src.write(src_bytes);
   dst.write(dst_bytes);
@@ -795,7 +769,7 @@ TEST_F(RdmaSimGpu, PeerMemoryMrsMoveDeviceBytesBothWaysAtOffsets) {
 
 TEST_F(RdmaSimGpu, SendAndWriteWithImmIntoDeviceMemoryCompleteTheReceive) {
   connect();
-  SimDeviceBuffer dev(8192);
+  DeviceBuffer dev(8192);
   dev.write(std::vector<uint8_t>(8192, 0));
   auto mr = b_.pd->reg_mr(dev.ptr(), 8192, kAllAccess);
   Sge r{dev.addr(16), 4096, mr->lkey()};
@@ -822,7 +796,7 @@ TEST_F(RdmaSimGpu, SendAndWriteWithImmIntoDeviceMemoryCompleteTheReceive) {
 
 TEST_F(RdmaSimGpu, DmabufMrsRegisterTheGpusExportAndOutliveItsFd) {
   connect();
-  SimDeviceBuffer dev(10000);
+  DeviceBuffer dev(10000);
   const auto init = bytes_of(10000, 0x09);
   dev.write(init);
   // The export covers whole pages: ask at an unaligned address.
@@ -841,7 +815,7 @@ TEST_F(RdmaSimGpu, DmabufMrsRegisterTheGpusExportAndOutliveItsFd) {
 
 TEST_F(RdmaSimGpu, DmabufRegistrationRefusesWhatIsNoGpuBufferOrRunsPastIt) {
   Side s = make_side(Config{});
-  SimDeviceBuffer dev(4096);
+  DeviceBuffer dev(4096);
   const gpu::DmabufRange buf = gpu::runtime().dmabuf_fd(dev.ptr(), 4096);
   auto errno_of = [&](auto&& fn) {
     try {
@@ -863,7 +837,7 @@ TEST_F(RdmaSimGpu, DmabufRegistrationRefusesWhatIsNoGpuBufferOrRunsPastIt) {
 
 TEST_F(RdmaSimGpu, DeviceMemorySupportKnobRefusesEachPathAsTheRealOnesFail) {
   Side s = make_side(Config{});
-  SimDeviceBuffer dev(4096);
+  DeviceBuffer dev(4096);
   auto errno_of = [&](auto&& fn) {
     try {
       fn();

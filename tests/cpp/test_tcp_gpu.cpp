@@ -14,6 +14,7 @@
 #include "core/memory_registry.h"
 #include "core/transport_registry.h"
 #include "dlslime/dlslime.h"
+#include "device_buffer.h"
 #include "gpu/device_runtime.h"
 
 using namespace dlslime;
@@ -28,33 +29,7 @@ TcpOptions small_chunks() {
   return o;
 }
 
-// Device memory, written and read only through the runtime's copies.
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t n) : rt_(gpu::sim_runtime()), n_(n), ptr_(rt_.device_alloc(0, n)) {}
-  ~DeviceBuffer() { rt_.device_free(ptr_); }
-  uintptr_t addr() const { return reinterpret_cast<uintptr_t>(ptr_); }
-  void write(const std::vector<uint8_t>& bytes) { copy(ptr_, bytes.data(), bytes.size()); }
-  std::vector<uint8_t> read() {
-    std::vector<uint8_t> out(n_);
-    copy(out.data(), ptr_, n_);
-    return out;
-  }
-
- private:
-  void copy(void* dst, const void* src, size_t n) {
-    gpu::Stream s = rt_.stream_create(0);
-    gpu::Event e = rt_.event_create(0);
-    rt_.memcpy_async(dst, src, n, s);
-    rt_.event_record(e, s);
-    rt_.event_synchronize(e);
-    rt_.event_destroy(e);
-    rt_.stream_destroy(s);
-  }
-  gpu::Runtime& rt_;
-  size_t n_;
-  void* ptr_;
-};
+using test_support::DeviceBuffer;
 
 std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
   std::vector<uint8_t> v(n);
