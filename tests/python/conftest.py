@@ -4,7 +4,9 @@ other processes, and waiting on conditions with deadlines (never bare sleeps).""
 import ctypes
 import multiprocessing
 import os
+import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -19,6 +21,31 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 # memory grows with use: RSS bounds only mean something in a plain build.
 SANITIZED = any(name in os.environ.get("LD_PRELOAD", "") for name in ("libasan", "libtsan"))
 RSS_SLACK = (1 << 30) if SANITIZED else 0
+
+
+def run_script(tmp_path, script, *args, env=None, timeout=120, path=()):
+    """Runs `script` (dedented) from a file in a child Python and asserts that it exited 0
+    and that its last line of output begins with OK. `env` is added to this process's
+    environment (None removes a variable): the simulations' variables (DLSLIME_RDMA_SIM,
+    DLSLIME_GPU_SIM) must be set before the library first looks for devices, so tests that
+    need them run their scenario here. From a file, not -c: a scenario may spawn children
+    that import it. `path` is put in front of PYTHONPATH. Returns the CompletedProcess."""
+    file = tmp_path / "scenario.py"
+    file.write_text(textwrap.dedent(script))
+    child_env = dict(os.environ)
+    for name, value in (env or {}).items():
+        if value is None:
+            child_env.pop(name, None)
+        else:
+            child_env[name] = value
+    if path:
+        child_env["PYTHONPATH"] = os.pathsep.join([*path, child_env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, str(file), *args], env=child_env, capture_output=True, text=True,
+                          timeout=timeout)
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and lines and lines[-1].startswith("OK"), (
+        f"rc {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
 
 
 def rss_bytes():

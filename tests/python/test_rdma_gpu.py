@@ -13,6 +13,7 @@ import textwrap
 import pytest
 
 import dlslime
+from conftest import run_script
 
 pytestmark = pytest.mark.skipif(not hasattr(dlslime, "RDMAEndpoint"),
                                 reason="RDMA transport not built (configure with -DBUILD_RDMA=ON)")
@@ -47,14 +48,9 @@ COMMON = textwrap.dedent(
 
 
 def run_sim(tmp_path, script, extra_env=None):
-    path = tmp_path / "scenario.py"
-    path.write_text(COMMON + textwrap.dedent(script) + "\nprint('OK')\n")
-    env = dict(os.environ, DLSLIME_RDMA_SIM="1", DLSLIME_GPU_SIM="1")
-    env.pop("DLSLIME_RDMA_SIM_DEVICE_MEMORY", None)
-    env.update(extra_env or {})
-    proc = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), (
-        f"rc {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    run_script(tmp_path, COMMON + textwrap.dedent(script) + "\nprint('OK')\n",
+               env={"DLSLIME_RDMA_SIM": "1", "DLSLIME_GPU_SIM": "1", "DLSLIME_RDMA_SIM_DEVICE_MEMORY": None,
+                    **(extra_env or {})})
 
 
 def test_write_and_read_move_gpu_bytes_in_every_direction_at_offsets_and_sizes(tmp_path):

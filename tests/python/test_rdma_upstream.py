@@ -5,27 +5,19 @@ write_with_imm with a positional stream, imm_recv(None).imm_data(), checked byte
 one process and across two (docs/upstream-compat.md, "RDMA")."""
 
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
 import dlslime
-from conftest import REPO
+from conftest import REPO, run_script
 
 pytestmark = pytest.mark.skipif(not hasattr(dlslime, "RDMAEndpoint"),
                                 reason="RDMA transport not built (configure with -DBUILD_RDMA=ON)")
 
 
 def run_sim(script, tmp_path, timeout=120):
-    path = tmp_path / "script.py"
-    path.write_text(textwrap.dedent(script))
-    env = dict(os.environ, DLSLIME_RDMA_SIM="1")
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(REPO, "examples", "python"), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.strip().endswith("OK"), proc.stdout + proc.stderr
+    run_script(tmp_path, script, env={"DLSLIME_RDMA_SIM": "1"}, timeout=timeout,
+               path=[os.path.join(REPO, "examples", "python")])
 
 
 ONE_PROCESS = """

@@ -4,10 +4,8 @@ test runs its scenario in a child process with DLSLIME_GPU_SIM=1 (the variable m
 before the library looks for a GPU); the simulated device memory is PROT_NONE to host code,
 so any host touch of it in the library kills the child with SIGSEGV and fails the test."""
 
-import os
-import subprocess
-import sys
 import textwrap
+from conftest import run_script
 
 COMMON = textwrap.dedent(
     """
@@ -216,15 +214,7 @@ PEER_KILLED = COMMON + textwrap.dedent(
 
 
 def run_sim(tmp_path, script, *args, extra_env=None):
-    # From a file, not -c: the killed-peer scenario spawns a child that imports it.
-    path = tmp_path / "scenario.py"
-    path.write_text(script)
-    env = dict(os.environ)
-    env["DLSLIME_GPU_SIM"] = "1"
-    env.update(extra_env or {})
-    proc = subprocess.run([sys.executable, str(path), *args], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "OK" in proc.stdout, (proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
-    return proc
+    return run_script(tmp_path, script, *args, env={"DLSLIME_GPU_SIM": "1", **(extra_env or {})}, timeout=300)
 
 
 def test_write_and_read_gpu_to_gpu_gpu_to_host_and_host_to_gpu_are_byte_exact_at_any_size_and_offset(tmp_path):

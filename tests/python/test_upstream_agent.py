@@ -4,8 +4,6 @@ NanoCtrl's topology for an agent not registered yet. Upstream DLSlime 0.1.23's P
 NanoCtrlClient names and arguments are checked in test_upstream_api.py."""
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -13,6 +11,7 @@ import pytest
 import dlslime
 from dlslime import PeerAgent
 from dlslime.ctrl import NanoCtrlClient as UpstreamClient
+from conftest import run_script
 
 SIM_SCRIPT = textwrap.dedent(
     """
@@ -101,10 +100,8 @@ SIM_SCRIPT = textwrap.dedent(
 )
 
 
-def test_peer_agent_rdma_and_auto_on_the_simulated_device():
-    env = dict(os.environ, DLSLIME_RDMA_SIM="1")
-    proc = subprocess.run([sys.executable, "-c", SIM_SCRIPT], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout + proc.stderr
+def test_peer_agent_rdma_and_auto_on_the_simulated_device(tmp_path):
+    run_script(tmp_path, SIM_SCRIPT, env={"DLSLIME_RDMA_SIM": "1"})
 
 
 @pytest.fixture

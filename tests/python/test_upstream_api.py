@@ -12,15 +12,13 @@ import ctypes
 import logging
 import os
 import re
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 import dlslime
 from dlslime import PeerAgent, TcpEndpoint
-from conftest import Buffer, wait_until
+from conftest import Buffer, run_script, wait_until
 
 OK = 0
 
@@ -645,13 +643,11 @@ SIM_SCRIPT = textwrap.dedent(
 )
 
 
-def test_upstream_peer_agent_names_on_rdma_on_the_simulated_device(agent, ctrl_url, unique):
+def test_upstream_peer_agent_names_on_rdma_on_the_simulated_device(agent, ctrl_url, unique, tmp_path):
     if not hasattr(dlslime, "RDMAEndpoint"):
         # A build without RDMA: upstream's RDMA call keeps its clear error.
         a = agent(ctrl_url, f"nr_a_{unique}")
         with pytest.raises(NotImplementedError, match="rdma"):
             a.connect_to(f"nr_b_{unique}", "sim_rdma0", "sim_rdma0", 1, 2, None, "rdma")
         return
-    env = dict(os.environ, DLSLIME_RDMA_SIM="1")
-    proc = subprocess.run([sys.executable, "-c", SIM_SCRIPT], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout + proc.stderr
+    run_script(tmp_path, SIM_SCRIPT, env={"DLSLIME_RDMA_SIM": "1"})
