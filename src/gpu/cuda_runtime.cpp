@@ -27,6 +27,12 @@ struct CudaApi {
   decltype(&::cudaGetLastError) GetLastError = nullptr;
   decltype(&::cudaGetDeviceCount) GetDeviceCount = nullptr;
   decltype(&::cudaSetDevice) SetDevice = nullptr;
+  decltype(&::cudaDeviceCanAccessPeer) DeviceCanAccessPeer = nullptr;
+  // cudaDeviceProp's layout is versioned: CUDA 12 headers map this name to
+  // cudaGetDeviceProperties_v2 with a macro, CUDA 13 exports it plainly. The symbol looked up
+  // is the one the macro expands to (kGetDevicePropertiesName), so it fills the struct these
+  // headers declare.
+  decltype(&::cudaGetDeviceProperties) GetDeviceProperties = nullptr;
   decltype(&::cudaPointerGetAttributes) PointerGetAttributes = nullptr;
   decltype(&::cudaMalloc) Malloc = nullptr;
   decltype(&::cudaFree) Free = nullptr;
@@ -57,6 +63,10 @@ struct CudaApi {
   GetErrorNameFn DriverGetErrorName = nullptr;
 };
 
+#define DLSLIME_CUDA_SYMBOL_NAME(fn) DLSLIME_CUDA_SYMBOL_NAME_(fn)
+#define DLSLIME_CUDA_SYMBOL_NAME_(fn) #fn
+constexpr const char* kGetDevicePropertiesName = DLSLIME_CUDA_SYMBOL_NAME(cudaGetDeviceProperties);
+
 constexpr int kDmabufHandleType = 1;   // CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD
 constexpr int kCudaNotSupported = 801;  // CUDA_ERROR_NOT_SUPPORTED
 
@@ -66,6 +76,26 @@ class CudaRuntime final : public Runtime {
 
   const char* name() const override { return "cuda"; }
   int device_count() override { return devices_; }
+
+  bool can_access_peer(int device, int peer_device) override {
+    check_device(device);
+    check_device(peer_device);
+    if (device == peer_device) return true;
+    int can = 0;
+    check(api_.DeviceCanAccessPeer(&can, device, peer_device),
+          fmt::format("cudaDeviceCanAccessPeer({}, {})", device, peer_device));
+    return can != 0;
+  }
+
+  std::string device_uuid(int device) override {
+    check_device(device);
+    cudaDeviceProp prop{};
+    check(api_.GetDeviceProperties(&prop, device), fmt::format("cudaGetDeviceProperties({})", device));
+    static_assert(sizeof prop.uuid.bytes == 16);
+    std::string out;
+    for (char b : prop.uuid.bytes) out += fmt::format("{:02x}", static_cast<unsigned char>(b));
+    return out;
+  }
 
   PointerInfo pointer_info(const void* ptr) override {
     cudaPointerAttributes attr{};
@@ -199,10 +229,14 @@ class CudaRuntime final : public Runtime {
   }
 
  private:
-  void set_device(int device) {
+  void check_device(int device) const {
     if (device < 0 || device >= devices_) {
       throw InvalidArgumentError(fmt::format("no GPU device {} (this host has {})", device, devices_));
     }
+  }
+
+  void set_device(int device) {
+    check_device(device);
     check(api_.SetDevice(device), "cudaSetDevice");
   }
 
@@ -249,6 +283,8 @@ Loaded load() {
   sym(api.GetLastError, "cudaGetLastError");
   sym(api.GetDeviceCount, "cudaGetDeviceCount");
   sym(api.SetDevice, "cudaSetDevice");
+  sym(api.DeviceCanAccessPeer, "cudaDeviceCanAccessPeer");
+  sym(api.GetDeviceProperties, kGetDevicePropertiesName);
   sym(api.PointerGetAttributes, "cudaPointerGetAttributes");
   sym(api.Malloc, "cudaMalloc");
   sym(api.Free, "cudaFree");

@@ -86,6 +86,15 @@ class DLSLIME_API Runtime {
   virtual const char* name() const = 0;  // "cuda" or "sim"
   virtual int device_count() = 0;
 
+  // Whether `device` can access `peer_device`'s memory directly (CUDA peer access over
+  // NVLink or PCIe: cudaDeviceCanAccessPeer); true when they are the same device.
+  // InvalidArgumentError for a device this runtime does not have.
+  virtual bool can_access_peer(int device, int peer_device) = 0;
+  // The device's UUID as 32 lowercase hex digits (cudaDeviceProp::uuid): what names one GPU
+  // to another process, whose device numbers may differ (CUDA_VISIBLE_DEVICES).
+  // InvalidArgumentError for a device this runtime does not have.
+  virtual std::string device_uuid(int device) = 0;
+
   // Where an address lives (unified addressing): host memory (pageable or pinned) or one
   // device's memory. Any address may be asked about.
   virtual PointerInfo pointer_info(const void* ptr) = 0;

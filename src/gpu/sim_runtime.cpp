@@ -14,10 +14,12 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <unordered_map>
 
@@ -141,6 +143,32 @@ class SimRuntime final : public Runtime {
  public:
   const char* name() const override { return "sim"; }
   int device_count() override { return sim::kDeviceCount; }
+
+  // The simulated GPUs sit on one simulated NVLink switch: every one reaches every other.
+  bool can_access_peer(int device, int peer_device) override {
+    check_device(device);
+    check_device(peer_device);
+    return true;
+  }
+
+  // Made up, but the same in every process on this host (as a GPU's UUID is), and different
+  // for each device and each host: a hash of the boot id and the device number.
+  std::string device_uuid(int device) override {
+    check_device(device);
+    static const std::string boot = [] {
+      std::ifstream in("/proc/sys/kernel/random/boot_id");
+      std::string id;
+      std::getline(in, id);
+      return id;
+    }();
+    auto fnv1a = [](const std::string& text) {
+      uint64_t h = 0xcbf29ce484222325ull;
+      for (unsigned char ch : text) h = (h ^ ch) * 0x100000001b3ull;
+      return h;
+    };
+    const std::string key = fmt::format("dlslime-sim-gpu:{}:{}", boot, device);
+    return fmt::format("{:016x}{:016x}", fnv1a(key + ":hi"), fnv1a(key + ":lo"));
+  }
 
   PointerInfo pointer_info(const void* ptr) override {
     std::lock_guard lock(mu_);

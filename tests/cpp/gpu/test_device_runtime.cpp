@@ -52,10 +52,10 @@ Runtime* runtime_named(const std::string& name) {
   }
 }
 
-// Runs this binary as the other process: `--gpu-ipc-peer <runtime> <mode> <handle> <size>`.
-int run_peer(const std::string& runtime, const std::string& mode, const IpcHandle& handle, size_t size) {
+// Runs this binary as the other process: `--gpu-ipc-peer <runtime> <mode> <hex> <size>`
+// (`hex`: an IPC handle, or for mode "uuid" the UUID expected of device `size`).
+int run_peer(const std::string& runtime, const std::string& mode, const std::string& hex, size_t size) {
   const std::string exe = "/proc/self/exe";
-  const std::string hex = handle.to_hex();
   const std::string size_arg = std::to_string(size);
   std::vector<char*> argv = {const_cast<char*>(exe.c_str()), const_cast<char*>("--gpu-ipc-peer"),
                              const_cast<char*>(runtime.c_str()), const_cast<char*>(mode.c_str()),
@@ -68,10 +68,12 @@ int run_peer(const std::string& runtime, const std::string& mode, const IpcHandl
 }
 
 // The peer's side: "rw" checks the owner's bytes (seed 1) and writes its own (seed 2) into
-// the second half; "open" only opens (expecting it to fail: exit 3 with the reason).
+// the second half; "open" only opens (expecting it to fail: exit 3 with the reason); "uuid"
+// checks that device `size` has UUID `hex` in this process too (exit 7 if not).
 int peer_main(const std::string& runtime, const std::string& mode, const std::string& hex, size_t size) {
   Runtime* rt = runtime_named(runtime);
   if (!rt) return 10;
+  if (mode == "uuid") return rt->device_uuid(static_cast<int>(size)) == hex ? 0 : 7;
   void* base = nullptr;
   try {
     base = rt->ipc_open(IpcHandle::from_hex(hex), 0);
@@ -178,7 +180,7 @@ TEST_P(DeviceRuntime, IpcHandlesShareAnAllocationWithAnotherProcessByteExact) {
   // Taken at an interior address, the handle still names the whole allocation.
   IpcHandle handle = rt_->ipc_get_handle(static_cast<uint8_t*>(dev) + 4096);
   EXPECT_EQ(handle, rt_->ipc_get_handle(dev));
-  ASSERT_EQ(run_peer(GetParam(), "rw", handle, n), 0);
+  ASSERT_EQ(run_peer(GetParam(), "rw", handle.to_hex(), n), 0);
   std::vector<uint8_t> back(n);
   copy_and_wait(*rt_, back.data(), dev, n, stream_);
   std::vector<uint8_t> want = mine;
@@ -186,6 +188,29 @@ TEST_P(DeviceRuntime, IpcHandlesShareAnAllocationWithAnotherProcessByteExact) {
   std::copy(theirs.begin(), theirs.end(), want.begin() + n / 2);
   EXPECT_EQ(back, want);
   rt_->device_free(dev);
+}
+
+// Every device has a UUID (32 hex digits, the same in another process: what names it to a
+// peer) and reaches itself; a device the runtime does not have is a bad argument.
+TEST_P(DeviceRuntime, DevicesHaveStableHexUuidsAndReachThemselves) {
+  const int count = rt_->device_count();
+  ASSERT_GE(count, 1);
+  std::vector<std::string> uuids;
+  for (int d = 0; d < count; ++d) {
+    const std::string uuid = rt_->device_uuid(d);
+    EXPECT_EQ(uuid.size(), 32u) << uuid;
+    EXPECT_EQ(uuid.find_first_not_of("0123456789abcdef"), std::string::npos) << uuid;
+    EXPECT_EQ(rt_->device_uuid(d), uuid);
+    EXPECT_TRUE(rt_->can_access_peer(d, d));
+    for (const auto& other : uuids) EXPECT_NE(other, uuid) << "two devices with one UUID";
+    uuids.push_back(uuid);
+  }
+  EXPECT_EQ(run_peer(GetParam(), "uuid", uuids[0], 0), 0) << "another process sees another UUID";
+  for (int bad : {-1, count}) {
+    EXPECT_THROW(rt_->device_uuid(bad), InvalidArgumentError);
+    EXPECT_THROW(rt_->can_access_peer(bad, 0), InvalidArgumentError);
+    EXPECT_THROW(rt_->can_access_peer(0, bad), InvalidArgumentError);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Runtimes, DeviceRuntime, ::testing::Values("sim", "cuda"),
@@ -217,6 +242,13 @@ void touch_from_host(void* device_ptr, size_t n, bool write) {
     [[maybe_unused]] uint8_t v = *p;
   }
   _exit(0);
+}
+
+// The simulated GPUs all reach each other (one NVLink switch), both ways.
+TEST(SimGpu, EveryDeviceCanAccessEveryOther) {
+  Runtime& rt = sim_runtime();
+  EXPECT_TRUE(rt.can_access_peer(0, 1));
+  EXPECT_TRUE(rt.can_access_peer(1, 0));
 }
 
 TEST(SimGpu, HostLoadsAndStoresToDeviceMemoryFault) {
@@ -347,7 +379,7 @@ TEST(SimGpu, BadIpcHandlesFailClearly) {
   // The allocation is gone: another process cannot open its handle (even if a new
   // allocation now has the same fd number).
   void* other = rt.device_alloc(0, 4096);
-  EXPECT_EQ(run_peer("sim", "open", handle, 4096), 3);
+  EXPECT_EQ(run_peer("sim", "open", handle.to_hex(), 4096), 3);
   rt.device_free(other);
 }
 
