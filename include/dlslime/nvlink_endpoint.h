@@ -46,6 +46,9 @@ class DLSLIME_API NVLinkEndpoint final : public Endpoint {
   nlohmann::json endpoint_info() const override;
   // Checks the peer is on this host and opens the IPC handles of its published regions,
   // registering each under its name (a region that cannot be opened is kept, and its ops fail).
+  // Once the connected peer has exited (seen through its pidfd), connect() drops its regions
+  // (their handles fail UNKNOWN_HANDLE) and connects to the new peer; ConnectionError while
+  // the peer is alive.
   void connect(const nlohmann::json& peer_info) override;
   bool is_connected() const override;
 

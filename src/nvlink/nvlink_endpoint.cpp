@@ -293,20 +293,55 @@ void NVLinkEndpointImpl::connect(const nlohmann::json& peer) {
   {
     std::lock_guard lock(mu_);
     if (closed_) throw ConnectionError("NVLinkEndpoint is shut down");
-    if (connected_) throw ConnectionError("NVLinkEndpoint is already connected (an endpoint connects to one peer once)");
+    if (connecting_) throw ConnectionError("NVLinkEndpoint: another connect() is in progress");
+    if (connected_) {
+      // Only a peer whose exit this endpoint has seen can be replaced: a live one may still
+      // copy into our regions, and there is no channel to tell it to stop.
+      if (!peer_exited_locked()) {
+        throw ConnectionError("NVLinkEndpoint is already connected, to a peer that is alive or whose exit it cannot "
+                              "see: it connects to another peer only once its peer has exited");
+      }
+      drop_dead_peer_locked();
+    }
     // The peer's exit is seen through a pidfd (poll says readable once it has exited), where
     // its pid means the same process here: the same pid namespace.
+    if (peer_pidfd_ >= 0) ::close(peer_pidfd_);  // left by a connect that failed opening the regions
+    peer_pidfd_ = -1;
+    peer_pid_ = 0;
     if (process != process_token() && pid_ns == pid_namespace() && pid > 0) {
       const int fd = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0));
       if (fd < 0 && errno == ESRCH) throw ConnectionError(fmt::format("the peer process (pid {}) has exited", pid));
       peer_pidfd_ = fd;  // -1 (an old kernel): the peer's exit goes unseen, its memory stays mapped
       peer_pid_ = pid;
     }
+    connecting_ = true;
   }
-  // Every published region, opened now; one that cannot be opened fails only its own ops.
-  for (const auto& item : mrs.items()) add_remote(item.key(), item.value(), /*strict=*/false);
+  try {
+    // Every published region, opened now; one that cannot be opened fails only its own ops.
+    for (const auto& item : mrs.items()) add_remote(item.key(), item.value(), /*strict=*/false);
+  } catch (...) {
+    std::lock_guard lock(mu_);
+    connecting_ = false;
+    throw;
+  }
   std::lock_guard lock(mu_);
+  connecting_ = false;
   connected_ = true;
+}
+
+void NVLinkEndpointImpl::drop_dead_peer_locked() {
+  // The dead peer's regions stay under their names and handles, so that a handle is never
+  // reused for another region, but they fail UNKNOWN_HANDLE from now on, and their mappings
+  // go: ipc_close once no endpoint of this process and no op uses them. Ops already queued
+  // on them are not waited for: each holds its mappings (Op::mappings) until its copies have
+  // run, and completes as it would have (the memory stays mapped until then), while this
+  // connect goes on. A new peer's region of the same name takes the entry over (add()).
+  const std::string why = fmt::format("was dropped: the peer process (pid {}) that published it has exited", peer_pid_);
+  // Any in-range length: a dropped region's ops fail UNKNOWN_HANDLE, not OUT_OF_BOUNDS.
+  for (const std::string& name : remote_names_) remote_.add(name, UINT64_MAX, RemoteKey{0, nullptr, why});
+  ::close(peer_pidfd_);
+  peer_pidfd_ = -1;
+  connected_ = false;
 }
 
 bool NVLinkEndpointImpl::is_connected() const {
@@ -368,10 +403,13 @@ int32_t NVLinkEndpointImpl::add_remote(const std::string& name, const nlohmann::
   } catch (const std::exception& e) {
     if (strict) throw;
     key = RemoteKey{};
-    key.error = e.what();
+    key.error = fmt::format("could not be opened: {}", e.what());
     DLSLIME_DEBUG("NVLink: remote region '{}' is unusable: {}", name, e.what());
   }
-  return remote_.add(name, length, std::move(key));
+  const int32_t handle = remote_.add(name, length, std::move(key));
+  std::lock_guard lock(mu_);
+  remote_names_.insert(name);
+  return handle;
 }
 
 Future NVLinkEndpointImpl::submit(OpRequest request, std::optional<gpu::Stream> stream) {
@@ -421,7 +459,7 @@ Future NVLinkEndpointImpl::submit(OpRequest request, std::optional<gpu::Stream> 
     }
     if (!rk.error.empty()) {
       return lock.unlock(), fail(Status::unknown_handle(
-                                fmt::format("remote memory region {} could not be opened: {}", a.remote_handle, rk.error)));
+                                fmt::format("remote memory region {} {}", a.remote_handle, rk.error)));
     }
     if (rk.mapping && rk.mapping.get() != held) {
       op.mappings.push_back(rk.mapping);  // the peer's memory stays mapped until the copies ran

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -95,7 +96,7 @@ class NVLinkEndpointImpl final : public RegionRevoker, public std::enable_shared
   struct RemoteKey {
     uintptr_t addr = 0;
     std::shared_ptr<nvlink::Mapping> mapping;  // null for this process's own memory
-    std::string error;                         // non-empty: unusable (why), its ops fail
+    std::string error;                         // non-empty: unusable ("could not be opened: ..."), its ops fail
   };
   struct Op {
     std::shared_ptr<OpState> state;
@@ -119,6 +120,7 @@ class NVLinkEndpointImpl final : public RegionRevoker, public std::enable_shared
   void run();
   gpu::Event take_event_locked();
   bool peer_exited_locked() const;
+  void drop_dead_peer_locked();
 
   gpu::Runtime& rt_;
   std::shared_ptr<nvlink::NvlinkDomain> domain_ = std::make_shared<nvlink::NvlinkDomain>();
@@ -127,6 +129,7 @@ class NVLinkEndpointImpl final : public RegionRevoker, public std::enable_shared
 
   mutable std::mutex mu_;
   bool connected_ = false;
+  bool connecting_ = false;  // a connect() is opening the peer's regions (outside mu_)
   bool closed_ = false;
   int peer_pidfd_ = -1;
   int64_t peer_pid_ = 0;
@@ -135,6 +138,7 @@ class NVLinkEndpointImpl final : public RegionRevoker, public std::enable_shared
   std::condition_variable drained_cv_;  // an op finished (revoke_region waits on it)
 
   RemoteRegions<RemoteKey> remote_;
+  std::set<std::string> remote_names_;  // every name remote_ holds (RemoteRegions cannot list them)
   std::thread thread_;
 };
 

@@ -1,7 +1,8 @@
 // NVLinkEndpoint (include/dlslime/nvlink_endpoint.h, docs/nvlink.md) on the simulated GPU:
-// two processes (this binary re-run as the peer, `--nvlink-peer`), byte-exact reads and
-// writes with offsets on both sides, batches, errors that fail only their op, shutdown with
-// ops pending, a killed peer, and the error without a GPU. Its own main(): it sets
+// two processes (this binary re-run as the peer, `--nvlink-peer <region name>`), byte-exact
+// reads and writes with offsets on both sides, batches, errors that fail only their op,
+// shutdown with ops pending, a killed peer and a fresh one connected after it, and the error
+// without a GPU. Its own main(): it sets
 // DLSLIME_GPU_SIM=1 for every test but the one that checks the error without it.
 #include <signal.h>
 #include <spawn.h>
@@ -72,15 +73,15 @@ struct DeviceBuffer {
   }
 };
 
-// The peer: registers "weights" (seed 1) at kRegionOffset of its allocation, prints its
+// The peer: registers `name` (seed 1) at kRegionOffset of its allocation, prints its
 // endpoint_info as one line, connects to the line it reads, then answers commands:
 // "dump <offset> <n>" (the hex of its region's bytes), "free" (unregisters and frees the
 // region's memory), "exit".
-int peer_main() {
+int peer_main(const std::string& name) {
   setenv("DLSLIME_GPU_SIM", "1", 1);
   DeviceBuffer buf(kAlloc, 1);
   NVLinkEndpoint ep;
-  ep.register_memory_region("weights", buf.addr(), kRegionOffset, kRegion);
+  ep.register_memory_region(name, buf.addr(), kRegionOffset, kRegion);
   std::cout << ep.endpoint_info().dump() << std::endl;
   std::string line;
   if (!std::getline(std::cin, line)) return 2;
@@ -93,7 +94,7 @@ int peer_main() {
       for (uint8_t b : buf.read(kRegionOffset + off, n)) hex += fmt::format("{:02x}", b);
       std::cout << hex << std::endl;
     } else if (line == "free") {
-      ep.unregister_memory_region("weights");
+      ep.unregister_memory_region(name);
       buf.rt.device_free(buf.ptr);
       buf.ptr = nullptr;
       std::cout << "freed" << std::endl;
@@ -108,7 +109,7 @@ int peer_main() {
 // The other process, over its stdin/stdout.
 class Peer {
  public:
-  Peer() {
+  explicit Peer(const std::string& region = "weights") {
     int in[2], out[2];
     if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe");
     posix_spawn_file_actions_t fa;
@@ -116,7 +117,8 @@ class Peer {
     posix_spawn_file_actions_adddup2(&fa, in[0], 0);
     posix_spawn_file_actions_adddup2(&fa, out[1], 1);
     const std::string exe = "/proc/self/exe";
-    char* argv[] = {const_cast<char*>(exe.c_str()), const_cast<char*>("--nvlink-peer"), nullptr};
+    char* argv[] = {const_cast<char*>(exe.c_str()), const_cast<char*>("--nvlink-peer"),
+                    const_cast<char*>(region.c_str()), nullptr};
     if (posix_spawn(&pid_, exe.c_str(), &fa, nullptr, argv, environ) != 0) throw std::runtime_error("spawn");
     posix_spawn_file_actions_destroy(&fa);
     close(in[0]);
@@ -316,6 +318,45 @@ TEST_F(NvlinkTwoProcesses, AKilledPeerFailsNewOpsWithoutACrash) {
   ep_.shutdown();
 }
 
+TEST_F(NvlinkTwoProcesses, AfterThePeerDiedItConnectsToAFreshPeer) {
+  Peer fresh("fresh");
+  const nlohmann::json fresh_info = nlohmann::json::parse(fresh.hear());
+  EXPECT_THROW(ep_.connect(fresh_info), ConnectionError);  // the first peer is alive
+  EXPECT_TRUE(ep_.is_connected());
+  // A copy queued on the dead peer's mapping: connect() does not wait for it, and it
+  // completes as it would have once it has run.
+  gpu::sim::hold_streams(true);
+  struct Release {
+    ~Release() { gpu::sim::hold_streams(false); }  // also if a check below throws
+  } release;
+  Future queued = ep_.write({{local_, remote_, 0, 0, 4096}});
+  peer_.kill_now();
+  EXPECT_FALSE(ep_.is_connected());
+  fresh.say(ep_.endpoint_info().dump());
+  ep_.connect(fresh_info);
+  EXPECT_TRUE(ep_.is_connected());
+  EXPECT_FALSE(queued.done());
+  gpu::sim::hold_streams(false);
+  ASSERT_TRUE(queued.wait_for(10s));
+  EXPECT_TRUE(queued.result().is_ok()) << queued.result().message();
+  // Bytes move to and from the fresh peer.
+  const int32_t h = *ep_.remote_handle("fresh");
+  EXPECT_NE(h, remote_);
+  Future w = ep_.write({{local_, h, 10, 20, 5000}});
+  ASSERT_TRUE(w.wait_for(10s));
+  ASSERT_TRUE(w.result().is_ok()) << w.result().message();
+  EXPECT_EQ(fresh.dump(10, 5000), buf_.read(kRegionOffset + 20, 5000));
+  Future r = ep_.read({{local_, h, 6000, 0, 64}});  // beyond what the write changed
+  ASSERT_TRUE(r.wait_for(10s));
+  ASSERT_TRUE(r.result().is_ok()) << r.result().message();
+  EXPECT_EQ(buf_.read(kRegionOffset, 64), patterned(64, 1, kRegionOffset + 6000));
+  // The dead peer's handle is dropped.
+  Future stale = ep_.write({{local_, remote_, 0, 0, 8}});
+  ASSERT_TRUE(stale.wait_for(10s));
+  EXPECT_EQ(stale.result().code(), StatusCode::kUnknownHandle) << stale.result().message();
+  EXPECT_NE(stale.result().message().find("has exited"), std::string::npos) << stale.result().message();
+}
+
 TEST_F(NvlinkTwoProcesses, TheOwnerFreeingItsRegionCrashesNoOne) {
   peer_.say("free");
   ASSERT_EQ(peer_.hear(), "freed");
@@ -417,7 +458,7 @@ TEST(Nvlink, TheRegistryMakesOneWithTheVariable) {
 }  // namespace dlslime
 
 int main(int argc, char** argv) {
-  if (argc == 2 && std::strcmp(argv[1], "--nvlink-peer") == 0) return dlslime::peer_main();
+  if (argc == 3 && std::strcmp(argv[1], "--nvlink-peer") == 0) return dlslime::peer_main(argv[2]);
   setenv("DLSLIME_GPU_SIM", "1", 1);
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
