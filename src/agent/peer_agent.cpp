@@ -467,7 +467,11 @@ std::string host_boot_id() {
 
 // The transports available here, as published: [{"name", "devices"}], for rdma "ports"
 // (rdma_ports()), and for nvlink what transport="auto" compares: the host's boot id, the GPU
-// runtime ("cuda" or "sim": the two cannot open each other's handles) and the agent's GPU.
+// runtime ("cuda" or "sim": the two cannot open each other's handles), the agent's GPU, its
+// UUID and the UUIDs of the GPUs it can access (peer access; itself included). UUIDs, not
+// device numbers, because two processes may number one GPU differently
+// (CUDA_VISIBLE_DEVICES); a GPU this process cannot see is not in `reaches`, as CUDA IPC
+// cannot open its memory here either.
 json available_here(int nvlink_device) {
   json out = json::array();
   for (const auto& t : TransportRegistry::instance().list()) {
@@ -475,9 +479,19 @@ json available_here(int nvlink_device) {
     json entry = {{"name", t.name}, {"devices", t.devices}};
     if (t.name == "rdma") entry["ports"] = rdma_ports();
     if (t.name == "nvlink") {
+      gpu::Runtime& rt = gpu::runtime();  // available: the probe found a runtime
       entry["host"] = host_boot_id();
-      entry["runtime"] = gpu::runtime().name();  // available: the probe found a runtime
+      entry["runtime"] = rt.name();
       entry["device"] = nvlink_device;
+      // A GPU the runtime does not have publishes nothing more: the constructor refuses it.
+      if (nvlink_device >= 0 && nvlink_device < rt.device_count()) {
+        entry["uuid"] = rt.device_uuid(nvlink_device);
+        json reaches = json::array();
+        for (int d = 0; d < rt.device_count(); ++d) {
+          if (rt.can_access_peer(nvlink_device, d)) reaches.push_back(rt.device_uuid(d));
+        }
+        entry["reaches"] = std::move(reaches);
+      }
     }
     out.push_back(std::move(entry));
   }
@@ -518,10 +532,11 @@ struct Choice {
 
 // Whether NVLink can connect this agent (its published transports `served`) and the peer
 // whose NanoCtrl record is `record`: both serve nvlink, on one host (the boot id), with the
-// same GPU runtime. Both sides compare the same two entries, so they agree. Peer access
-// between the two GPUs is not asked (the device-runtime seam has no such call yet): on one
-// host the GPUs are taken to reach each other, and the reason says so. `text` says how, or
-// why not (for "auto"'s reason and an explicit connect_to's error).
+// same GPU runtime, and each GPU's UUID is in the other's `reaches` (peer access both ways:
+// each side opens the other's memory). Both sides compare the same two entries, so they
+// agree. A peer entry without `uuid` and `reaches` (an agent from before they were
+// published) is taken to reach us, and the reason says it was not checked. `text` says how,
+// or why not (for "auto"'s reason and an explicit connect_to's error).
 struct NvlinkPath {
   bool ok = false;
   bool peer_serves = false;  // the peer's record has an nvlink entry
@@ -550,6 +565,30 @@ NvlinkPath nvlink_path(const json& served, const json& record, const std::string
             fmt::format("the peer agent '{}' uses the {} GPU runtime, this agent the {} one", peer,
                         other.empty() ? "unknown" : other, runtime)};
   }
+  const bool checked = theirs.contains("uuid") || theirs.contains("reaches");
+  if (checked) {
+    auto reaches = [](const json& entry, const std::string& uuid) {
+      if (!entry.contains("reaches") || !entry["reaches"].is_array()) return false;
+      for (const auto& u : entry["reaches"]) {
+        if (u.is_string() && u.get<std::string>() == uuid) return true;
+      }
+      return false;
+    };
+    const std::string my_uuid = text_of(mine, "uuid");
+    const std::string their_uuid = text_of(theirs, "uuid");
+    if (their_uuid.empty() || !theirs.contains("reaches") || !theirs["reaches"].is_array()) {
+      return {false, true, fmt::format("the peer agent '{}' publishes no valid GPU uuid and reaches", peer)};
+    }
+    auto short_id = [](const std::string& uuid) { return uuid.substr(0, 8); };
+    if (!reaches(mine, their_uuid)) {
+      return {false, true,
+              fmt::format("GPU {} cannot access GPU {} of '{}'", short_id(my_uuid), short_id(their_uuid), peer)};
+    }
+    if (!reaches(theirs, my_uuid)) {
+      return {false, true,
+              fmt::format("GPU {} of '{}' cannot access GPU {}", short_id(their_uuid), peer, short_id(my_uuid))};
+    }
+  }
   const int here = mine["device"].get<int>();  // ours: available_here() wrote it
   const bool known = theirs.contains("device") && theirs["device"].is_number_integer();
   const std::string there = known ? std::to_string(theirs["device"].get<int64_t>()) : "?";
@@ -557,7 +596,7 @@ NvlinkPath nvlink_path(const json& served, const json& record, const std::string
   return {true, true,
           fmt::format("both agents on host {}, GPU {} -> GPU {} via {}{}", host, here, there,
                       runtime == "sim" ? "the simulated GPU's IPC" : "CUDA IPC",
-                      same ? "" : " (peer access between the GPUs is not checked)")};
+                      checked || same ? "" : " (peer access between the GPUs is not checked)")};
 }
 
 // RDMA when a usable port of this agent (within local_device/ib_port when

@@ -849,8 +849,27 @@ void fake_peer(const std::string& url, const std::string& alias, const nlohmann:
       {{"alias", alias}, {"address", "127.0.0.1"}, {"metadata", {{"transports", transports}}}});
 }
 
+// An nvlink entry as agents published it before `uuid` and `reaches` (peer access unknown).
 nlohmann::json nvlink_entry(const std::string& host, const std::string& runtime, int device) {
   return {{"name", "nvlink"}, {"devices", {"sim:0", "sim:1"}}, {"host", host}, {"runtime", runtime}, {"device", device}};
+}
+
+// One as agents publish it now: its GPU's UUID and the UUIDs of the GPUs that GPU can access.
+nlohmann::json nvlink_entry(const std::string& host, int device, const nlohmann::json& uuid,
+                            const nlohmann::json& reaches) {
+  nlohmann::json e = nvlink_entry(host, "sim", device);
+  e["uuid"] = uuid;
+  e["reaches"] = reaches;
+  return e;
+}
+
+// The nvlink entry agent `alias` publishes (null when it publishes none).
+nlohmann::json published_nvlink(PeerAgent& a, const std::string& alias) {
+  const nlohmann::json record = a.agent_record(alias).value();
+  for (const auto& t : record.at("metadata")["transports"]) {
+    if (t["name"] == "nvlink") return t;
+  }
+  return nullptr;
 }
 
 bool has_suffix(const std::string& s, const std::string& suffix) {
@@ -860,18 +879,15 @@ bool has_suffix(const std::string& s, const std::string& suffix) {
 }  // namespace
 
 // The agent publishes what transport="auto" compares for NVLink: the host's boot id, the GPU
-// runtime and its GPU (nvlink_device); a GPU the runtime does not have is refused.
+// runtime, its GPU (nvlink_device), that GPU's UUID and the UUIDs it can access (on the
+// simulated GPU: both devices); a GPU the runtime does not have is refused.
 TEST(PeerAgentCpp, AgentsPublishTheirNvlinkHostRuntimeAndGpu) {
   StartedCtrl ctrl;
   SimGpu gpu;
   PeerAgentOptions o = agent(ctrl.server.url(), "nv_pub");
   o.nvlink_device = 1;
   PeerAgent a(o);
-  nlohmann::json entry;
-  const nlohmann::json record = a.agent_record("nv_pub").value();  // held: the loop reads into it
-  for (const auto& t : record.at("metadata")["transports"]) {
-    if (t["name"] == "nvlink") entry = t;
-  }
+  const nlohmann::json entry = published_nvlink(a, "nv_pub");
   if (!nvlink_built()) {
     EXPECT_TRUE(entry.is_null()) << entry.dump();
     return;
@@ -881,6 +897,17 @@ TEST(PeerAgentCpp, AgentsPublishTheirNvlinkHostRuntimeAndGpu) {
   EXPECT_EQ(entry["runtime"], "sim");
   EXPECT_EQ(entry["device"], 1);
   EXPECT_EQ(entry["devices"], nlohmann::json({"sim:0", "sim:1"}));
+  ASSERT_TRUE(entry["uuid"].is_string()) << entry.dump();
+  const std::string uuid = entry["uuid"];
+  EXPECT_EQ(uuid.size(), 32u) << uuid;
+  EXPECT_EQ(uuid.find_first_not_of("0123456789abcdef"), std::string::npos) << uuid;
+  PeerAgentOptions o0 = agent(ctrl.server.url(), "nv_pub0");  // GPU 0
+  PeerAgent a0(o0);
+  const nlohmann::json entry0 = published_nvlink(a0, "nv_pub0");
+  ASSERT_TRUE(entry0["uuid"].is_string()) << entry0.dump();
+  EXPECT_NE(entry0["uuid"], entry["uuid"]);
+  EXPECT_EQ(entry["reaches"], nlohmann::json({entry0["uuid"], entry["uuid"]}));
+  EXPECT_EQ(entry0["reaches"], entry["reaches"]);
   PeerAgentOptions bad = agent(ctrl.server.url(), "nv_bad");
   bad.nvlink_device = 2;  // the simulated GPU has devices 0 and 1
   try {
@@ -895,7 +922,8 @@ TEST(PeerAgentCpp, AgentsPublishTheirNvlinkHostRuntimeAndGpu) {
 
 // transport="auto" with NVLink, from fabricated peer records (the choice is made as soon as
 // the peer's record is known, before any handshake): NVLink on one host with the same GPU
-// runtime, else RDMA or TCP, the reason saying why NVLink was not taken.
+// runtime, else RDMA or TCP, the reason saying why NVLink was not taken. These records are
+// an older agent's (no `uuid`/`reaches`): peer access is taken, and said not to be checked.
 TEST(PeerAgentCpp, AutoPrefersNvlinkOnOneHostAndSaysWhyNotOtherwise) {
   StartedCtrl ctrl;
   SimGpu gpu;
@@ -945,6 +973,46 @@ TEST(PeerAgentCpp, AutoPrefersNvlinkOnOneHostAndSaysWhyNotOtherwise) {
   EXPECT_TRUE(has_suffix(why5, " (nvlink: the peer agent 'na_none' does not serve it)")) << why5;
 }
 
+// With `uuid` and `reaches` published, "auto" takes NVLink only when each GPU can access the
+// other (both sides compare the same two entries, so they agree), else says which GPU cannot
+// reach which and falls to RDMA or TCP.
+TEST(PeerAgentCpp, AutoTakesNvlinkOnlyBetweenGpusThatReachEachOther) {
+  StartedCtrl ctrl;
+  SimGpu gpu;
+  const std::string url = ctrl.server.url();
+  PeerAgent a(agent(url, "nr_a"));  // GPU 0
+  if (!nvlink_built()) return;      // nothing about NVLink is published (the test above)
+  const nlohmann::json mine = published_nvlink(a, "nr_a");
+  const std::string u0 = mine.at("uuid"), u1 = mine.at("reaches").at(1);
+  ASSERT_NE(u0, u1);
+  const std::string far(32, 'f');  // a GPU this one cannot access
+  fake_peer(url, "nr_reach", nvlink_entry(boot_id(), 1, u1, {u0, u1}));
+  fake_peer(url, "nr_unreached", nvlink_entry(boot_id(), 1, far, {far, u0}));
+  fake_peer(url, "nr_noreach", nvlink_entry(boot_id(), 1, u1, nlohmann::json::array({u1})));
+  fake_peer(url, "nr_malformed", nvlink_entry(boot_id(), 1, 5, "everything"));
+  auto reason = [&](const std::string& peer) {
+    PeerConnection c = a.connect_to(peer, with_transport("auto"));
+    return std::make_pair(c.transport(), c.selection_reason());
+  };
+  const std::string host = a.agent_record("nr_a")->at("address").get<std::string>();
+  auto [t1, why1] = reason("nr_reach");
+  EXPECT_EQ(t1, "nvlink");
+  EXPECT_EQ(why1, "nvlink: both agents on host " + host + ", GPU 0 -> GPU 1 via the simulated GPU's IPC");
+  auto [t2, why2] = reason("nr_unreached");
+  EXPECT_EQ(t2, "tcp");
+  EXPECT_TRUE(has_suffix(why2, " (nvlink: GPU " + u0.substr(0, 8) + " cannot access GPU ffffffff of 'nr_unreached')"))
+      << why2;
+  auto [t3, why3] = reason("nr_noreach");
+  EXPECT_EQ(t3, "tcp");
+  EXPECT_TRUE(has_suffix(why3, " (nvlink: GPU " + u1.substr(0, 8) + " of 'nr_noreach' cannot access GPU " +
+                                   u0.substr(0, 8) + ")"))
+      << why3;
+  auto [t4, why4] = reason("nr_malformed");
+  EXPECT_EQ(t4, "tcp");
+  EXPECT_TRUE(has_suffix(why4, " (nvlink: the peer agent 'nr_malformed' publishes no valid GPU uuid and reaches)"))
+      << why4;
+}
+
 // An explicit transport="nvlink" to a peer that cannot take it fails at once, saying why,
 // instead of waiting for an answer that never comes.
 TEST(PeerAgentCpp, ExplicitNvlinkToAPeerThatCannotTakeItFailsAtOnce) {
@@ -958,6 +1026,8 @@ TEST(PeerAgentCpp, ExplicitNvlinkToAPeerThatCannotTakeItFailsAtOnce) {
   }
   fake_peer(url, "ne_far", nvlink_entry("another-boot-id", "sim", 0));
   fake_peer(url, "ne_none", nullptr);
+  const std::string far(32, 'f');
+  fake_peer(url, "ne_unreached", nvlink_entry(boot_id(), 1, far, nlohmann::json::array({far})));
   auto failure = [&](const std::string& peer) -> std::string {
     PeerConnection c = a.connect_to(peer, with_transport("nvlink"));
     try {
@@ -970,6 +1040,11 @@ TEST(PeerAgentCpp, ExplicitNvlinkToAPeerThatCannotTakeItFailsAtOnce) {
   };
   EXPECT_NE(failure("ne_far").find("NVLink cannot reach the peer agent 'ne_far': the peer agent 'ne_far' is on another "
                                    "host; use transport=\"rdma\" or \"tcp\""),
+            std::string::npos);
+  const std::string u0 = published_nvlink(a, "ne_a").at("uuid");
+  EXPECT_NE(failure("ne_unreached")
+                .find("NVLink cannot reach the peer agent 'ne_unreached': GPU " + u0.substr(0, 8) +
+                      " cannot access GPU ffffffff of 'ne_unreached'; use transport=\"rdma\" or \"tcp\""),
             std::string::npos);
   EXPECT_NE(failure("ne_none").find("the peer agent 'ne_none' does not serve transport \"nvlink\" (it serves: tcp)"),
             std::string::npos);

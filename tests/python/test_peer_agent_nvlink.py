@@ -187,7 +187,7 @@ def test_auto_prefers_nvlink_on_one_host_and_host_regions_fail_clearly(agents, c
     ca = a.ask(op="connect", transport="auto")
     assert ca["transport"] == "nvlink" and ca["endpoint"] == "NVLinkEndpoint", ca
     assert ca["reason"].startswith("nvlink: both agents on host ") and ca["reason"].endswith(
-        ", GPU 0 -> GPU 1 via the simulated GPU's IPC (peer access between the GPUs is not checked)"), ca
+        ", GPU 0 -> GPU 1 via the simulated GPU's IPC"), ca
     cb = b.ask(op="connect", transport="auto")
     assert cb == {"transport": "nvlink", "reason": f"nvlink: the peer agent 'na_a_{unique}' connected over it",
                   "endpoint": "NVLinkEndpoint"}, cb
