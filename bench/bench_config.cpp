@@ -326,11 +326,8 @@ BenchConfig parse_command_line(int argc, char** argv, bool* help) {
     }
     c.device_memory = DeviceMemory::kBoth;
   }
-  if (c.device_memory != DeviceMemory::kNone && c.op == Op::kSend) {
-    throw UsageError(c.transport == "nvlink"
-                         ? "--op send: NVLinkEndpoint has no send/recv (it reads and writes)"
-                         : "--op send takes host memory only (TCP's send/recv do not take GPU memory): use write or "
-                           "read with --device-memory");
+  if (c.transport == "nvlink" && c.op == Op::kSend) {
+    throw UsageError("--op send: NVLinkEndpoint has no send/recv (it reads and writes)");
   }
   // Refused here, before any process starts, when this process (or, for the loopback pair,
   // one of its children) would allocate GPU memory; a target learns its side from the run

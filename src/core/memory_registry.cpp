@@ -34,20 +34,6 @@ bool cached_range(ResolveCache& cache, std::mutex& mu, const Regions& regions, i
   return cache.valid && range_within(cache.length, offset, length);
 }
 
-// Where [start, +length) lives. Device memory must lie inside one allocation: IPC
-// handles, dma-bufs and staging copies all name allocations.
-MemoryPlace place(const std::string& name, uintptr_t start, uint64_t length) {
-  if (length == 0) return {};
-  const MemoryPlace where = memory_place_of(start);
-  if (where.kind != MemoryKind::kDevice) return where;
-  const gpu::AddressRange range = gpu::runtime().allocation_range(reinterpret_cast<const void*>(start));
-  if (start < range.base || !range_within(range.size, start - range.base, length)) {
-    throw InvalidArgumentError(fmt::format("memory region '{}': [{:#x}, +{}) runs past its device allocation [{:#x}, +{})",
-                                           name, start, length, range.base, range.size));
-  }
-  return where;
-}
-
 }  // namespace
 
 MemoryPlace memory_place_of(uintptr_t addr) {
@@ -60,6 +46,20 @@ MemoryPlace memory_place_of(uintptr_t addr) {
   const gpu::PointerInfo info = rt->pointer_info(reinterpret_cast<const void*>(addr));
   if (info.type != gpu::MemoryType::kDevice) return {};
   return {MemoryKind::kDevice, info.device};
+}
+
+MemoryPlace memory_place_of(std::string_view what, uintptr_t start, uint64_t length) {
+  // Device memory must lie inside one allocation: IPC handles, dma-bufs and staging
+  // copies all name allocations.
+  if (length == 0) return {};
+  const MemoryPlace where = memory_place_of(start);
+  if (where.kind != MemoryKind::kDevice) return where;
+  const gpu::AddressRange range = gpu::runtime().allocation_range(reinterpret_cast<const void*>(start));
+  if (start < range.base || !range_within(range.size, start - range.base, length)) {
+    throw InvalidArgumentError(fmt::format("{}: [{:#x}, +{}) runs past its device allocation [{:#x}, +{})", what,
+                                           start, length, range.base, range.size));
+  }
+  return where;
 }
 
 void RegionLifetime::release() noexcept {
@@ -194,7 +194,7 @@ int32_t MemoryRegistry::add(const std::string& name, uintptr_t addr, uint64_t of
                     offset, length));
   }
   const uintptr_t start = addr + offset;
-  const auto [kind, device] = place(name, start, length);
+  const auto [kind, device] = memory_place_of(fmt::format("memory region '{}'", name), start, length);
   std::optional<std::pair<int32_t, LocalRegion>> replaced;
   int32_t handle = 0;
   LocalRegion added;

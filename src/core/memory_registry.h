@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -134,6 +135,9 @@ struct MemoryPlace {
   int device = -1;  // the GPU, for device memory
 };
 MemoryPlace memory_place_of(uintptr_t addr);
+// Where [start, +length) lives; device memory must lie inside one allocation
+// (InvalidArgumentError naming `what` otherwise).
+MemoryPlace memory_place_of(std::string_view what, uintptr_t start, uint64_t length);
 
 struct LocalRegion {
   std::string name;

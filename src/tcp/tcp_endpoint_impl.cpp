@@ -73,7 +73,7 @@ TcpEndpointImpl::TcpEndpointImpl(const std::string& ip, uint16_t port, TcpOption
       inflight_(options_.max_inflight_ops),
       pairing_(io_, options_, endpoint_id_, shut_down_, *this, matcher_),
       initiator_(options_, pairing_, gpu_),
-      matcher_(options_, pairing_),
+      matcher_(options_, pairing_, gpu_),
       target_(*local_regions, gpu_),
       sweep_timer_(io_) {
   options_.validate();
@@ -90,7 +90,7 @@ TcpEndpointImpl::TcpEndpointImpl(asio::io_context& io, TcpOptions options, std::
       inflight_(options_.max_inflight_ops),
       pairing_(io_, options_, endpoint_id_, shut_down_, *this, matcher_),
       initiator_(options_, pairing_, gpu_),
-      matcher_(options_, pairing_),
+      matcher_(options_, pairing_, gpu_),
       target_(*local_regions, gpu_),
       sweep_timer_(io_) {
   options_.validate();
@@ -192,9 +192,28 @@ void TcpEndpointImpl::region_added(int32_t handle, const LocalRegion& region) {
   // Which ops and frames need staging is decided per region, never per byte; host
   // regions cost nothing here.
   if (region.kind != MemoryKind::kDevice) return;
-  std::weak_ptr<TcpEndpointImpl> weak = weak_from_this();
-  gpu_.make_staging(io_, gpu::runtime(), region.device, options_.gpu_staging_chunks, weak, [this] { initiator_.pump_gpu(); });
+  make_staging(region.device);
   gpu_.regions.add(handle, region.device);
+}
+
+tcp::GpuStaging& TcpEndpointImpl::make_staging(int device) {
+  std::weak_ptr<TcpEndpointImpl> weak = weak_from_this();
+  return gpu_.make_staging(io_, gpu::runtime(), device, options_.gpu_staging_chunks, weak,
+                           [this] { initiator_.pump_gpu(); });
+}
+
+int TcpEndpointImpl::message_device(const Chunk& c, OpKind kind) {
+  if (c.length == 0) return -1;
+  uint8_t known = gpu_runtime_.load(std::memory_order_relaxed);
+  if (known == 0) {
+    known = gpu::unavailable_reason().empty() ? 1 : 2;
+    gpu_runtime_.store(known, std::memory_order_relaxed);
+  }
+  if (known != 1) return -1;
+  const MemoryPlace where = memory_place_of(op_kind_name(kind), c.addr + c.offset, c.length);
+  if (where.kind != MemoryKind::kDevice) return -1;
+  make_staging(where.device);
+  return where.device;
 }
 
 void TcpEndpointImpl::region_removed(int32_t handle, const LocalRegion& region) {

@@ -120,7 +120,14 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
   Future fail_now(OpKind kind, Status status) const;
   // False (and *error) if the op is invalid.
   bool prepare_one_sided(const OpRequest& req, uint64_t op_id, Submission& sub, Status* error);
-  void prepare_send(const OpRequest& req, uint64_t op_id, Submission& sub);
+  // `device`: the GPU of the message's buffer (-1: host memory), see message_device().
+  void prepare_send(const OpRequest& req, uint64_t op_id, int device, Submission& sub);
+  // The GPU whose memory holds a send/recv buffer (-1: host memory). Asks the device
+  // runtime only where one is present (found out once per endpoint), so a host without a
+  // GPU runtime pays nothing per message. Makes the staging for a GPU buffer.
+  int message_device(const Chunk& chunk, OpKind kind);
+  // The staging (made at the first device region or GPU message buffer, on `device`).
+  tcp::GpuStaging& make_staging(int device);
   void hand_off(Handoff h);
   void drain_handoffs();
   // Makes sweep() run at `deadline` (or a little later), unless it is due earlier already.
@@ -152,6 +159,8 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
   std::atomic<bool> shut_down_{false};
   std::atomic<uint64_t> next_op_id_{1};
   InflightLimiter inflight_;  // read/write/send ops from submit() until they end
+  // Whether a GPU runtime is present, for message_device(): 0 not asked yet, 1 yes, 2 no.
+  std::atomic<uint8_t> gpu_runtime_{0};
   // Submitted ops and recvs not yet taken by the I/O thread: a burst costs one post, and
   // the ops drained in one turn leave in one write per lane.
   SubmissionQueue<Handoff> handoffs_;

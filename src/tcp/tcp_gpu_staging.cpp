@@ -168,6 +168,21 @@ void GpuStaging::when_copied(Slot* slot, std::function<void(Status)> done) {
   cv_.notify_one();
 }
 
+void GpuStaging::when_copied(Direction dir, std::function<void(Status)> done) {
+  gpu::Event event = rt_.event_create(device_);
+  try {
+    rt_.event_record(event, stream(dir));
+  } catch (...) {
+    rt_.event_destroy(event);
+    throw;
+  }
+  {
+    std::lock_guard lock(mu_);
+    pending_.push_back({event, std::move(done), true});
+  }
+  cv_.notify_one();
+}
+
 void GpuStaging::drain() {
   for (gpu::Stream s : streams_) {
     if (!s) continue;
@@ -199,6 +214,7 @@ void GpuStaging::wait_loop() {
     } catch (const std::exception& e) {
       st = Status::failed(fmt::format("a GPU staging copy failed: {}", e.what()));
     }
+    if (p.owns_event) rt_.event_destroy(p.event);
     if (!stopping) {
       asio::post(io_, [owner = owner_, done = std::move(p.done), st]() mutable {
         auto keep = owner.lock();
@@ -207,6 +223,22 @@ void GpuStaging::wait_loop() {
     }
     lock.lock();
   }
+}
+
+RxAction GpuStaging::stage_frame(TcpConnection& conn, uint64_t bytes, const char* what, Slot** slot) {
+  *slot = nullptr;
+  try {
+    *slot = acquire(kIn, bytes);
+  } catch (const std::exception& e) {
+    conn.close(Status::failed(fmt::format("no GPU staging memory for {}: {}", what, e.what())));
+    return RxAction::kContinue;
+  }
+  if (!*slot) {
+    wait_for_slot(kIn, conn.shared_from_this());
+    return RxAction::kPause;
+  }
+  set_frame_slot(&conn, *slot);
+  return RxAction::kContinue;
 }
 
 void GpuStaging::wait_for_slot(Direction dir, const std::shared_ptr<TcpConnection>& conn) {

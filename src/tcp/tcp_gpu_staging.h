@@ -17,6 +17,7 @@
 
 #include "dlslime/status.h"
 #include "gpu/device_runtime.h"
+#include "tcp/frame_handler.h"
 
 // GPU memory over TCP (docs/tcp.md "GPU memory"). Host code never touches device memory:
 // the bytes of a device region cross the socket through pinned host buffers ("slots"),
@@ -99,10 +100,17 @@ class GpuStaging {
   // Runs `done(status)` on the I/O thread once the copies queued on `slot`'s stream so far
   // have finished (status: the runtime's error if one failed).
   void when_copied(Slot* slot, std::function<void(Status)> done);
+  // The same for copies of `dir` that use no slot (held message bytes into GPU memory).
+  void when_copied(Direction dir, std::function<void(Status)> done);
   // Blocks until every copy queued so far has finished (peer loss and shutdown, before the
   // ops whose memory they touch complete). Bounded: the copies are already queued.
   void drain();
 
+  // An incoming slot for the `bytes` of the frame `conn` is reading (`what` names it),
+  // held as its frame slot: kContinue with *slot set; kPause with none free (`conn` resumes
+  // reading once one frees, and its on_header asks again); kContinue with nullptr when no
+  // pinned memory could be had (`conn` is closed).
+  RxAction stage_frame(TcpConnection& conn, uint64_t bytes, const char* what, Slot** slot);
   // A connection that paused reading until a slot of `dir` frees; resumed then.
   void wait_for_slot(Direction dir, const std::shared_ptr<TcpConnection>& conn);
   // The incoming slot that holds the payload of the frame `conn` is reading (nullptr: none).
@@ -139,6 +147,7 @@ class GpuStaging {
   struct Pending {
     gpu::Event event;
     std::function<void(Status)> done;
+    bool owns_event = false;  // made for this wait (no slot): destroyed after it
   };
   std::mutex mu_;
   std::condition_variable cv_;

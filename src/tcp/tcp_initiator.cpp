@@ -68,6 +68,19 @@ Initiator::Clock::time_point Initiator::start_op(Submission& sub) {
   }
   std::shared_ptr<GpuOp> staged = staged_frames ? sub.op.gpu : nullptr;
   pending_.insert(sub.op_id, std::move(sub.op), sub.deadline);
+  if (is_send && (staged || !outbox_.empty())) {
+    // Behind (or itself) a GPU message still being staged: it leaves in its turn.
+    Outgoing& out = outbox_.emplace_back();
+    out.op_id = sub.op_id;
+    if (staged) {
+      staged->message = true;
+      staged->unsent = static_cast<uint32_t>(staged->frames.size());
+      out.gpu = staged;
+    } else {
+      out.item = std::move(sub.items.front().second);
+    }
+    sub.items.clear();
+  }
   for (auto& [lane, item] : sub.items) dialed[lane % dialed.size()]->send(std::move(item));
   if (staged) {
     gpu_queue_.emplace_back(sub.op_id, std::move(staged));
@@ -102,6 +115,9 @@ void Initiator::end_op(uint64_t op_id, PendingOp op, Status status, uint64_t nby
     GpuOp& gpu = *op.gpu;
     gpu.ended = true;  // frames not staged yet are never sent; staged ones are dropped
     gpu.frames.clear();
+    // The messages behind it go now (a half-sent one is abandoned: the receiver drops
+    // it at the next message's first frame).
+    if (gpu.message) advance_outbox();
     if (gpu.copies > 0) {
       // Copies still read or write the op's memory: it completes once they have finished
       // (copy_finished), with its regions held until then.
@@ -125,6 +141,19 @@ void Initiator::copy_finished(GpuOp& gpu) {
   gpu.uses.clear();
   gpu.slot = InflightLimiter::Slot();
   state->complete(std::move(gpu.status), gpu.nbytes);
+}
+
+void Initiator::advance_outbox() {
+  const auto& dialed = pairing_.dialed();
+  while (!outbox_.empty()) {
+    Outgoing& out = outbox_.front();
+    if (out.gpu) {
+      if (!out.gpu->ended && out.gpu->unsent > 0) return;  // still being staged
+    } else if (pending_.contains(out.op_id) && !dialed.empty()) {
+      dialed[0]->send(std::move(out.item));  // not ended while it waited
+    }
+    outbox_.pop_front();
+  }
 }
 
 void Initiator::pump_gpu() {
@@ -153,7 +182,7 @@ void Initiator::pump_gpu() {
       });
     } catch (const std::exception& e) {
       if (slot) staging->release(slot);
-      finish_op(op_id, Status::failed(fmt::format("staging device memory for write op {} failed: {}", op_id, e.what())));
+      finish_op(op_id, Status::failed(fmt::format("staging device memory for op {} failed: {}", op_id, e.what())));
     }
   }
 }
@@ -172,10 +201,11 @@ void Initiator::on_frame_staged(uint64_t op_id, const std::shared_ptr<GpuOp>& gp
   tcp::WriteItem item(op_id);
   item.reserve(1, frame.bytes);
   item.add_header(frame.header);
-  item.add_copy(frame.list.data(), frame.list.size());
+  if (!frame.list.empty()) item.add_copy(frame.list.data(), frame.list.size());  // a message has none
   item.add_payload(slot->data, frame.bytes);
   item.keep(staging.lease(slot));  // the slot is free again once the frame is written or dropped
   dialed[frame.lane % dialed.size()]->send(std::move(item));
+  if (gpu->message && --gpu->unsent == 0) advance_outbox();  // its last frame is out
 }
 
 void Initiator::violation(TcpConnection& conn, std::string what) {
@@ -249,20 +279,9 @@ RxAction Initiator::on_read_header(TcpConnection& conn, const FrameHeader& h, Pa
   if (op.gpu && h.length > 0) {
     // Local memory on a GPU: the answer lands in a staging slot and is copied to the
     // device when it is complete (on_read_frame). No slot free: read on once one is.
-    tcp::GpuStaging& staging = *gpu_.staging();
     tcp::GpuStaging::Slot* slot = nullptr;
-    try {
-      slot = staging.acquire(tcp::GpuStaging::kIn, h.length);
-    } catch (const std::exception& e) {
-      conn.close(Status::failed(fmt::format("no GPU staging memory for a read answer: {}", e.what())));
-      return RxAction::kContinue;
-    }
-    if (!slot) {
-      staging.wait_for_slot(tcp::GpuStaging::kIn, conn.shared_from_this());
-      return RxAction::kPause;  // on_header is asked again when reading resumes
-    }
+    if (const RxAction a = gpu_.staging()->stage_frame(conn, h.length, "a read answer", &slot); !slot) return a;
     op.read_runs[first] = 0;
-    staging.set_frame_slot(&conn, slot);
     sink.place(slot->data, h.length);
     sink.op_id = h.op_id;
     return RxAction::kContinue;
@@ -350,6 +369,7 @@ Initiator::Dropped Initiator::drop_all() {
   pending_.clear();  // a moved-from table is emptied explicitly
   sends_.clear();
   gpu_queue_.clear();
+  outbox_.clear();
   if (tcp::GpuStaging* staging = gpu_.staging()) {
     // The ops fail at once (Dropped::fail): first every staging copy of their memory
     // must have finished. Bounded: the copies are queued already.

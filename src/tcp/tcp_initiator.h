@@ -45,7 +45,10 @@ class Initiator {
       std::vector<tcp::PayloadSegment> sources;   // local bytes, in payload order
       uint64_t bytes = 0;
     };
-    std::deque<Frame> frames;  // write: not staged yet, in wire order
+    std::deque<Frame> frames;  // not staged yet, in wire order
+    // A send: its frames not handed to lane 0 yet (later messages wait behind it).
+    bool message = false;
+    uint32_t unsent = 0;
     uint32_t copies = 0;       // slots whose copies have not finished
     bool ended = false;
     // The completion of an op that ended while `copies` > 0.
@@ -130,6 +133,9 @@ class Initiator {
   // A write frame's bytes are in slot `slot`: sends the frame (or drops it: the op ended).
   void on_frame_staged(uint64_t op_id, const std::shared_ptr<GpuOp>& gpu, tcp::GpuStaging::Slot* slot,
                        GpuOp::Frame& frame, const Status& copied);
+  // Hands the messages at the front of outbox_ to lane 0, up to the first GPU message
+  // whose frames are still being staged.
+  void advance_outbox();
   // A copy of an op's memory finished: completes it if it ended meanwhile.
   static void copy_finished(GpuOp& gpu);
   // Fails the connection: a frame that contradicts the state of its op.
@@ -143,8 +149,18 @@ class Initiator {
   // expired ones from the front).
   std::deque<uint64_t> sends_;
   tcp::GpuPath& gpu_;
-  // Device-memory writes with frames waiting for a staging slot, in submission order.
+  // Device-memory writes and sends with frames waiting for a staging slot, in submission
+  // order.
   std::deque<std::pair<uint64_t, std::shared_ptr<GpuOp>>> gpu_queue_;
+  // Messages behind a GPU message whose frames are still being staged: they go out on
+  // lane 0 in submission order (the receiver matches, and acknowledges, in that order).
+  // A host message goes straight out while this is empty.
+  struct Outgoing {
+    uint64_t op_id = 0;
+    tcp::WriteItem item;          // a host message's frames
+    std::shared_ptr<GpuOp> gpu;   // or a GPU message, staged through gpu_queue_
+  };
+  std::deque<Outgoing> outbox_;
 };
 
 }  // namespace dlslime

@@ -16,16 +16,15 @@ using tcp::PayloadSink;
 using tcp::RxAction;
 using tcp::TcpConnection;
 
-MessageMatcher::MessageMatcher(const TcpOptions& options, const Pairing& pairing)
-    : options_(options), pairing_(pairing) {}
+MessageMatcher::MessageMatcher(const TcpOptions& options, const Pairing& pairing, tcp::GpuPath& gpu)
+    : options_(options), pairing_(pairing), gpu_(gpu) {}
 
 RxAction MessageMatcher::on_header(TcpConnection& conn, const FrameHeader& h, PayloadSink& sink) {
   if (current_msg_ && current_msg_->op_id != h.op_id) {
     // The sender gave up on the previous message half-way (its send timed out).
     auto old = std::move(current_msg_);
-    if (old->matched && old->recv.state) {
-      old->recv.state->complete(Status::failed(
-          fmt::format("the sender abandoned the message after {} bytes", old->received)));
+    if (old->matched) {
+      end_recv(*old, Status::failed(fmt::format("the sender abandoned the message after {} bytes", old->received)));
     } else if (!old->matched) {
       forget_held(*old);
       unexpected_.erase(std::remove(unexpected_.begin(), unexpected_.end(), old), unexpected_.end());
@@ -70,6 +69,14 @@ RxAction MessageMatcher::on_header(TcpConnection& conn, const FrameHeader& h, Pa
       m.too_large = true;  // nothing is written past the posted buffer
       return RxAction::kContinue;
     }
+    if (m.recv.device && h.length > 0) {
+      // GPU memory: the frame lands in a staging slot, copied to the device at its end
+      // (on_frame). No slot free: read on once one is (on_header is asked again).
+      tcp::GpuStaging::Slot* slot = nullptr;
+      if (const RxAction a = gpu_.staging()->stage_frame(conn, h.length, "a message", &slot); !slot) return a;
+      sink.place(slot->data, h.length);  // not the recv's memory: nothing to release()
+      return RxAction::kContinue;
+    }
     sink.place(m.recv.addr + h.offset, h.length);
     sink.op_id = m.recv.local_id;
     return RxAction::kContinue;
@@ -87,6 +94,24 @@ RxAction MessageMatcher::on_header(TcpConnection& conn, const FrameHeader& h, Pa
 
 void MessageMatcher::on_frame(TcpConnection& conn, const FrameHeader& h) {
   auto msg = current_msg_;
+  tcp::GpuStaging* staging = gpu_.staging();
+  tcp::GpuStaging::Slot* slot = staging ? staging->take_frame_slot(&conn) : nullptr;
+  if (slot) {
+    // A GPU recv's frame is in the slot: copied to its place unless the recv ended.
+    if (msg && msg->matched && msg->recv.state && !msg->too_large) {
+      try {
+        staging->copy(tcp::GpuStaging::kIn, msg->recv.addr + h.offset, slot->data, h.length);
+        track_copy(msg, slot);
+      } catch (const std::exception& e) {
+        staging->release(slot);
+        if (msg->copy_error.is_ok()) {
+          msg->copy_error = Status::failed(fmt::format("copying a message to the GPU failed: {}", e.what()));
+        }
+      }
+    } else {
+      staging->release(slot);
+    }
+  }
   if (!msg) return;
   msg->received = h.offset + h.length;
   if (!h.last()) return;
@@ -109,12 +134,18 @@ void MessageMatcher::match_held_front(const std::shared_ptr<InboundMessage>& msg
   take_held_front();
   PostedRecv recv = std::move(recvs_.front());
   recvs_.pop_front();
-  attach(*msg, std::move(recv));
+  attach(msg, std::move(recv));
 }
 
 void MessageMatcher::finish_message(InboundMessage& m) {
+  if (m.copies > 0) {  // a GPU recv: once its bytes are on the device (copied())
+    m.finish_due = true;
+    return;
+  }
   Status st = Status::ok();
-  if (m.too_large) {
+  if (!m.copy_error.is_ok()) {
+    st = m.copy_error;
+  } else if (m.too_large) {
     st = Status(StatusCode::kMessageTooLarge,
                 fmt::format("a message of {} bytes does not fit the posted receive buffer of {} bytes", m.received,
                             m.recv.length));
@@ -148,23 +179,72 @@ void MessageMatcher::resume_paused() {
   paused_conn_.reset();
 }
 
-void MessageMatcher::attach(InboundMessage& m, PostedRecv recv) {
+void MessageMatcher::attach(const std::shared_ptr<InboundMessage>& msg, PostedRecv recv) {
   // Only at a frame boundary of m's connection (or once m is complete): no payload of m
   // is in flight into `buffered` then, and it holds exactly m.received bytes.
+  InboundMessage& m = *msg;
   m.matched = true;
   m.recv = std::move(recv);
   if (m.received > m.recv.length) {
     m.too_large = true;
+  } else if (m.received > 0 && m.recv.device) {
+    // Held bytes into GPU memory: copied by the runtime, the buffer kept until then.
+    tcp::GpuStaging& staging = *gpu_.staging();
+    auto held = std::make_shared<std::vector<uint8_t>>(std::move(m.buffered));
+    try {
+      staging.copy(tcp::GpuStaging::kIn, m.recv.addr, held->data(), m.received);
+      ++m.copies;
+      if (m.copies == 1) copying_.push_back(msg);
+      staging.when_copied(tcp::GpuStaging::kIn, [this, msg, held](Status st) { copied(msg, st); });
+    } catch (const std::exception& e) {
+      if (m.copies > 0 && --m.copies == 0) std::erase(copying_, msg);
+      m.copy_error = Status::failed(fmt::format("copying a held message to the GPU failed: {}", e.what()));
+    }
   } else if (m.received > 0) {
     std::memcpy(m.recv.addr, m.buffered.data(), m.received);
   }
   std::vector<uint8_t>().swap(m.buffered);
 }
 
+void MessageMatcher::track_copy(const std::shared_ptr<InboundMessage>& msg, tcp::GpuStaging::Slot* slot) {
+  if (++msg->copies == 1) copying_.push_back(msg);
+  gpu_.staging()->when_copied(slot, [this, msg, slot](Status st) {
+    gpu_.staging()->release(slot);
+    copied(msg, st);
+  });
+}
+
+void MessageMatcher::copied(const std::shared_ptr<InboundMessage>& msg, const Status& st) {
+  InboundMessage& m = *msg;
+  if (m.copies == 0) return;  // dropped with the peer (drop_all)
+  if (!st && m.copy_error.is_ok()) m.copy_error = st;
+  if (--m.copies > 0) return;
+  std::erase(copying_, msg);
+  if (m.ended) {
+    std::shared_ptr<OpState> state = std::move(m.ended);
+    state->complete(std::move(m.ended_status));
+  }
+  if (m.finish_due) {
+    m.finish_due = false;
+    finish_message(m);
+  }
+}
+
+void MessageMatcher::end_recv(InboundMessage& m, Status why) {
+  std::shared_ptr<OpState> state = std::move(m.recv.state);
+  if (!state) return;
+  if (m.copies > 0) {  // its memory is still being written: completes in copied()
+    m.ended = std::move(state);
+    m.ended_status = std::move(why);
+    return;
+  }
+  state->complete(std::move(why));
+}
+
 MessageMatcher::Clock::time_point MessageMatcher::post_recv(PostedRecv recv, Clock::time_point deadline) {
   if (!unexpected_.empty() && unexpected_.front()->complete) {
     auto msg = take_held_front();
-    attach(*msg, std::move(recv));
+    attach(msg, std::move(recv));
     finish_message(*msg);
     resume_paused();
     return Clock::time_point::max();
@@ -197,10 +277,10 @@ void MessageMatcher::expire(Clock::time_point now) {
   }
   if (auto msg = current_msg_; msg && msg->matched && msg->recv.state && msg->recv.deadline <= now) {
     auto conn = msg->conn.lock();
-    auto state = std::move(msg->recv.state);
-    state->complete(timeout());
-    // Bytes still streaming into the buffer: only closing the connection stops them.
-    if (conn && !conn->release(msg->recv.local_id)) {
+    end_recv(*msg, timeout());
+    // Bytes still streaming into the buffer: only closing the connection stops them (a
+    // GPU recv's stream into a staging slot, and no copy follows once it ended).
+    if (conn && !msg->recv.device && !conn->release(msg->recv.local_id)) {
       conn->close(Status::peer_closed("a recv timed out while its message was arriving"));
     }
   }
@@ -223,8 +303,19 @@ MessageMatcher::Dropped MessageMatcher::drop_all(bool shutting_down) {
   Dropped dropped;
   dropped.recvs = std::move(recvs_);
   recvs_.clear();
-  if (auto current = std::move(current_msg_); current && current->matched) dropped.arriving = std::move(current->recv.state);
+  if (auto current = std::move(current_msg_); current && current->matched && current->copies == 0) {
+    dropped.arriving = std::move(current->recv.state);
+  }
   current_msg_.reset();
+  // GPU recvs whose copies were pending: the Initiator drained the staging before this
+  // (fail_all), so their memory is no longer written; their copies' callbacks do nothing.
+  for (auto& m : copying_) {
+    m->copies = 0;
+    m->finish_due = false;
+    if (m->recv.state) dropped.copying.emplace_back(std::move(m->recv.state), Status::ok());
+    if (m->ended) dropped.copying.emplace_back(std::move(m->ended), std::move(m->ended_status));
+  }
+  copying_.clear();
   // Messages that arrived whole were acknowledged to the sender: they stay deliverable
   // to later recvs even though the peer is gone (but not past shutdown()).
   std::erase_if(unexpected_, [&](const auto& m) { return shutting_down || !m->complete; });
@@ -237,6 +328,7 @@ MessageMatcher::Dropped MessageMatcher::drop_all(bool shutting_down) {
 void MessageMatcher::Dropped::fail(const Status& why) {
   for (auto& r : recvs) r.state->complete(why);
   if (arriving) arriving->complete(why);
+  for (auto& [state, own] : copying) state->complete(own.is_ok() ? why : own);
 }
 
 }  // namespace dlslime

@@ -11,6 +11,7 @@
 #include "tcp/frame_codec.h"
 #include "tcp/frame_handler.h"
 #include "tcp/tcp_connection.h"
+#include "tcp/tcp_gpu_staging.h"
 
 namespace dlslime {
 
@@ -21,7 +22,9 @@ class Pairing;
 // until one is posted, pausing that lane while the budget is full. The sender's future
 // completes once the whole message is here: placed, refused (too large), or held.
 // Owns the posted recvs (and their recv_timeout), the held messages and the message
-// whose frames are arriving. Threads: the I/O thread only.
+// whose frames are arriving. A recv into GPU memory takes each frame in a staging slot
+// and copies it to the device; it completes, and the sender is acknowledged, once those
+// copies have finished (docs/tcp.md "GPU memory"). Threads: the I/O thread only.
 class MessageMatcher {
  public:
   using Clock = std::chrono::steady_clock;
@@ -32,6 +35,7 @@ class MessageMatcher {
     uint64_t length = 0;
     uint64_t local_id = 0;
     bool exact_size = false;  // OpRequest::exact_size: a shorter message fails it
+    bool device = false;      // the buffer is GPU memory: frames are staged
     // Set on the I/O thread when it is posted (post_recv), so that recvs_, in posting
     // order, is in deadline order too.
     Clock::time_point deadline = Clock::time_point::max();
@@ -40,10 +44,13 @@ class MessageMatcher {
   struct Dropped {
     std::deque<PostedRecv> recvs;
     std::shared_ptr<OpState> arriving;  // the recv a message was streaming into
+    // GPU recvs whose copies were pending (they have finished: the staging was drained),
+    // with the status they had ended with, if any (else they fail with `why`).
+    std::vector<std::pair<std::shared_ptr<OpState>, Status>> copying;
     void fail(const Status& why);
   };
 
-  MessageMatcher(const TcpOptions& options, const Pairing& pairing);
+  MessageMatcher(const TcpOptions& options, const Pairing& pairing, tcp::GpuPath& gpu);
 
   // Matches `recv` to the oldest held message, or queues it until `deadline` (set on
   // this thread, so that recvs_ stays in deadline order). Returns the deadline it now
@@ -75,11 +82,25 @@ class MessageMatcher {
     bool complete = false;
     bool too_large = false;  // longer than the posted receive buffer
     bool acked = false;      // the sender has been told the message arrived
+    // A GPU recv: copies of its bytes to the device not finished yet. Until they have,
+    // neither the recv completes nor the sender is acknowledged: a finish or an end that
+    // comes meanwhile waits here.
+    uint32_t copies = 0;
+    bool finish_due = false;
+    std::shared_ptr<OpState> ended;  // the recv ended (timeout, abandoned) with `ended_status`
+    Status ended_status;
+    Status copy_error;
   };
   // Messages held before a recv was posted: each costs its bytes plus this much.
   static constexpr uint64_t kHeldMessageOverhead = 256;
 
-  void attach(InboundMessage& msg, PostedRecv recv);
+  void attach(const std::shared_ptr<InboundMessage>& msg, PostedRecv recv);
+  // Ends msg's recv early with `why` (once its copies have finished).
+  void end_recv(InboundMessage& msg, Status why);
+  // Counts the copy just queued for msg on the incoming staging stream; once it has
+  // finished, `slot` (if any) is released and copied() runs.
+  void track_copy(const std::shared_ptr<InboundMessage>& msg, tcp::GpuStaging::Slot* slot);
+  void copied(const std::shared_ptr<InboundMessage>& msg, const Status& st);
   // `msg`, if it is the oldest held message, takes the oldest posted recv (if any).
   void match_held_front(const std::shared_ptr<InboundMessage>& msg);
   void finish_message(InboundMessage& msg);
@@ -89,6 +110,9 @@ class MessageMatcher {
 
   const TcpOptions& options_;
   const Pairing& pairing_;
+  tcp::GpuPath& gpu_;
+  // GPU recvs with copies pending, for drop_all (the copies' callbacks hold them too).
+  std::vector<std::shared_ptr<InboundMessage>> copying_;
   std::deque<PostedRecv> recvs_;  // posting order = deadline order (PostedRecv::deadline)
   std::deque<std::shared_ptr<InboundMessage>> unexpected_;
   std::shared_ptr<InboundMessage> current_msg_;  // message whose frames are arriving

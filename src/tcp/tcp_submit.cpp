@@ -168,22 +168,16 @@ Future TcpEndpointImpl::submit(OpRequest req) {
     return fail_now(req.kind, Status::failed("the endpoint was created before fork(); create a new one in the child"));
   }
   const uint64_t op_id = next_op_id_.fetch_add(1, std::memory_order_relaxed);
+  int device = -1;
   if (req.kind == OpKind::kRecv || req.kind == OpKind::kSend) {
     const Chunk& c = req.chunk;
     if (c.offset > std::numeric_limits<uintptr_t>::max() - c.addr ||
         c.length > std::numeric_limits<uintptr_t>::max() - c.addr - c.offset) {
       throw InvalidArgumentError(fmt::format("{}: addr + offset + length overflows", op_kind_name(req.kind)));
     }
-    // Messages are host memory only; a GPU buffer is refused rather than touched. Asked
-    // only on an endpoint with device regions (where GPU buffers are expected).
-    if (c.length > 0 && gpu_.regions.any()) {
-      if (gpu::Runtime* rt = gpu_.staging() ? &gpu_.staging()->runtime() : nullptr;
-          rt && rt->pointer_info(reinterpret_cast<const void*>(c.addr + c.offset)).type == gpu::MemoryType::kDevice) {
-        throw InvalidArgumentError(fmt::format(
-            "{}: the buffer is GPU memory; TCP send/recv take host memory only (write/read take GPU regions)",
-            op_kind_name(req.kind)));
-      }
-    }
+    // A GPU buffer is staged like a region's memory (docs/tcp.md "GPU memory"): a send's
+    // frames are copied off the device before they go out, a recv's copied onto it.
+    device = message_device(c, req.kind);
   }
   if (req.kind == OpKind::kRecv) {
     PostedRecv recv;
@@ -192,6 +186,7 @@ Future TcpEndpointImpl::submit(OpRequest req) {
     recv.length = req.chunk.length;
     recv.local_id = op_id;
     recv.exact_size = req.exact_size;
+    recv.device = device >= 0;
     Future f(recv.state);
     hand_off(std::move(recv));
     return f;
@@ -205,7 +200,7 @@ Future TcpEndpointImpl::submit(OpRequest req) {
   Submission sub;
   sub.op.slot = std::move(slot);
   if (req.kind == OpKind::kSend) {
-    prepare_send(req, op_id, sub);
+    prepare_send(req, op_id, device, sub);
   } else if (Status error; !prepare_one_sided(req, op_id, sub, &error)) {
     return fail_now(req.kind, std::move(error));
   }
@@ -307,13 +302,16 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
   return true;
 }
 
-void TcpEndpointImpl::prepare_send(const OpRequest& req, uint64_t op_id, Submission& sub) {
+void TcpEndpointImpl::prepare_send(const OpRequest& req, uint64_t op_id, int device, Submission& sub) {
   sub.op_id = op_id;
   sub.deadline = deadline_after(op_limit(req, options_.op_timeout, sub.op));
   sub.op.state = std::make_shared<OpState>(OpKind::kSend);
-  WriteItem item(op_id);
   const auto* data = reinterpret_cast<const uint8_t*>(req.chunk.addr + req.chunk.offset);
   const uint64_t length = req.chunk.length;
+  // Messages always travel on lane 0, so they arrive in the order they were sent. A GPU
+  // buffer's frames wait in the op for the Initiator to stage them (as a write's do).
+  WriteItem item(op_id);
+  if (device >= 0) sub.op.gpu = std::make_shared<Initiator::GpuOp>();
   uint64_t pos = 0;
   do {
     const uint64_t n = std::min(options_.chunk_size, length - pos);
@@ -323,12 +321,18 @@ void TcpEndpointImpl::prepare_send(const OpRequest& req, uint64_t op_id, Submiss
     h.offset = pos;
     h.length = n;
     if (pos + n == length) h.flags |= tcp::kFlagLast;
-    item.add_header(h);
-    item.add_payload(data + pos, n);
+    if (sub.op.gpu) {
+      Initiator::GpuOp::Frame& f = sub.op.gpu->frames.emplace_back();
+      f.header = h;
+      f.bytes = n;
+      f.sources.push_back({const_cast<uint8_t*>(data + pos), n});
+    } else {
+      item.add_header(h);
+      item.add_payload(data + pos, n);
+    }
     pos += n;
   } while (pos < length);
-  // Messages always travel on lane 0, so they arrive in the order they were sent.
-  sub.items.emplace_back(0, std::move(item));
+  if (!sub.op.gpu) sub.items.emplace_back(0, std::move(item));
 }
 
 }  // namespace dlslime

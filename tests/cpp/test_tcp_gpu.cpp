@@ -5,8 +5,10 @@
 // library kills the test. Run under ASan/TSan too: the staging has its own waiter thread.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -134,6 +136,72 @@ TEST_F(TcpGpu, DeviceMemoryRegisteredInASharedRegistryIsStagedWhoeverRegisteredI
   EXPECT_GT(static_cast<uint64_t>(stats["gpu_staging_high_water_bytes"]), 0u);
   EXPECT_LE(static_cast<uint64_t>(stats["gpu_staging_high_water_bytes"]), 2 * 2 * kChunk);
   ep->shutdown();
+}
+
+TEST_F(TcpGpu, SendAndRecvOfGpuMemoryAreByteExactAndKeepTheirOrderWithHostMessages) {
+  // No region registered: message buffers are found to be GPU memory at the call.
+  const size_t n = 3 * kChunk + 5;
+  DeviceBuffer gsrc(n), gdst(n + 8);
+  std::vector<uint8_t> hsrc = pattern(n, 7), hdst(n + 8, 0);
+  gsrc.write(pattern(n, 3));
+  gdst.write(std::vector<uint8_t>(n + 8, 0x5a));
+
+  // GPU to GPU, the recv posted first (straight into device memory, at an offset).
+  Future rv = b_.recv(Chunk{gdst.addr(), 8, n});
+  Future sd = a_.send(Chunk{gsrc.addr(), 0, n});
+  ASSERT_TRUE(sd.wait_for(std::chrono::seconds(30)) && rv.wait_for(std::chrono::seconds(30)));
+  ASSERT_EQ(sd.status(), 0) << sd.message();
+  ASSERT_EQ(rv.status(), 0) << rv.message();
+  EXPECT_EQ(rv.nbytes(), n);
+  std::vector<uint8_t> want(8, 0x5a);
+  const auto src_bytes = pattern(n, 3);
+  want.insert(want.end(), src_bytes.begin(), src_bytes.end());
+  EXPECT_EQ(gdst.read(), want);
+
+  // A burst: GPU, host, GPU, host; the host messages must not overtake the GPU ones
+  // being staged. The first two are held by the receiver (no recv yet), then received
+  // into GPU and host buffers.
+  DeviceBuffer g2(kChunk + 1);
+  g2.write(pattern(kChunk + 1, 9));
+  std::vector<uint8_t> h2 = pattern(100, 11);
+  std::vector<Future> sends = {a_.send(Chunk{gsrc.addr(), 0, n}),
+                               a_.send(Chunk{reinterpret_cast<uintptr_t>(hsrc.data()), 0, n}),
+                               a_.send(Chunk{g2.addr(), 0, kChunk + 1}),
+                               a_.send(Chunk{reinterpret_cast<uintptr_t>(h2.data()), 0, 100})};
+  for (Future& f : sends) {
+    ASSERT_TRUE(f.wait_for(std::chrono::seconds(30)));
+    ASSERT_EQ(f.status(), 0) << f.message();
+  }
+  DeviceBuffer r0(n), r1(n), r3(200);
+  std::vector<uint8_t> r2(kChunk + 1);
+  std::vector<Future> recvs = {b_.recv(Chunk{r0.addr(), 0, n}), b_.recv(Chunk{r1.addr(), 0, n}),
+                               b_.recv(Chunk{reinterpret_cast<uintptr_t>(r2.data()), 0, r2.size()}),
+                               b_.recv(Chunk{r3.addr(), 0, 200})};
+  for (Future& f : recvs) {
+    ASSERT_TRUE(f.wait_for(std::chrono::seconds(30)));
+    ASSERT_EQ(f.status(), 0) << f.message();
+  }
+  EXPECT_EQ(r0.read(), pattern(n, 3));
+  EXPECT_EQ(r1.read(), hsrc);
+  EXPECT_EQ(r2, pattern(kChunk + 1, 9));
+  EXPECT_EQ(r3.read(0, 100), h2);
+  EXPECT_EQ(recvs[3].nbytes(), 100u);
+
+  // Host to GPU and GPU to host.
+  Future rv2 = b_.recv(Chunk{reinterpret_cast<uintptr_t>(hdst.data()), 0, hdst.size()});
+  Future sd2 = a_.send(Chunk{gsrc.addr(), 0, n});
+  ASSERT_TRUE(rv2.wait_for(std::chrono::seconds(30)));
+  ASSERT_EQ(rv2.status(), 0) << rv2.message();
+  EXPECT_TRUE(std::equal(src_bytes.begin(), src_bytes.end(), hdst.begin()));
+  ASSERT_TRUE(sd2.wait_for(std::chrono::seconds(30)));
+
+  for (TcpEndpoint* ep : {&a_, &b_}) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (ep->listener_stats()["gpu_staging_bytes_in_use"].get<uint64_t>() != 0) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "staging slots were not given back";
+      std::this_thread::yield();
+    }
+  }
 }
 
 TEST(MemoryRegistryGpu, DeviceMemoryMustLieInsideOneAllocation) {

@@ -82,6 +82,8 @@ for op in write read; do
   bench "tcp-$op-gpu-initiator" --op "$op" --device-memory initiator "${SIZES[@]}"
   bench "tcp-$op-gpu-target" --op "$op" --device-memory target "${SIZES[@]}"
 done
+bench "tcp-send-host" --op send "${SIZES[@]}"   # messages: GPU buffers staged as writes are
+bench "tcp-send-gpu-both" --op send --device-memory both "${SIZES[@]}"
 printf '\n==== dlslime-bench: NVLink (CUDA IPC, two processes) ====\n'
 for op in write read; do
   bench "nvlink-$op" --transport nvlink --op "$op" "${NVSIZES[@]}"

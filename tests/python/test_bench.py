@@ -269,9 +269,15 @@ def test_bench_device_memory_defaults_to_both_and_catches_corruption(tmp_path):
         assert bad.returncode == 1 and "VERIFY FAILED" in bad.stderr, bad.stdout + bad.stderr
 
 
-def test_bench_device_memory_refuses_send_and_bad_sides():
-    r = run_bench("--device-memory", "--op", "send", *TINY, env=sim_gpu_env())
-    assert r.returncode == 2 and "--op send takes host memory only" in r.stderr
+def test_bench_device_memory_sends_messages_checked_byte_exact_and_refuses_bad_sides(tmp_path):
+    out = tmp_path / "send.json"
+    for side in ("both", "initiator", "target"):
+        r = run_bench(f"--device-memory={side}", "--op", "send", *GPU_SIZES, "--json", str(out), env=sim_gpu_env())
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "all bytes of the last batch of every size matched" in r.stdout, r.stdout
+        assert load_report(out)["config"]["device_memory"] == side
+    bad = run_bench("--device-memory", "--op", "send", *GPU_SIZES, "--inject-corruption", env=sim_gpu_env())
+    assert bad.returncode == 1 and "VERIFY FAILED" in bad.stderr, bad.stdout + bad.stderr
     r = run_bench("--device-memory=nowhere", *TINY, env=sim_gpu_env())
     assert r.returncode == 2 and "--device-memory must be initiator, target or both" in r.stderr
 

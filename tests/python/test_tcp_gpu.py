@@ -157,13 +157,111 @@ BAD_HANDLES = COMMON + textwrap.dedent(
     # The endpoints still work, byte-exact.
     assert a.write([(ha, hb, 0, 0, 1 << 20)]).wait_for(30) == 0
     assert dst.read(0, 1 << 20) == src.read(0, 1 << 20)
-    # send/recv take host memory only: a GPU buffer is refused, never touched.
-    try:
-        a.send((src.ptr, 0, 16))
-    except ValueError as e:
-        assert "GPU memory" in str(e), e
-    else:
-        raise AssertionError("send of GPU memory was accepted")
+    # A message buffer that runs past its GPU allocation is refused at the call, never touched.
+    for op in (a.send, b.recv):
+        try:
+            op((src.ptr, (1 << 20) - 8, 16))
+        except ValueError as e:
+            assert "runs past its device allocation" in str(e), e
+        else:
+            raise AssertionError("a buffer past its GPU allocation was accepted")
+    print("OK")
+    """
+)
+
+MESSAGES = COMMON + textwrap.dedent(
+    """
+    OK_ = 0
+    TOO_LARGE = int(dlslime.StatusCode.MESSAGE_TOO_LARGE)
+    a, b = pair()
+    # Every direction, sizes around the chunk, offsets on both sides; the recv posted
+    # before the send (straight into GPU memory) and after it (held, then copied in).
+    sizes = [1, 4095, CHUNK - 1, CHUNK, CHUNK + 1, 5 * CHUNK + 17]
+    n_max = max(sizes) + 32
+    for s_kind, r_kind in (("device", "device"), ("device", "host"), ("host", "device")):
+        src, dst = make(s_kind, n_max), make(r_kind, n_max)
+        for k, n in enumerate(sizes):
+            for posted_first in (True, False):
+                s_off, r_off = (k * 3) % 17, (k * 5) % 13
+                data = pattern(n, k + (7 if posted_first else 0))
+                src.write(s_off, data)
+                dst.write(0, b"\\x5a" * n_max)
+                if posted_first:
+                    rv = b.recv((dst.ptr, r_off, n))
+                    sd = a.send((src.ptr, s_off, n))
+                else:
+                    sd = a.send((src.ptr, s_off, n))
+                    assert sd.wait_for(30) == OK_, sd.message   # held by the receiver
+                    rv = b.recv((dst.ptr, r_off, n))
+                assert sd.wait_for(30) == OK_, (s_kind, r_kind, n, sd.message)
+                assert rv.wait_for(30) == OK_ and rv.nbytes == n, (s_kind, r_kind, n, rv.message)
+                got = dst.read(0, n_max)
+                assert got[r_off:r_off + n] == data, (s_kind, r_kind, n, posted_first)
+                assert got[:r_off] == b"\\x5a" * r_off and got[r_off + n:] == b"\\x5a" * (n_max - r_off - n)
+    # Messages keep their order across host and GPU buffers: a burst mixing both, each
+    # GPU send staged while later host sends wait behind it.
+    msgs = []
+    for i in range(12):
+        kind = "device" if i % 3 else "host"
+        n = (i + 1) * 9000
+        buf = make(kind, n)
+        buf.write(0, pattern(n, 40 + i))
+        msgs.append((buf, n))
+    boxes = [make("device" if i % 2 else "host", 12 * 9000) for i in range(12)]
+    sends = [a.send((buf.ptr, 0, n)) for buf, n in msgs]
+    recvs = [b.recv((box.ptr, 0, box.nbytes)) for box in boxes]
+    for i, (fut, rv) in enumerate(zip(sends, recvs)):
+        assert fut.wait_for(30) == OK_, fut.message
+        n = msgs[i][1]
+        assert rv.wait_for(30) == OK_ and rv.nbytes == n, (i, rv.message)
+        assert boxes[i].read(0, n) == pattern(n, 40 + i), i
+    # A message too large for a GPU recv: refused at both ends, nothing written.
+    box = make("device", 64)
+    box.write(0, b"\\xaa" * 64)
+    big = make("device", 3 * CHUNK)
+    rv = b.recv((box.ptr, 8, 16))
+    sd = a.send((big.ptr, 0, 3 * CHUNK))
+    assert rv.wait_for(30) == TOO_LARGE and sd.wait_for(30) == TOO_LARGE, (rv.message, sd.message)
+    assert box.read(0, 64) == b"\\xaa" * 64
+    # exact_size on a GPU recv: a shorter message fails it and the sender learns why.
+    rv = b.recv((box.ptr, 0, 64), exact_size=True)
+    sd = a.send((big.ptr, 0, 10))
+    assert rv.wait_for(30) != OK_ and sd.wait_for(30) != OK_ and "exact_size" in sd.message, sd.message
+    # Every staging slot was given back, and staging stayed bounded.
+    for ep in (a, b):
+        wait_until(lambda: ep.listener_stats()["gpu_staging_bytes_in_use"] == 0)
+        st = ep.listener_stats()
+        assert st["gpu_staging_high_water_bytes"] <= 2 * st["gpu_staging_slots"] * CHUNK, st
+    a.shutdown()
+    b.shutdown()
+    print("OK")
+    """
+)
+
+MESSAGE_ENDS_EARLY = COMMON + textwrap.dedent(
+    """
+    TIMEOUT = int(dlslime.StatusCode.TIMEOUT)
+    # A GPU recv that times out while its message is arriving completes (not hangs) and
+    # nothing lands in its memory after that; the endpoints keep working.
+    a, b = pair(recv_timeout=0.05)
+    n = 64 * CHUNK
+    src, dst = testing.device_buffer(n), testing.device_buffer(n)
+    src.write(0, pattern(n, 3))
+    rv = b.recv((dst.ptr, 0, n))
+    assert rv.wait_for(30) == TIMEOUT, rv.message
+    # Nothing was sent: the buffer is untouched. Now one arrives with no recv posted
+    # and is held; a later GPU recv takes it.
+    dst.write(0, b"\\x11" * n)
+    assert a.send((src.ptr, 0, 3 * CHUNK)).wait_for(30) == 0
+    rv = b.recv((dst.ptr, 0, n))
+    assert rv.wait_for(30) == 0 and rv.nbytes == 3 * CHUNK, rv.message
+    assert dst.read(0, 3 * CHUNK) == src.read(0, 3 * CHUNK)
+    assert dst.read(3 * CHUNK, 16) == b"\\x11" * 16
+    # Shutting down with a GPU recv posted fails it at once.
+    rv = b.recv((dst.ptr, 0, n))
+    b.shutdown()
+    assert rv.wait_for(30) not in (0, None), rv.message
+    a.shutdown()
     print("OK")
     """
 )
@@ -230,8 +328,16 @@ def test_staging_memory_is_bounded_by_the_slot_count_not_the_transfer_size(tmp_p
     run_sim(tmp_path, BOUNDED, "2", extra_env={"DLSLIME_TCP_GPU_STAGING_CHUNKS": "2"})
 
 
-def test_bad_handles_on_device_regions_fail_alone_and_send_of_gpu_memory_is_refused(tmp_path):
+def test_bad_handles_on_device_regions_fail_alone_and_gpu_buffers_past_their_allocation_are_refused(tmp_path):
     run_sim(tmp_path, BAD_HANDLES)
+
+
+def test_send_and_recv_of_gpu_memory_are_byte_exact_in_every_direction_and_keep_message_order(tmp_path):
+    run_sim(tmp_path, MESSAGES)
+
+
+def test_a_gpu_recv_that_times_out_or_is_shut_down_completes_and_held_messages_reach_gpu_recvs(tmp_path):
+    run_sim(tmp_path, MESSAGE_ENDS_EARLY)
 
 
 def test_a_peer_killed_mid_transfer_fails_the_device_write_without_a_hang(tmp_path):
