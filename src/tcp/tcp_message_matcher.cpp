@@ -25,7 +25,7 @@ RxAction MessageMatcher::on_header(TcpConnection& conn, const FrameHeader& h, Pa
     auto old = std::move(current_msg_);
     if (old->matched) {
       end_recv(*old, Status::failed(fmt::format("the sender abandoned the message after {} bytes", old->received)));
-    } else if (!old->matched) {
+    } else {
       forget_held(*old);
       unexpected_.erase(std::remove(unexpected_.begin(), unexpected_.end(), old), unexpected_.end());
     }
@@ -94,11 +94,11 @@ RxAction MessageMatcher::on_header(TcpConnection& conn, const FrameHeader& h, Pa
 
 void MessageMatcher::on_frame(TcpConnection& conn, const FrameHeader& h) {
   auto msg = current_msg_;
-  tcp::GpuStaging* staging = gpu_.staging();
-  tcp::GpuStaging::Slot* slot = staging ? staging->take_frame_slot(&conn) : nullptr;
-  if (slot) {
-    // A GPU recv's frame is in the slot: copied to its place unless the recv ended.
-    if (msg && msg->matched && msg->recv.state && !msg->too_large) {
+  // Only a GPU recv's frames have a slot (on_header): host messages pay no lookup.
+  tcp::GpuStaging* staging = msg && msg->recv.device ? gpu_.staging() : nullptr;
+  if (tcp::GpuStaging::Slot* slot = staging ? staging->take_frame_slot(&conn) : nullptr) {
+    // The frame is in the slot: copied to its place unless the recv ended.
+    if (msg->recv.state && !msg->too_large) {
       try {
         staging->copy(tcp::GpuStaging::kIn, msg->recv.addr + h.offset, slot->data, h.length);
         track_copy(msg, slot);
@@ -193,11 +193,8 @@ void MessageMatcher::attach(const std::shared_ptr<InboundMessage>& msg, PostedRe
     auto held = std::make_shared<std::vector<uint8_t>>(std::move(m.buffered));
     try {
       staging.copy(tcp::GpuStaging::kIn, m.recv.addr, held->data(), m.received);
-      ++m.copies;
-      if (m.copies == 1) copying_.push_back(msg);
-      staging.when_copied(tcp::GpuStaging::kIn, [this, msg, held](Status st) { copied(msg, st); });
+      track_copy(msg, nullptr, std::move(held));
     } catch (const std::exception& e) {
-      if (m.copies > 0 && --m.copies == 0) std::erase(copying_, msg);
       m.copy_error = Status::failed(fmt::format("copying a held message to the GPU failed: {}", e.what()));
     }
   } else if (m.received > 0) {
@@ -206,12 +203,21 @@ void MessageMatcher::attach(const std::shared_ptr<InboundMessage>& msg, PostedRe
   std::vector<uint8_t>().swap(m.buffered);
 }
 
-void MessageMatcher::track_copy(const std::shared_ptr<InboundMessage>& msg, tcp::GpuStaging::Slot* slot) {
-  if (++msg->copies == 1) copying_.push_back(msg);
-  gpu_.staging()->when_copied(slot, [this, msg, slot](Status st) {
-    gpu_.staging()->release(slot);
+void MessageMatcher::track_copy(const std::shared_ptr<InboundMessage>& msg, tcp::GpuStaging::Slot* slot,
+                                std::shared_ptr<void> keep) {
+  tcp::GpuStaging& staging = *gpu_.staging();
+  auto done = [this, msg, slot, keep = std::move(keep)](Status st) {
+    if (slot) gpu_.staging()->release(slot);
     copied(msg, st);
-  });
+  };
+  if (slot) {
+    staging.when_copied(slot, std::move(done));
+  } else {
+    staging.when_copied(tcp::GpuStaging::kIn, std::move(done));
+  }
+  // Counted once the wait is queued (a throw above counts nothing); `done` runs later, on
+  // this thread.
+  if (++msg->copies == 1) copying_.push_back(msg);
 }
 
 void MessageMatcher::copied(const std::shared_ptr<InboundMessage>& msg, const Status& st) {

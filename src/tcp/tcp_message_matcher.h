@@ -98,8 +98,10 @@ class MessageMatcher {
   // Ends msg's recv early with `why` (once its copies have finished).
   void end_recv(InboundMessage& msg, Status why);
   // Counts the copy just queued for msg on the incoming staging stream; once it has
-  // finished, `slot` (if any) is released and copied() runs.
-  void track_copy(const std::shared_ptr<InboundMessage>& msg, tcp::GpuStaging::Slot* slot);
+  // finished, `slot` (if any) is released, `keep` (the copy's source) let go, and
+  // copied() runs.
+  void track_copy(const std::shared_ptr<InboundMessage>& msg, tcp::GpuStaging::Slot* slot,
+                  std::shared_ptr<void> keep = nullptr);
   void copied(const std::shared_ptr<InboundMessage>& msg, const Status& st);
   // `msg`, if it is the oldest held message, takes the oldest posted recv (if any).
   void match_held_front(const std::shared_ptr<InboundMessage>& msg);
