@@ -300,9 +300,11 @@ void TcpConnection::do_write() {
   if (writing_items_ == 0) {
     iov_.clear();
     iov_pos_ = 0;
+    item_ends_.clear();
     for (const WriteItem& item : queue_) {
       if (writing_items_ > 0 && iov_.size() >= kMaxIov) break;
       item.append_buffers(iov_);
+      item_ends_.push_back(iov_.size());
       ++writing_items_;
     }
     if (writing_items_ == 0) return;
@@ -334,16 +336,34 @@ void TcpConnection::do_write() {
       left -= n;
       if (v.iov_len == 0) ++iov_pos_;
     }
+    retire_written();
   }
-  queue_.erase(queue_.begin(), queue_.begin() + static_cast<ptrdiff_t>(writing_items_));
-  writing_items_ = 0;
+  retire_written();  // every byte is sent (and items with no bytes at all)
   budget_->on_drained();
   if (!queue_.empty()) do_write();
 }
 
+void TcpConnection::retire_written() {
+  // Items whose bytes have all reached the socket leave the queue now, not when the whole
+  // write does. The peer may already have answered them: an acknowledgement handled while
+  // the rest of this write waits for room (async_wait) ends their op, and abandon() must
+  // not take bytes the kernel already has for bytes in transit (that closed healthy lanes
+  // under bursts: issue 21, N2). Their staging leases and answer-budget bytes go now too.
+  while (iov_pos_ < iov_.size() && iov_[iov_pos_].iov_len == 0) ++iov_pos_;
+  size_t done = 0;
+  while (done < writing_items_ && item_ends_[item_ends_.size() - writing_items_ + done] <= iov_pos_) ++done;
+  if (done == 0) return;
+  queue_.erase(queue_.begin(), queue_.begin() + static_cast<ptrdiff_t>(done));
+  writing_items_ -= done;
+  if (writing_items_ > 0) budget_->on_drained();
+}
+
 bool TcpConnection::abandon(uint64_t op_id) {
+  // Items of the write in progress that still have bytes to send (retire_written drops the
+  // rest). One that borrows no op memory (a staged GPU frame owns its slot) may finish: the
+  // peer drops or ignores a frame of an op that ended.
   for (size_t i = 0; i < writing_items_ && i < queue_.size(); ++i) {
-    if (queue_[i].op_id() == op_id) return false;
+    if (queue_[i].op_id() == op_id && queue_[i].borrows_op_memory()) return false;
   }
   auto first = queue_.begin() + static_cast<ptrdiff_t>(std::min(writing_items_, queue_.size()));
   queue_.erase(std::remove_if(first, queue_.end(), [&](const WriteItem& w) { return w.op_id() == op_id; }),

@@ -40,7 +40,8 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
   // and one write. Valid until the handler returns; nothing is written before then.
   WriteItem& control();
   // Drops queued items of `op_id` that have not reached the socket yet. Returns false if
-  // some of its bytes are being written right now; only closing the connection stops that.
+  // the kernel has taken part of an item that points into the op's memory and not the rest
+  // (the socket was full); only closing the connection stops that.
   bool abandon(uint64_t op_id);
   // Stops placing payload bytes into the memory of local op `op_id` (the rest of the
   // frame is dropped). Returns false if the kernel is writing into that memory right now
@@ -93,6 +94,7 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
   void read_direct(uint64_t bytes);
   void set_low_watermark(uint64_t bytes);
   void do_write();
+  void retire_written();
   void stall_for_answers();
   // Runs an I/O completion: an exception from the frame handlers (allocation failure, a
   // bug) closes this connection, failing its ops, instead of leaving it with no read
@@ -131,7 +133,8 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
   static constexpr size_t kMaxIov = 1024;  // IOV_MAX on Linux
   std::vector<iovec> iov_;  // the write in progress: queue_'s first writing_items_ items
   size_t iov_pos_ = 0;      // first iovec not fully sent
-  size_t writing_items_ = 0;  // items at the front of queue_ handed to async_write
+  size_t writing_items_ = 0;  // items at the front of queue_ in the write in progress, not fully sent
+  std::vector<size_t> item_ends_;  // per item of that write, in order: the end of its iovecs in iov_
   bool flush_posted_ = false;
 };
 

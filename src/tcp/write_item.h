@@ -2,6 +2,7 @@
 
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -52,6 +53,12 @@ class WriteItem {
   // Keeps `k` until the item is written or dropped: a GPU staging buffer its payload is
   // gathered from (tcp_gpu_staging.h) returns to its pool then.
   void keep(std::shared_ptr<void> k) { keep_ = std::move(k); }
+  // Whether a payload it gathers lies in its op's memory (not copied in, not a kept buffer):
+  // its bytes must not be sent once that op has ended.
+  bool borrows_op_memory() const {
+    return op_id_ != 0 && !keep_ &&
+           std::any_of(segments_.begin(), segments_.end(), [](const Segment& s) { return s.external != nullptr; });
+  }
 
  private:
   void remeter();
