@@ -199,7 +199,10 @@ void TcpEndpointImpl::region_added(int32_t handle, const LocalRegion& region) {
 tcp::GpuStaging& TcpEndpointImpl::make_staging(int device) {
   std::weak_ptr<TcpEndpointImpl> weak = weak_from_this();
   return gpu_.make_staging(io_, gpu::runtime(), device, options_.gpu_staging_chunks, weak,
-                           [this] { initiator_.pump_gpu(); });
+                           [this] {
+                             target_.serve_deferred();  // answers to the peer first (tcp_target_server.h)
+                             initiator_.pump_gpu();
+                           });
 }
 
 int TcpEndpointImpl::message_device(const Chunk& c, OpKind kind) {

@@ -19,7 +19,7 @@ RxAction TcpEndpointImpl::on_header(TcpConnection& conn, const FrameHeader& h, P
       return gpu_.regions.any() ? target_.reserve_staging(conn, h) : RxAction::kContinue;
     case FrameType::kReadRequest:
       sink.collect = true;
-      return gpu_.regions.any() ? target_.reserve_staging(conn, h) : RxAction::kContinue;
+      return gpu_.regions.any() ? target_.admit_read(conn) : RxAction::kContinue;
     case FrameType::kWriteAck:
     case FrameType::kSendAck: sink.collect = true; return RxAction::kContinue;
     case FrameType::kReadData: return initiator_.on_read_header(conn, h, sink);

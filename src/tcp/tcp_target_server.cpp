@@ -110,23 +110,30 @@ void TargetServer::on_write_prefix(TcpConnection& conn, const FrameHeader& h, st
 tcp::RxAction TargetServer::reserve_staging(TcpConnection& conn, const FrameHeader& h) {
   tcp::GpuStaging* staging = gpu_.staging();
   if (!staging || staged_.count(&conn)) return tcp::RxAction::kContinue;
-  const bool write = h.type == FrameType::kWriteData;
-  const uint64_t list = write ? h.offset * tcp::kPieceSize : h.length;
-  if (write && (list == 0 || h.length <= list)) return tcp::RxAction::kContinue;  // no bytes to place
+  const uint64_t list = h.offset * tcp::kPieceSize;
+  if (list == 0 || h.length <= list) return tcp::RxAction::kContinue;  // no bytes to place
   tcp::GpuStaging::Slot* slot = nullptr;
   try {
-    // A read answer's size is known once its list is (answer_read grows the slot).
-    slot = staging->acquire(write ? tcp::GpuStaging::kIn : tcp::GpuStaging::kOut, write ? h.length - list : 0);
+    slot = staging->acquire(tcp::GpuStaging::kIn, h.length - list);
   } catch (const std::exception& e) {
     conn.close(Status::failed(fmt::format("no GPU staging memory: {}", e.what())));
     return tcp::RxAction::kContinue;
   }
   if (!slot) {
-    staging->wait_for_slot(write ? tcp::GpuStaging::kIn : tcp::GpuStaging::kOut, conn.shared_from_this());
+    // Safe to wait: an incoming slot frees without the peer (its device copy finishes).
+    staging->wait_for_slot(tcp::GpuStaging::kIn, conn.shared_from_this());
     return tcp::RxAction::kPause;
   }
   staged_[&conn].slot = slot;
   return tcp::RxAction::kContinue;
+}
+
+tcp::RxAction TargetServer::admit_read(TcpConnection& conn) {
+  // Read requests are never paused for an outgoing slot (answer_read defers them), only
+  // when a peer has more pieces waiting than any sane one does.
+  if (deferred_pieces_ <= kMaxDeferredPieces) return tcp::RxAction::kContinue;
+  deferred_waiting_.push_back(conn.weak_from_this());
+  return tcp::RxAction::kPause;
 }
 
 tcp::GpuStaging::Slot* TargetServer::take_reserved(const TcpConnection* conn) {
@@ -186,6 +193,9 @@ void TargetServer::clear() {
     for (auto& [conn, f] : staged_) staging->release(f.slot);
   }
   staged_.clear();
+  deferred_.clear();
+  deferred_pieces_ = 0;
+  deferred_waiting_.clear();
 }
 
 void TargetServer::on_write_frame(TcpConnection& conn, const FrameHeader& h) {
@@ -230,22 +240,7 @@ void TargetServer::answer_read(TcpConnection& conn, const FrameHeader& h, std::s
   r.index = h.index;
   r.offset = count;
   r.status = st.raw_code();
-  tcp::GpuStaging::Slot* reserved = staged_.empty() ? nullptr : take_reserved(&conn);
-  if (reserved) {
-    if (st && device && total > 0) return answer_staged(conn, r, reserved, total, std::move(uses));
-    gpu_.staging()->release(reserved);  // host memory after all
-  } else if (st && device && total > 0) {
-    // No slot reserved at its header (the region was registered in between): refused
-    // rather than read by host code.
-    const Status refused = Status::failed("no GPU staging slot was reserved for the read; read again");
-    const std::string_view reason = refused.message();
-    r.status = refused.raw_code();
-    r.length = reason.size();
-    WriteItem& item = conn.control();
-    item.add_header(r);
-    item.add_copy(reason.data(), reason.size());
-    return;
-  }
+  if (st && device && total > 0) return answer_device(conn, r, total, std::move(uses));
   // All answers to the requests in one read from the socket share one item.
   WriteItem& item = conn.control();
   if (st) {
@@ -265,15 +260,75 @@ void TargetServer::answer_read(TcpConnection& conn, const FrameHeader& h, std::s
 
 namespace dlslime {
 
+void TargetServer::answer_device(TcpConnection& conn, const FrameHeader& r, uint64_t total, RegionUses uses) {
+  // A read of device memory needs an outgoing staging slot. With none free it waits in
+  // deferred_ instead of pausing the connection: the frames behind this request may be the
+  // peer's writes, whose own outgoing slots free only once we read them, and the peer may
+  // be waiting likewise for ours. Pausing here was the deadlock of issue 21 (N3).
+  if (deferred_.empty()) {
+    if (tcp::GpuStaging::Slot* slot = acquire_answer_slot(conn, r, total)) {
+      return answer_staged(conn, r, slot, total, read_scratch_, std::move(uses));
+    }
+    if (!conn.is_open()) return;
+  }
+  deferred_pieces_ += read_scratch_.size();
+  deferred_.push_back({conn.weak_from_this(), r, total, read_scratch_, std::move(uses)});
+}
+
+tcp::GpuStaging::Slot* TargetServer::acquire_answer_slot(TcpConnection& conn, const FrameHeader& r, uint64_t total) {
+  try {
+    return gpu_.staging()->acquire(tcp::GpuStaging::kOut, total);
+  } catch (const std::exception& e) {
+    answer_error(conn, r, Status::failed(fmt::format("no GPU staging memory for a read answer: {}", e.what())));
+    conn.close(Status::failed(fmt::format("no GPU staging memory: {}", e.what())));
+    return nullptr;
+  }
+}
+
+void TargetServer::serve_deferred() {
+  // An outgoing slot was released: deferred answers take it before our own ops' frames do
+  // (Impl's on_free calls this first), oldest first.
+  while (!deferred_.empty()) {
+    DeferredRead& d = deferred_.front();
+    std::shared_ptr<TcpConnection> conn = d.conn.lock();
+    tcp::GpuStaging::Slot* slot = nullptr;
+    if (conn && conn->is_open()) {
+      slot = acquire_answer_slot(*conn, d.header, d.total);
+      if (!slot && conn->is_open()) break;  // none free yet
+    }
+    DeferredRead taken = std::move(d);
+    deferred_.pop_front();
+    deferred_pieces_ -= taken.pieces.size();
+    if (slot) answer_staged(*conn, taken.header, slot, taken.total, taken.pieces, std::move(taken.uses));
+  }
+  if (deferred_pieces_ <= kMaxDeferredPieces / 2 && !deferred_waiting_.empty()) {
+    auto waiting = std::move(deferred_waiting_);
+    deferred_waiting_.clear();
+    for (auto& w : waiting) {
+      if (auto conn = w.lock()) conn->resume_reading();
+    }
+  }
+}
+
+void TargetServer::answer_error(TcpConnection& conn, const FrameHeader& r, const Status& st) {
+  FrameHeader err = r;
+  const std::string_view reason = std::string_view(st.message()).substr(0, tcp::kMaxErrorText);
+  err.status = st.raw_code();
+  err.length = reason.size();
+  WriteItem& item = conn.control();
+  item.add_header(err);
+  item.add_copy(reason.data(), reason.size());
+}
+
 void TargetServer::answer_staged(TcpConnection& conn, const FrameHeader& r, tcp::GpuStaging::Slot* slot,
-                                 uint64_t total, RegionUses uses) {
-  // A read of device memory: the pieces are copied into the reserved slot, and the answer
-  // leaves once the copies have finished (the regions are held until then).
+                                 uint64_t total, const std::vector<tcp::PayloadSegment>& pieces, RegionUses uses) {
+  // A read of device memory: the pieces are copied into the slot, and the answer leaves
+  // once the copies have finished (the regions are held until then).
   tcp::GpuStaging& staging = *gpu_.staging();
   try {
     staging.ensure(slot, total);
     uint64_t at = 0;
-    for (const tcp::PayloadSegment& src : read_scratch_) {
+    for (const tcp::PayloadSegment& src : pieces) {
       staging.copy(tcp::GpuStaging::kOut, slot->data + at, src.addr, src.length);
       at += src.length;
     }
@@ -302,14 +357,7 @@ void TargetServer::answer_staged(TcpConnection& conn, const FrameHeader& r, tcp:
     });
   } catch (const std::exception& e) {
     staging.release(slot);
-    const Status st = Status::failed(fmt::format("copying a read of GPU memory failed: {}", e.what()));
-    FrameHeader err = r;
-    const std::string_view reason = std::string_view(st.message()).substr(0, tcp::kMaxErrorText);
-    err.status = st.raw_code();
-    err.length = reason.size();
-    WriteItem& item = conn.control();
-    item.add_header(err);
-    item.add_copy(reason.data(), reason.size());
+    answer_error(conn, r, Status::failed(fmt::format("copying a read of GPU memory failed: {}", e.what())));
   }
 }
 

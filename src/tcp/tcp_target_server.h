@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string_view>
@@ -25,10 +26,15 @@ class TargetServer {
  public:
   TargetServer(const MemoryRegistry& regions, tcp::GpuPath& gpu) : regions_(regions), gpu_(gpu) {}
 
-  // Device regions are registered: a write frame or read request may need a staging slot
+  // Device regions are registered: a write frame may need an incoming staging slot
   // (docs/tcp.md "GPU memory"). Reserves one for `conn`'s frame, or pauses the
   // connection until one is free (kPause: asked again then).
   tcp::RxAction reserve_staging(tcp::TcpConnection& conn, const tcp::FrameHeader& h);
+  // A read request's header: kPause only while more than kMaxDeferredPieces pieces of
+  // device-memory reads wait for an outgoing slot (resumed by serve_deferred).
+  tcp::RxAction admit_read(tcp::TcpConnection& conn);
+  // An outgoing staging slot was released: the deferred read answers take the free ones.
+  void serve_deferred();
 
   // A write frame's piece list arrived (sink.prefix bytes): sets `sink` for its data.
   void on_write_prefix(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view list,
@@ -84,8 +90,11 @@ class TargetServer {
                         bool* device, OverLimit over_limit) const;
   void record_error(tcp::TcpConnection& conn, uint64_t op_id, Status st);
   void place_staged(tcp::TcpConnection& conn, const tcp::FrameHeader& h, StagedFrame frame);
+  void answer_device(tcp::TcpConnection& conn, const tcp::FrameHeader& r, uint64_t total, RegionUses uses);
+  tcp::GpuStaging::Slot* acquire_answer_slot(tcp::TcpConnection& conn, const tcp::FrameHeader& r, uint64_t total);
   void answer_staged(tcp::TcpConnection& conn, const tcp::FrameHeader& r, tcp::GpuStaging::Slot* slot, uint64_t total,
-                     RegionUses uses);
+                     const std::vector<tcp::PayloadSegment>& pieces, RegionUses uses);
+  static void answer_error(tcp::TcpConnection& conn, const tcp::FrameHeader& r, const Status& st);
   tcp::GpuStaging::Slot* take_reserved(const tcp::TcpConnection* conn);
 
   const MemoryRegistry& regions_;
@@ -93,6 +102,21 @@ class TargetServer {
   std::unordered_map<WriteKey, InboundWrite, WriteKeyHash> inbound_writes_;
   std::unordered_map<const tcp::TcpConnection*, StagedFrame> staged_;
   std::vector<tcp::PayloadSegment> read_scratch_;  // answer_read's resolved pieces (capacity reused)
+
+  // Read requests of device memory waiting for an outgoing slot, oldest first, with their
+  // resolved pieces and the regions they hold. Bounded by the peer's reads in flight; a
+  // peer past kMaxDeferredPieces pieces (tens of MiB of this table) is paused instead.
+  struct DeferredRead {
+    std::weak_ptr<tcp::TcpConnection> conn;
+    tcp::FrameHeader header;  // the answer's
+    uint64_t total = 0;
+    std::vector<tcp::PayloadSegment> pieces;
+    RegionUses uses;
+  };
+  static constexpr size_t kMaxDeferredPieces = size_t{1} << 20;
+  std::deque<DeferredRead> deferred_;
+  size_t deferred_pieces_ = 0;
+  std::vector<std::weak_ptr<tcp::TcpConnection>> deferred_waiting_;
 };
 
 }  // namespace dlslime
