@@ -121,6 +121,33 @@ std::shared_ptr<Mapping> open_mapping(const gpu::IpcHandle& handle, int device) 
   return mapping;
 }
 
+namespace {
+std::mutex g_domains_mu;
+std::unordered_map<std::string, std::weak_ptr<NvlinkDomain>>& domains() {
+  static auto* all = new std::unordered_map<std::string, std::weak_ptr<NvlinkDomain>>();  // outlives exit
+  return *all;
+}
+std::string random_token() {
+  std::random_device rd;
+  return fmt::format("{:08x}{:08x}", rd(), rd());
+}
+}  // namespace
+
+NvlinkDomain::NvlinkDomain() : token_(random_token()) {}
+
+void NvlinkDomain::publish(const std::shared_ptr<MemoryRegistry>& registry) {
+  registry_ = registry;
+  std::lock_guard lock(g_domains_mu);
+  std::erase_if(domains(), [](const auto& kv) { return kv.second.expired(); });
+  domains()[token_] = weak_from_this();
+}
+
+std::shared_ptr<NvlinkDomain> NvlinkDomain::find(const std::string& token) {
+  std::lock_guard lock(g_domains_mu);
+  auto it = domains().find(token);
+  return it == domains().end() ? nullptr : it->second.lock();
+}
+
 void NvlinkDomain::region_added(int32_t handle, const LocalRegion& region) {
   gpu::Runtime& rt = gpu::runtime();
   const auto* ptr = reinterpret_cast<const void*>(region.addr);
@@ -147,7 +174,7 @@ void NvlinkDomain::region_removed(int32_t handle, const LocalRegion&) {
 
 nlohmann::json NvlinkDomain::describe(int32_t handle, const LocalRegion& region) const {
   nlohmann::json j = {{"handle", handle}, {"addr", region.addr}, {"length", region.length},
-                      {"process", process_token()}};
+                      {"process", process_token()}, {"domain", token_}};
   std::lock_guard lock(mu_);
   auto it = exports_.find(handle);
   if (it == exports_.end()) {
@@ -233,6 +260,7 @@ NVLinkEndpointImpl::NVLinkEndpointImpl(NvlinkOptions opts, std::shared_ptr<Memor
 }
 
 void NVLinkEndpointImpl::start() {
+  domain_->publish(regions);
   regions->attach(domain_);
   regions->watch(std::static_pointer_cast<RegionRevoker>(shared_from_this()));
   // The thread holds the endpoint alive until its last op's copies have run.
@@ -315,6 +343,7 @@ void NVLinkEndpointImpl::connect(const nlohmann::json& peer) {
       peer_pid_ = pid;
     }
     connecting_ = true;
+    peer_is_this_process_ = process == process_token();
   }
   try {
     // Every published region, opened now; one that cannot be opened fails only its own ops.
@@ -378,11 +407,39 @@ int32_t NVLinkEndpointImpl::add_remote(const std::string& name, const nlohmann::
     }
     const bool same_process = entry.contains("process") && entry["process"] == process_token();
     if (same_process) {
-      // Our own memory: a process cannot open its own IPC handle (CUDA), and needs none.
-      key.addr = static_cast<uintptr_t>(number("addr"));
-      const gpu::PointerInfo info = rt_.pointer_info(reinterpret_cast<void*>(key.addr));
-      if (info.type != gpu::MemoryType::kDevice) {
-        throw InvalidArgumentError(fmt::format("remote memory region '{}': {:#x} is not device memory", name, key.addr));
+      // Our own memory: a process cannot open its own IPC handle (CUDA), and needs none. The
+      // region is found by handle in the exporting endpoint's registry, never by the record's
+      // address, and only for a peer that is this process.
+      bool peer_here = false;
+      {
+        std::lock_guard lock(mu_);
+        peer_here = peer_is_this_process_;
+      }
+      if (!peer_here) {
+        throw InvalidArgumentError(fmt::format("remote memory region '{}' names this process, but the peer is another "
+                                               "one (or none is connected): refused",
+                                               name));
+      }
+      if (!entry.contains("domain") || !entry["domain"].is_string()) {
+        throw InvalidArgumentError(fmt::format("remote memory region '{}' names this process but no 'domain'", name));
+      }
+      const auto owner_handle = number("handle");
+      key.owner = NvlinkDomain::find(entry["domain"].get<std::string>());
+      std::shared_ptr<MemoryRegistry> owner_regions = key.owner ? key.owner->registry() : nullptr;
+      std::optional<LocalRegion> region;
+      if (owner_regions && owner_handle <= static_cast<uint64_t>(INT32_MAX)) {
+        key.owner_handle = static_cast<int32_t>(owner_handle);
+        if (key.owner->exported(key.owner_handle)) region = owner_regions->get(key.owner_handle);
+      }
+      if (!region) {
+        throw InvalidArgumentError(fmt::format("remote memory region '{}': no NVLink endpoint of this process exports "
+                                               "GPU memory under domain {} and handle {}",
+                                               name, entry["domain"].dump(), owner_handle));
+      }
+      if (length > region->length) {
+        throw InvalidArgumentError(fmt::format("remote memory region '{}': the record's length {} is longer than the "
+                                               "registered region ({} bytes)",
+                                               name, length, region->length));
       }
     } else {
       if (!entry["ipc_handle"].is_string()) {
@@ -460,6 +517,25 @@ Future NVLinkEndpointImpl::submit(OpRequest request, std::optional<gpu::Stream> 
     if (!rk.error.empty()) {
       return lock.unlock(), fail(Status::unknown_handle(
                                 fmt::format("remote memory region {} {}", a.remote_handle, rk.error)));
+    }
+    if (rk.owner) {
+      // This process's own region: resolved where it is registered, every time (it may have
+      // been unregistered), and held while the copies run.
+      uintptr_t own = 0;
+      if (!rk.owner->exported(rk.owner_handle)) {
+        return lock.unlock(), fail(Status::unknown_handle(fmt::format(
+                                  "remote memory region {} was unregistered by its owner", a.remote_handle)));
+      }
+      std::shared_ptr<MemoryRegistry> owner_regions = rk.owner->registry();
+      ResolveCache owner_cache;
+      Status st = owner_regions ? owner_regions->resolve(rk.owner_handle, a.target_offset, a.length, &own, owner_cache)
+                                : Status::unknown_handle("its owner endpoint is gone");
+      if (!st) {
+        return lock.unlock(), fail(Status(st.code(), fmt::format("remote memory region {}: {}", a.remote_handle,
+                                                                 st.message())));
+      }
+      op.uses.hold(owner_cache);
+      rk.addr = own - a.target_offset;
     }
     if (rk.mapping && rk.mapping.get() != held) {
       op.mappings.push_back(rk.mapping);  // the peer's memory stays mapped until the copies ran

@@ -45,14 +45,29 @@ std::shared_ptr<Mapping> open_mapping(const gpu::IpcHandle& handle, int device);
 
 // Exports each device-memory region: the IPC handle of the allocation holding it and the
 // region's place in that allocation (mr_info: ipc_handle, alloc_offset, alloc_size, device).
-class NvlinkDomain final : public MemoryDomain {
+//
+// An endpoint of this process reaches another one's regions without IPC (a process cannot
+// open its own handles): it finds the exporting domain by the token describe() publishes
+// (find) and resolves the region by handle in that domain's registry, within the registered
+// bounds. The record's address is never used: a record is the peer's word, and a forged one
+// naming this process must not choose where our copies land (issue 21, N1).
+class NvlinkDomain final : public MemoryDomain, public std::enable_shared_from_this<NvlinkDomain> {
  public:
+  NvlinkDomain();
   void region_added(int32_t handle, const LocalRegion& region) override;
   void region_removed(int32_t handle, const LocalRegion& region) override;
   nlohmann::json describe(int32_t handle, const LocalRegion& region) const override;
   bool exported(int32_t handle) const;  // device memory with an IPC handle
 
+  // Makes the domain findable by its token, resolving in `registry` (the endpoint's).
+  void publish(const std::shared_ptr<MemoryRegistry>& registry);
+  // The live domain of this process with `token`, or null.
+  static std::shared_ptr<NvlinkDomain> find(const std::string& token);
+  std::shared_ptr<MemoryRegistry> registry() const { return registry_.lock(); }
+
  private:
+  const std::string token_;
+  std::weak_ptr<MemoryRegistry> registry_;
   struct Export {
     gpu::IpcHandle handle;
     uint64_t alloc_offset = 0;
@@ -97,6 +112,10 @@ class NVLinkEndpointImpl final : public RegionRevoker, public std::enable_shared
     uintptr_t addr = 0;
     std::shared_ptr<nvlink::Mapping> mapping;  // null for this process's own memory
     std::string error;                         // non-empty: unusable ("could not be opened: ..."), its ops fail
+    // This process's own memory: the exporting domain and the region's handle there,
+    // resolved at every op (its registered bounds, held while the copies run).
+    std::shared_ptr<nvlink::NvlinkDomain> owner;
+    int32_t owner_handle = -1;
   };
   struct Op {
     std::shared_ptr<OpState> state;
@@ -130,6 +149,7 @@ class NVLinkEndpointImpl final : public RegionRevoker, public std::enable_shared
   mutable std::mutex mu_;
   bool connected_ = false;
   bool connecting_ = false;  // a connect() is opening the peer's regions (outside mu_)
+  bool peer_is_this_process_ = false;  // the connected peer's info names this process
   bool closed_ = false;
   int peer_pidfd_ = -1;
   int64_t peer_pid_ = 0;

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -394,6 +395,66 @@ TEST(Nvlink, OneProcessUsesItsOwnPointersInsteadOfIpcHandles) {
   Future r = x.read({{ha, hb, 0, 0, 8192}});
   ASSERT_TRUE(r.wait_for(10s));
   EXPECT_EQ(a.read(16, 8192), b.read(32, 8192));
+}
+
+TEST(Nvlink, ARecordNamingThisProcessNeverChoosesWhereCopiesLand) {
+  // Issue 21, N1: a peer copies our public process token into its records, with an address
+  // of its choosing (here: an allocation this process never registered, and host memory).
+  DeviceBuffer mine(kAlloc, 1), secret(kAlloc, 2), theirs(kAlloc, 3);
+  NVLinkEndpoint victim, peer;
+  const int32_t local = victim.register_memory_region("local", mine.addr(), 0, kAlloc);
+  peer.register_memory_region("theirs", theirs.addr(), 0, kAlloc);
+  std::vector<uint8_t> host(4096, 0x11);
+  const nlohmann::json victim_info = victim.endpoint_info();
+  nlohmann::json forged = victim_info["mr_info"]["local"];  // our own record: process, domain, handle
+  forged["addr"] = secret.addr();
+  nlohmann::json to_host = forged;
+  to_host["addr"] = reinterpret_cast<uintptr_t>(host.data());
+  nlohmann::json too_long = forged;
+  too_long["length"] = 2 * kAlloc;
+  nlohmann::json no_such = forged;
+  no_such["handle"] = local + 1000;
+
+  // From a peer that is another process (its info says so), such records are refused.
+  nlohmann::json other_process = peer.endpoint_info();
+  other_process["process"] = "not-this-process";
+  other_process["mr_info"]["forged"] = forged;
+  victim.connect(other_process);
+  EXPECT_THROW(victim.register_remote_memory_region("forged2", forged), InvalidArgumentError);
+  Future f = victim.write({{local, *victim.remote_handle("forged"), 0, 0, 4096}});
+  ASSERT_TRUE(f.wait_for(10s));
+  EXPECT_EQ(f.result().code(), StatusCode::kUnknownHandle) << f.result().message();
+  EXPECT_NE(f.result().message().find("names this process"), std::string::npos) << f.result().message();
+  EXPECT_EQ(secret.read(0, 4096), patterned(4096, 2, 0)) << "the forged record's address was written";
+
+  // From a peer in this process, a record resolves only by handle in the exporting
+  // endpoint's registry: its address is ignored, its length may not exceed the region's.
+  NVLinkEndpoint victim2;
+  const int32_t local2 = victim2.register_memory_region("local", theirs.addr(), 0, kAlloc);
+  nlohmann::json same = victim_info;
+  same["mr_info"] = {{"forged", forged}, {"to_host", to_host}, {"too_long", too_long}, {"no_such", no_such}};
+  victim2.connect(same);
+  for (const char* name : {"too_long", "no_such"}) {
+    Future bad = victim2.write({{local2, *victim2.remote_handle(name), 0, 0, 8}});
+    ASSERT_TRUE(bad.wait_for(10s));
+    EXPECT_EQ(bad.result().code(), StatusCode::kUnknownHandle) << name << ": " << bad.result().message();
+  }
+  for (const char* name : {"forged", "to_host"}) {
+    Future w = victim2.write({{local2, *victim2.remote_handle(name), 100, 0, 4096}});
+    ASSERT_TRUE(w.wait_for(10s));
+    ASSERT_TRUE(w.result().is_ok()) << name << ": " << w.result().message();
+  }
+  EXPECT_EQ(mine.read(100, 4096), patterned(4096, 3, 0)) << "the write did not land in the registered region";
+  EXPECT_EQ(secret.read(0, 4096), patterned(4096, 2, 0));
+  EXPECT_TRUE(std::all_of(host.begin(), host.end(), [](uint8_t b) { return b == 0x11; }));
+  Future past = victim2.write({{local2, *victim2.remote_handle("forged"), kAlloc - 8, 0, 16}});
+  ASSERT_TRUE(past.wait_for(10s));
+  EXPECT_EQ(past.result().code(), StatusCode::kOutOfBounds) << past.result().message();
+  // Unregistered by its owner: the next op fails, nothing lands.
+  victim.unregister_memory_region("local");
+  Future gone = victim2.write({{local2, *victim2.remote_handle("forged"), 0, 0, 8}});
+  ASSERT_TRUE(gone.wait_for(10s));
+  EXPECT_EQ(gone.result().code(), StatusCode::kUnknownHandle) << gone.result().message();
 }
 
 TEST(Nvlink, HostMemoryIsRefusedClearly) {
