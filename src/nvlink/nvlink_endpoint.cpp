@@ -416,9 +416,14 @@ int32_t NVLinkEndpointImpl::add_remote(const std::string& name, const nlohmann::
         peer_here = peer_is_this_process_;
       }
       if (!peer_here) {
-        throw InvalidArgumentError(fmt::format("remote memory region '{}' names this process, but the peer is another "
-                                               "one (or none is connected): refused",
-                                               name));
+        // Well formed, but not this connection's to name: kept under its name like a dead
+        // peer's region (even from register_remote_memory_region), and its ops fail with why.
+        key.error = "names this process, but the peer is another one (or none is connected): refused";
+        DLSLIME_WARN("NVLink: remote memory region '{}' {}", name, key.error);
+        const int32_t handle = remote_.add(name, length, std::move(key));
+        std::lock_guard lock(mu_);
+        remote_names_.insert(name);
+        return handle;
       }
       if (!entry.contains("domain") || !entry["domain"].is_string()) {
         throw InvalidArgumentError(fmt::format("remote memory region '{}' names this process but no 'domain'", name));

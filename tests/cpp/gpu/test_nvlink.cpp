@@ -420,11 +420,16 @@ TEST(Nvlink, ARecordNamingThisProcessNeverChoosesWhereCopiesLand) {
   other_process["process"] = "not-this-process";
   other_process["mr_info"]["forged"] = forged;
   victim.connect(other_process);
-  EXPECT_THROW(victim.register_remote_memory_region("forged2", forged), InvalidArgumentError);
-  Future f = victim.write({{local, *victim.remote_handle("forged"), 0, 0, 4096}});
-  ASSERT_TRUE(f.wait_for(10s));
-  EXPECT_EQ(f.result().code(), StatusCode::kUnknownHandle) << f.result().message();
-  EXPECT_NE(f.result().message().find("names this process"), std::string::npos) << f.result().message();
+  const int32_t forged2 = victim.register_remote_memory_region("forged2", forged);  // kept, unusable
+  for (int32_t remote : {*victim.remote_handle("forged"), forged2}) {
+    for (bool write : {true, false}) {
+      Future f = write ? victim.write({{local, remote, 0, 0, 4096}}) : victim.read({{local, remote, 0, 0, 4096}});
+      ASSERT_TRUE(f.wait_for(10s));
+      EXPECT_EQ(f.result().code(), StatusCode::kUnknownHandle) << f.result().message();
+      EXPECT_NE(f.result().message().find("names this process"), std::string::npos) << f.result().message();
+    }
+  }
+  EXPECT_EQ(mine.read(0, 4096), patterned(4096, 1, 0)) << "a read through the forged record was copied";
   EXPECT_EQ(secret.read(0, 4096), patterned(4096, 2, 0)) << "the forged record's address was written";
 
   // From a peer in this process, a record resolves only by handle in the exporting
