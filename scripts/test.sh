@@ -75,7 +75,7 @@ fi
 # And over nvlink on the simulated GPU, when NVLink is built (its peer runs in a second
 # process: a process cannot open its own CUDA IPC handles).
 if "$PYTHON" -c 'import sys, dlslime; sys.exit(0 if hasattr(dlslime, "NVLinkEndpoint") else 1)'; then
-  step "Python conformance over nvlink on the simulated GPU"
+  step "Python conformance over nvlink, and the TCP soak with GPU memory, on the simulated GPU"
   (cd "$ROOT" && DLSLIME_GPU_SIM=1 "$PYTHON" -m pytest tests/python/test_conformance.py -v -p no:cacheprovider \
-    -k nvlink)
+    -k "nvlink or staging")
 fi

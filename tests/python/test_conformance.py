@@ -11,8 +11,11 @@ Where a transport's pair cannot be two endpoints of one process (peer_in_another
 
 The C++ suite (tests/cpp/test_conformance.cpp) holds the same contract."""
 
+import collections
 import contextlib
 import functools
+import os
+import random
 import time
 
 import pytest
@@ -66,6 +69,25 @@ def unregister_revokes_the_peers_access(transport):
     """Contract item 10. nvlink: CUDA IPC cannot revoke a mapping the peer opened, and the
     endpoints have no channel after connect (docs/nvlink.md, "The peer's lifetime")."""
     return transport != "nvlink"
+
+
+def soak_variants(transport):
+    """The configurations the concurrency soak runs `transport` in, as (id, options over
+    transport_options(), device): one lane or QP and several, chunks smaller and larger than
+    the items, and for TCP GPU memory on both sides (both staging, 1 slot and the default)
+    where a GPU runtime is up. The GPU ids hold "staging" (scripts/test.sh selects them)."""
+    if transport == "tcp":
+        variants = [("1-lane", {"lanes": 1}, False),
+                    ("3-lanes-64k-chunks", {"lanes": 3, "chunk_size": 65536}, False),
+                    ("4-lanes-4m-chunks", {"lanes": 4, "chunk_size": 4 << 20}, False)]
+        if not testing.gpu_unavailable_reason():
+            variants += [("gpu-staging-1-slot", {"lanes": 2, "chunk_size": 65536, "gpu_staging_chunks": 1}, True),
+                         ("gpu-staging-default", {"chunk_size": 65536}, True)]
+        return variants
+    if transport == "rdma":
+        return [("1-qp-64k-chunks-16-wrs", {"num_qp": 1, "chunk_size": 65536, "max_send_wr": 16}, False),
+                ("4-qps", {"num_qp": 4}, False)]
+    return [("defaults", {}, False)]
 
 
 # ------------------------------------------------------------------------------------------
@@ -531,3 +553,107 @@ def test_peer_process_killed_mid_transfer_fails_pending_futures(transport, new_b
             peer.close()
         if other is not None:
             close_peer(other)
+
+
+# --- many ops in flight at once (issue 21) -------------------------------------------------
+
+SOAK_SECONDS = float(os.environ.get("DLSLIME_CONFORMANCE_SOAK_SECONDS", "10"))  # per transport; scripts/soak.sh sets more
+SOAK_REGION = 16 << 20
+
+
+def soak_params():
+    params = []
+    for t in transports_with("write", "read"):
+        variants = soak_variants(t)
+        params += [pytest.param(t, v, len(variants), id=f"{t}-{v[0]}") for v in variants]
+    return params
+
+
+@pytest.mark.parametrize("transport,variant,nvariants", soak_params())
+def test_many_ops_in_flight_in_both_directions_are_byte_exact(transport, variant, nvariants):
+    """Rounds of dozens of ops posted at once before any is waited for: writes, reads, sends
+    and write_with_imm (as the transport can), from both sides, sizes from 1 B to several
+    chunks at odd offsets. Every future succeeds, every byte is where it belongs, the
+    connection survives (issue 21: bursts closed healthy TCP lanes; GPU staging deadlocked
+    when both sides staged). The C++ suite runs the same workload."""
+    name, overrides, device = variant
+    options = dict(transport_options(transport), **overrides)
+    chunk = overrides.get("chunk_size", 1 << 20)
+    a = dlslime.make_endpoint(transport, **options)
+    b = (PeerEndpoint.start(transport, options) if peer_in_another_process(transport)
+         else dlslime.make_endpoint(transport, **options))
+    caps = a.capabilities()
+    keep = []
+
+    def memory(side, n):
+        buf = (side.buffer(n) if isinstance(side, PeerEndpoint)
+               else testing.device_buffer(n) if device else testing.buffer_for(side.capabilities(), n))
+        keep.append(buf)
+        return buf
+
+    try:
+        sides = {}
+        for tag, ep, seed in (("a", a, 1), ("b", b, 2)):
+            src, dst = memory(ep, SOAK_REGION), memory(ep, SOAK_REGION)
+            data = random.Random(seed).randbytes(SOAK_REGION)
+            src.write(0, data)
+            sides[tag] = {"ep": ep, "src": src, "dst": dst, "bytes": data,
+                          "h_src": ep.register_memory_region("src", src.ptr, 0, SOAK_REGION),
+                          "h_dst": ep.register_memory_region("dst", dst.ptr, 0, SOAK_REGION)}
+        connect(a, b)
+        for x, y in (("a", "b"), ("b", "a")):
+            sides[x]["peer_src"] = remote(sides[x]["ep"], sides[y]["ep"], "src")
+            sides[x]["peer_dst"] = remote(sides[x]["ep"], sides[y]["ep"], "dst")
+        kinds = ["write", "read"] + (["send"] if caps["send_recv"] else []) + \
+            (["write_with_imm"] if caps["write_with_imm"] and caps["imm_recv"] else [])
+        sizes = [1, 100, 4095, 65537, chunk - 1, chunk + 1, 2 * chunk + 7]
+        rnd = random.Random(name)
+        end = time.monotonic() + SOAK_SECONDS / nvariants
+        ops = rounds = 0
+        while True:
+            rounds += 1
+            futures, expect, imms_sent, imm_recvs = [], [], [], []
+            used = {"a": 0, "b": 0}
+            for k in range(48):
+                x, y = rnd.choice((("a", "b"), ("b", "a")))
+                X, Y = sides[x], sides[y]
+                kind, n = rnd.choice(kinds), rnd.choice(sizes)
+                src_at = rnd.randrange(SOAK_REGION - n)
+                into, frm = (x, y) if kind == "read" else (y, x)
+                at = used[into] + rnd.randrange(8)
+                if at + n > SOAK_REGION:
+                    break
+                used[into] = at + n
+                expect.append((into, at, frm, src_at, n))
+                if kind == "write":
+                    futures.append((kind, n, X["ep"].write([(X["h_src"], X["peer_dst"], at, src_at, n)])))
+                elif kind == "read":
+                    futures.append((kind, n, X["ep"].read([(X["h_dst"], X["peer_src"], src_at, at, n)])))
+                elif kind == "send":
+                    futures.append(("recv", n, Y["ep"].recv((Y["dst"].ptr, at, n))))
+                    futures.append((kind, n, X["ep"].send((X["src"].ptr, src_at, n))))
+                else:
+                    imm = rounds * 1000 + k
+                    imm_recvs.append(Y["ep"].imm_recv())
+                    imms_sent.append(imm)
+                    futures.append((kind, n, X["ep"].write_with_imm([(X["h_src"], X["peer_dst"], at, src_at, n)],
+                                                                   imm)))
+            ops += len(futures) + len(imm_recvs)
+            for kind, n, f in futures:
+                assert f.wait_for(60) == OK, f"{name}, round {rounds}, {kind} of {n} B: {f.status} {f.message}"
+            for f in imm_recvs:
+                assert f.wait_for(60) == OK, f"{name}, imm_recv: {f.message}"
+            got_imms = collections.Counter(f.imm_data() for f in imm_recvs)
+            assert got_imms == collections.Counter(imms_sent), f"{name}: each immediate exactly once"
+            got = {tag: sides[tag]["dst"].read(0, used[tag]) for tag in used}
+            for into, at, frm, src_at, n in expect:
+                assert got[into][at:at + n] == sides[frm]["bytes"][src_at:src_at + n], \
+                    f"{name}, round {rounds}: {n} B at {at} in {into} are not {frm}'s bytes at {src_at}"
+            assert a.is_connected() and b.is_connected(), f"{name}: the connection was lost"
+            if time.monotonic() >= end:
+                break
+        print(f"soak {transport} {name}: {ops} ops in {rounds} rounds, every byte checked")
+    finally:
+        a.shutdown()
+        close_peer(b)
+        keep.clear()
