@@ -262,6 +262,7 @@ bool TcpConnection::release(uint64_t op_id) {
 
 void TcpConnection::send(WriteItem item) {
   if (closed_) return;
+  if (item.op_id() != 0) min_op_hint_ = std::min(min_op_hint_, item.op_id());
   queue_.push_back(std::move(item));
   schedule_flush();
 }
@@ -359,6 +360,11 @@ void TcpConnection::retire_written() {
 }
 
 bool TcpConnection::abandon(uint64_t op_id) {
+  // Every op ends here, successful ones too, so the common case must not scan the queue:
+  // ops are numbered in submission order, and one older than every op with an item queued
+  // has nothing here (a burst of messages acknowledged in order costs O(1) each, not a scan
+  // of the messages behind it).
+  if (op_id < min_op_hint_) return true;
   // Items of the write in progress that still have bytes to send (retire_written drops the
   // rest). One that borrows no op memory (a staged GPU frame owns its slot) may finish: the
   // peer drops or ignores a frame of an op that ended.
@@ -368,6 +374,10 @@ bool TcpConnection::abandon(uint64_t op_id) {
   auto first = queue_.begin() + static_cast<ptrdiff_t>(std::min(writing_items_, queue_.size()));
   queue_.erase(std::remove_if(first, queue_.end(), [&](const WriteItem& w) { return w.op_id() == op_id; }),
                queue_.end());
+  min_op_hint_ = UINT64_MAX;  // exact again: the oldest op still queued
+  for (const WriteItem& w : queue_) {
+    if (w.op_id() != 0) min_op_hint_ = std::min(min_op_hint_, w.op_id());
+  }
   return true;
 }
 
@@ -379,6 +389,7 @@ void TcpConnection::close(const Status& why) {
   socket_.close(ignored);
   queue_.clear();
   writing_items_ = 0;
+  min_op_hint_ = UINT64_MAX;
   segment_uses_.clear();
   sink_ = {};  // nothing is placed any more
   budget_->on_drained();

@@ -3,6 +3,7 @@
 #include <sys/uio.h>
 
 #include <cstdint>
+#include <limits>
 #include <deque>
 #include <memory>
 #include <string>
@@ -135,6 +136,9 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
   size_t iov_pos_ = 0;      // first iovec not fully sent
   size_t writing_items_ = 0;  // items at the front of queue_ in the write in progress, not fully sent
   std::vector<size_t> item_ends_;  // per item of that write, in order: the end of its iovecs in iov_
+  // At most the smallest op id with an item in queue_ (UINT64_MAX: none). Items only leave
+  // after it was computed, so it stays a lower bound; abandon() makes it exact.
+  uint64_t min_op_hint_ = UINT64_MAX;
   bool flush_posted_ = false;
 };
 
