@@ -24,7 +24,7 @@ run() {  # run <what> <command...>: fails on a failure or on no test at all
   local what=$1
   shift
   printf '\n==== soak: %s (%s s) ====\n' "$what" "$SECS"
-  "$@" 2>&1 | tee "$LOG" | grep -E '^\[ soak|FAILED|Failure|passed|^soak |Expected|Which is' || true
+  "$@" 2>&1 | tee "$LOG" | grep -E 'soak |FAILED|Failure|passed|Expected|Which is' || true
   local rc=${PIPESTATUS[0]}
   if [ "$rc" -ne 0 ] || grep -qE 'Running 0 tests|collected 0 items|no tests ran' "$LOG"; then
     echo "soak: $what failed (rc $rc); its output:" >&2
