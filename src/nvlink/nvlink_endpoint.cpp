@@ -367,7 +367,9 @@ void NVLinkEndpointImpl::drop_dead_peer_locked() {
   // connect goes on. A new peer's region of the same name takes the entry over (add()).
   const std::string why = fmt::format("was dropped: the peer process (pid {}) that published it has exited", peer_pid_);
   // Any in-range length: a dropped region's ops fail UNKNOWN_HANDLE, not OUT_OF_BOUNDS.
-  for (const std::string& name : remote_names_) remote_.add(name, UINT64_MAX, RemoteKey{0, nullptr, why});
+  RemoteKey dropped;
+  dropped.error = why;
+  for (const std::string& name : remote_names_) remote_.add(name, UINT64_MAX, dropped);
   ::close(peer_pidfd_);
   peer_pidfd_ = -1;
   connected_ = false;
@@ -420,31 +422,27 @@ int32_t NVLinkEndpointImpl::add_remote(const std::string& name, const nlohmann::
         // peer's region (even from register_remote_memory_region), and its ops fail with why.
         key.error = "names this process, but the peer is another one (or none is connected): refused";
         DLSLIME_WARN("NVLink: remote memory region '{}' {}", name, key.error);
-        const int32_t handle = remote_.add(name, length, std::move(key));
-        std::lock_guard lock(mu_);
-        remote_names_.insert(name);
-        return handle;
-      }
-      if (!entry.contains("domain") || !entry["domain"].is_string()) {
+      } else if (!entry.contains("domain") || !entry["domain"].is_string()) {
         throw InvalidArgumentError(fmt::format("remote memory region '{}' names this process but no 'domain'", name));
-      }
-      const auto owner_handle = number("handle");
-      key.owner = NvlinkDomain::find(entry["domain"].get<std::string>());
-      std::shared_ptr<MemoryRegistry> owner_regions = key.owner ? key.owner->registry() : nullptr;
-      std::optional<LocalRegion> region;
-      if (owner_regions && owner_handle <= static_cast<uint64_t>(INT32_MAX)) {
-        key.owner_handle = static_cast<int32_t>(owner_handle);
-        if (key.owner->exported(key.owner_handle)) region = owner_regions->get(key.owner_handle);
-      }
-      if (!region) {
-        throw InvalidArgumentError(fmt::format("remote memory region '{}': no NVLink endpoint of this process exports "
-                                               "GPU memory under domain {} and handle {}",
-                                               name, entry["domain"].dump(), owner_handle));
-      }
-      if (length > region->length) {
-        throw InvalidArgumentError(fmt::format("remote memory region '{}': the record's length {} is longer than the "
-                                               "registered region ({} bytes)",
-                                               name, length, region->length));
+      } else {
+        const uint64_t owner_handle = number("handle");
+        key.owner = NvlinkDomain::find(entry["domain"].get<std::string>());
+        std::shared_ptr<MemoryRegistry> owner_regions = key.owner ? key.owner->registry() : nullptr;
+        std::optional<LocalRegion> region;
+        if (owner_regions && owner_handle <= static_cast<uint64_t>(INT32_MAX)) {
+          key.owner_handle = static_cast<int32_t>(owner_handle);
+          if (key.owner->exported(key.owner_handle)) region = owner_regions->get(key.owner_handle);
+        }
+        if (!region) {
+          throw InvalidArgumentError(fmt::format("remote memory region '{}': no NVLink endpoint of this process exports "
+                                                 "GPU memory under domain {} and handle {}",
+                                                 name, entry["domain"].dump(), owner_handle));
+        }
+        if (length > region->length) {
+          throw InvalidArgumentError(fmt::format("remote memory region '{}': the record's length {} is longer than the "
+                                                 "registered region ({} bytes)",
+                                                 name, length, region->length));
+        }
       }
     } else {
       if (!entry["ipc_handle"].is_string()) {
@@ -540,7 +538,7 @@ Future NVLinkEndpointImpl::submit(OpRequest request, std::optional<gpu::Stream> 
                                                                  st.message())));
       }
       op.uses.hold(owner_cache);
-      rk.addr = own - a.target_offset;
+      rk.addr = own - a.target_offset;  // so that rk.addr + target_offset below is `own`
     }
     if (rk.mapping && rk.mapping.get() != held) {
       op.mappings.push_back(rk.mapping);  // the peer's memory stays mapped until the copies ran

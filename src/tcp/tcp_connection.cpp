@@ -351,8 +351,9 @@ void TcpConnection::retire_written() {
   // not take bytes the kernel already has for bytes in transit (that closed healthy lanes
   // under bursts: issue 21, N2). Their staging leases and answer-budget bytes go now too.
   while (iov_pos_ < iov_.size() && iov_[iov_pos_].iov_len == 0) ++iov_pos_;
+  const size_t first = item_ends_.size() - writing_items_;  // item_ends_ index of queue_.front()
   size_t done = 0;
-  while (done < writing_items_ && item_ends_[item_ends_.size() - writing_items_ + done] <= iov_pos_) ++done;
+  while (done < writing_items_ && item_ends_[first + done] <= iov_pos_) ++done;
   if (done == 0) return;
   queue_.erase(queue_.begin(), queue_.begin() + static_cast<ptrdiff_t>(done));
   writing_items_ -= done;

@@ -3,7 +3,6 @@
 #include <sys/uio.h>
 
 #include <cstdint>
-#include <limits>
 #include <deque>
 #include <memory>
 #include <string>

@@ -241,19 +241,13 @@ void TargetServer::answer_read(TcpConnection& conn, const FrameHeader& h, std::s
   r.offset = count;
   r.status = st.raw_code();
   if (st && device && total > 0) return answer_device(conn, r, total, std::move(uses));
+  if (!st) return answer_error(conn, r, st);
   // All answers to the requests in one read from the socket share one item.
   WriteItem& item = conn.control();
-  if (st) {
-    r.length = total;
-    item.add_header(r);
-    for (const tcp::PayloadSegment& piece : read_scratch_) item.add_payload(piece.addr, piece.length);
-    item.hold(std::move(uses));
-  } else {
-    const std::string_view reason = std::string_view(st.message()).substr(0, tcp::kMaxErrorText);
-    r.length = reason.size();
-    item.add_header(r);
-    item.add_copy(reason.data(), reason.size());
-  }
+  r.length = total;
+  item.add_header(r);
+  for (const tcp::PayloadSegment& piece : read_scratch_) item.add_payload(piece.addr, piece.length);
+  item.hold(std::move(uses));
 }
 
 }  // namespace dlslime
@@ -266,7 +260,7 @@ void TargetServer::answer_device(TcpConnection& conn, const FrameHeader& r, uint
   // peer's writes, whose own outgoing slots free only once we read them, and the peer may
   // be waiting likewise for ours. Pausing here was the deadlock of issue 21 (N3).
   if (deferred_.empty()) {
-    if (tcp::GpuStaging::Slot* slot = acquire_answer_slot(conn, r, total)) {
+    if (tcp::GpuStaging::Slot* slot = acquire_answer_slot(conn, total)) {
       return answer_staged(conn, r, slot, total, read_scratch_, std::move(uses));
     }
     if (!conn.is_open()) return;
@@ -275,12 +269,11 @@ void TargetServer::answer_device(TcpConnection& conn, const FrameHeader& r, uint
   deferred_.push_back({conn.weak_from_this(), r, total, read_scratch_, std::move(uses)});
 }
 
-tcp::GpuStaging::Slot* TargetServer::acquire_answer_slot(TcpConnection& conn, const FrameHeader& r, uint64_t total) {
+tcp::GpuStaging::Slot* TargetServer::acquire_answer_slot(TcpConnection& conn, uint64_t total) {
   try {
     return gpu_.staging()->acquire(tcp::GpuStaging::kOut, total);
-  } catch (const std::exception& e) {
-    answer_error(conn, r, Status::failed(fmt::format("no GPU staging memory for a read answer: {}", e.what())));
-    conn.close(Status::failed(fmt::format("no GPU staging memory: {}", e.what())));
+  } catch (const std::exception& e) {  // no pinned memory: the connection fails (its ops with it)
+    conn.close(Status::failed(fmt::format("no GPU staging memory for a read answer: {}", e.what())));
     return nullptr;
   }
 }
@@ -293,7 +286,7 @@ void TargetServer::serve_deferred() {
     std::shared_ptr<TcpConnection> conn = d.conn.lock();
     tcp::GpuStaging::Slot* slot = nullptr;
     if (conn && conn->is_open()) {
-      slot = acquire_answer_slot(*conn, d.header, d.total);
+      slot = acquire_answer_slot(*conn, d.total);
       if (!slot && conn->is_open()) break;  // none free yet
     }
     DeferredRead taken = std::move(d);

@@ -91,7 +91,7 @@ class TargetServer {
   void record_error(tcp::TcpConnection& conn, uint64_t op_id, Status st);
   void place_staged(tcp::TcpConnection& conn, const tcp::FrameHeader& h, StagedFrame frame);
   void answer_device(tcp::TcpConnection& conn, const tcp::FrameHeader& r, uint64_t total, RegionUses uses);
-  tcp::GpuStaging::Slot* acquire_answer_slot(tcp::TcpConnection& conn, const tcp::FrameHeader& r, uint64_t total);
+  tcp::GpuStaging::Slot* acquire_answer_slot(tcp::TcpConnection& conn, uint64_t total);
   void answer_staged(tcp::TcpConnection& conn, const tcp::FrameHeader& r, tcp::GpuStaging::Slot* slot, uint64_t total,
                      const std::vector<tcp::PayloadSegment>& pieces, RegionUses uses);
   static void answer_error(tcp::TcpConnection& conn, const tcp::FrameHeader& r, const Status& st);
