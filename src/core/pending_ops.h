@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -19,13 +18,39 @@ namespace dlslime {
 // entries outnumber live ones, so it stays within about twice the ops that have a
 // deadline however many ops come and go.
 //
-// Every way out of the table moves the op out first (take, expire, moving the table),
+// Every way out of the table takes the op out first (take, expire, moving the table),
 // so the callback of expire() may insert, take or clear freely.
+//
+// An op is moved once on its way in and never on its way out: take() hands back the
+// table's own node. Ops can be large (a TCP op's state is about 200 bytes), and a burst of
+// small messages pays for every move twice over (move, then destroy the moved-from).
 template <class Op, class Clock = std::chrono::steady_clock>
 class PendingOps {
+  struct Entry {
+    Entry(Op&& o, typename Clock::time_point d) : op(std::move(o)), deadline(d) {}
+    Op op;
+    typename Clock::time_point deadline;
+    uint64_t seq = 0;  // matches the op's heap entry (an id may come back after take())
+  };
+  using Map = std::unordered_map<uint64_t, Entry>;
+
  public:
   using TimePoint = typename Clock::time_point;
   static constexpr TimePoint kNever = TimePoint::max();
+
+  // An op taken out of the table, still in the node it had there: it ends with this.
+  class Taken {
+   public:
+    Taken() = default;
+    explicit operator bool() const { return !node_.empty(); }
+    Op& operator*() { return node_.mapped().op; }
+    Op* operator->() { return &node_.mapped().op; }
+
+   private:
+    friend class PendingOps;
+    explicit Taken(typename Map::node_type node) : node_(std::move(node)) {}
+    typename Map::node_type node_;
+  };
 
   PendingOps() = default;
   PendingOps(PendingOps&&) noexcept = default;
@@ -33,8 +58,8 @@ class PendingOps {
 
   // Adds op `id`, ending at `deadline` (kNever: no deadline). Returns nullptr, changing
   // nothing, if `id` is already in the table.
-  Op* insert(uint64_t id, Op op, TimePoint deadline = kNever) {
-    auto [it, inserted] = ops_.try_emplace(id, Entry{std::move(op), deadline, 0});
+  Op* insert(uint64_t id, Op&& op, TimePoint deadline = kNever) {
+    auto [it, inserted] = ops_.try_emplace(id, std::move(op), deadline);
     if (!inserted) return nullptr;
     if (deadline != kNever) {
       it->second.seq = ++seq_;
@@ -52,14 +77,12 @@ class PendingOps {
   }
   bool contains(uint64_t id) const { return ops_.contains(id); }
 
-  // Removes op `id` (the finish path); nullopt if it is not here (it already ended).
-  std::optional<Op> take(uint64_t id) {
+  // Removes op `id` (the finish path); an empty Taken if it is not here (it already ended).
+  Taken take(uint64_t id) {
     auto it = ops_.find(id);
-    if (it == ops_.end()) return std::nullopt;
-    std::optional<Op> op(std::move(it->second.op));
+    if (it == ops_.end()) return Taken();
     if (it->second.deadline != kNever) --timed_;
-    ops_.erase(it);
-    return op;
+    return Taken(ops_.extract(it));
   }
 
   // Removes every op whose deadline is <= now, earliest first, and calls fn(id, Op&&) for
@@ -116,11 +139,6 @@ class PendingOps {
   // Compacting a heap this small is not worth its pass.
   static constexpr size_t kCompactSlack = 64;
 
-  struct Entry {
-    Op op;
-    TimePoint deadline;
-    uint64_t seq;  // matches the op's heap entry (an id may come back after take())
-  };
   struct HeapEntry {
     TimePoint deadline;
     uint64_t seq;
@@ -129,8 +147,6 @@ class PendingOps {
   struct Later {  // std heaps are max-heaps: the latest deadline sinks
     bool operator()(const HeapEntry& a, const HeapEntry& b) const { return a.deadline > b.deadline; }
   };
-  using Map = std::unordered_map<uint64_t, Entry>;
-
   typename Map::iterator live(const HeapEntry& h) {
     auto it = ops_.find(h.id);
     return it != ops_.end() && it->second.seq == h.seq && it->second.deadline != kNever ? it : ops_.end();

@@ -59,16 +59,19 @@ class InflightLimiter {
 // endpoint's state. push() from any thread; only the push that finds the queue empty is
 // told to wake the consumer (post one drain()), so a burst of submissions costs one post
 // and one wake-up, and what is drained in one turn can leave in one write. Items are
-// moved in by value: no allocation per item once the vectors have grown.
+// built in place in the queue: no allocation per item once the vectors have grown, and
+// one move of the caller's state (an op's state is large; the small-message path moves
+// it as few times as it can).
 template <class Item>
 class SubmissionQueue {
  public:
-  // Queues `item`. True if the queue was empty: the caller must then arrange one drain()
-  // on the consumer thread (later pushes ride on that one).
-  [[nodiscard]] bool push(Item item) {
+  // Queues an Item made from `args`. True if the queue was empty: the caller must then
+  // arrange one drain() on the consumer thread (later pushes ride on that one).
+  template <class... Args>
+  [[nodiscard]] bool push(Args&&... args) {
     std::lock_guard lock(mu_);
     const bool first = items_.empty();
-    items_.push_back(std::move(item));
+    items_.emplace_back(std::forward<Args>(args)...);
     return first;
   }
 

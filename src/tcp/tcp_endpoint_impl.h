@@ -128,7 +128,9 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
   int message_device(const Chunk& chunk, OpKind kind);
   // The staging (made at the first device region or GPU message buffer, on `device`).
   tcp::GpuStaging& make_staging(int device);
-  void hand_off(Handoff h);
+  // Queues a Submission or PostedRecv for the I/O thread (built in place in the queue).
+  template <class Work>
+  void hand_off(Work&& work);
   void drain_handoffs();
   // Makes sweep() run at `deadline` (or a little later), unless it is due earlier already.
   void arm_sweeper(Clock::time_point deadline);

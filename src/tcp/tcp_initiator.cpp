@@ -95,10 +95,10 @@ Initiator::Clock::time_point Initiator::start_op(Submission& sub) {
 }
 
 void Initiator::finish_op(uint64_t op_id, Status status, uint64_t nbytes) {
-  if (auto op = pending_.take(op_id)) end_op(op_id, std::move(*op), std::move(status), nbytes);
+  if (auto op = pending_.take(op_id)) end_op(op_id, *op, std::move(status), nbytes);
 }
 
-void Initiator::end_op(uint64_t op_id, PendingOp op, Status status, uint64_t nbytes) {
+void Initiator::end_op(uint64_t op_id, PendingOp& op, Status status, uint64_t nbytes) {
   // The op's memory must not be touched once its future completes. Queued frames are
   // dropped and sinks released; bytes already being written or read can only be stopped
   // by closing that connection (which fails the endpoint's other ops the same way).
@@ -126,12 +126,14 @@ void Initiator::end_op(uint64_t op_id, PendingOp op, Status status, uint64_t nby
       gpu.nbytes = nbytes;
       gpu.uses = std::move(op.uses);
       gpu.slot = std::move(op.slot);
-      op = PendingOp();
       return;
     }
   }
   std::shared_ptr<OpState> state = std::move(op.state);
-  op = PendingOp();  // regions and the in-flight slot go before the future completes
+  // Its regions and its in-flight slot go before the future completes (the op itself goes
+  // with its table node, after).
+  op.uses.clear();
+  op.slot = InflightLimiter::Slot();
   state->complete(std::move(status), nbytes);
 }
 
@@ -225,9 +227,14 @@ void Initiator::on_send_ack(TcpConnection& conn, const FrameHeader& h, std::stri
   const auto it = std::find(sends_.begin(), sends_.end(), h.op_id);
   if (it == sends_.end()) return;  // not a message of ours (stray, or dropped long ago)
   const Status status = h.status == 0 ? Status::ok() : remote_status(h, text);
-  std::vector<uint64_t> done(sends_.begin(), it + 1);
-  sends_.erase(sends_.begin(), it + 1);
-  for (uint64_t id : done) finish_op(id, id == h.op_id ? status : Status::ok());  // no-op for expired ones
+  // One at a time from the front: ending an op may close a lane, and a lost peer empties
+  // sends_ (drop_all) under this loop.
+  while (!sends_.empty()) {
+    const uint64_t id = sends_.front();
+    sends_.pop_front();
+    finish_op(id, id == h.op_id ? status : Status::ok());  // no-op for expired ones
+    if (id == h.op_id) break;
+  }
 }
 
 void Initiator::on_write_ack(TcpConnection& conn, const FrameHeader& h, std::string_view text) {
@@ -358,7 +365,7 @@ void Initiator::expire(Clock::time_point now) {
   // before it ends, so ending it may end others (a lane it closes) without confusion.
   pending_.expire(now, [&](uint64_t id, PendingOp&& op) {
     const OpKind kind = op.state->kind();
-    end_op(id, std::move(op),
+    end_op(id, op,
            Status::timeout(fmt::format("{} did not complete within {} ms ({})", op_kind_name(kind),
                                        op.timeout.count(), op.own_timeout ? "its timeout" : "op_timeout")));
   });

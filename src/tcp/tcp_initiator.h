@@ -125,9 +125,10 @@ class Initiator {
   // dropped): end_op().
   void finish_op(uint64_t op_id, Status status, uint64_t nbytes = 0);
   // The one way an initiated op ends (answered, refused, expired, revoked), once it is out
-  // of pending_: releases its queued frames, sinks and regions, closes a lane still moving
-  // its bytes, then completes the future.
-  void end_op(uint64_t op_id, PendingOp op, Status status, uint64_t nbytes = 0);
+  // of pending_ (`op` is what pending_ handed out, destroyed by the caller after):
+  // releases its queued frames, sinks and regions, closes a lane still moving its bytes,
+  // then completes the future.
+  void end_op(uint64_t op_id, PendingOp& op, Status status, uint64_t nbytes = 0);
   // Counts an answered read request (its bytes are in local memory).
   void count_read(uint64_t op_id, const tcp::FrameHeader& h, std::string_view text, const Status& copied);
   // A write frame's bytes are in slot `slot`: sends the frame (or drops it: the op ended).

@@ -156,6 +156,11 @@ std::chrono::milliseconds op_limit(const OpRequest& req, std::chrono::millisecon
 // ---------------------------------------------------------------------------------------
 // Submitting operations (caller's thread)
 
+template <class Work>
+void TcpEndpointImpl::hand_off(Work&& work) {
+  if (handoffs_.push(std::forward<Work>(work))) post([](TcpEndpointImpl& self) { self.drain_handoffs(); });
+}
+
 Future TcpEndpointImpl::fail_now(OpKind kind, Status status) const {
   auto state = std::make_shared<OpState>(kind);
   state->complete(std::move(status));
@@ -207,10 +212,6 @@ Future TcpEndpointImpl::submit(OpRequest req) {
   Future f(sub.op.state);
   hand_off(std::move(sub));
   return f;
-}
-
-void TcpEndpointImpl::hand_off(Handoff h) {
-  if (handoffs_.push(std::move(h))) post([](TcpEndpointImpl& self) { self.drain_handoffs(); });
 }
 
 void TcpEndpointImpl::drain_handoffs() {
@@ -311,7 +312,11 @@ void TcpEndpointImpl::prepare_send(const OpRequest& req, uint64_t op_id, int dev
   // Messages always travel on lane 0, so they arrive in the order they were sent. A GPU
   // buffer's frames wait in the op for the Initiator to stage them (as a write's do).
   WriteItem item(op_id);
-  if (device >= 0) sub.op.gpu = std::make_shared<Initiator::GpuOp>();
+  if (device >= 0) {
+    sub.op.gpu = std::make_shared<Initiator::GpuOp>();
+  } else {
+    item.reserve(std::max<uint64_t>(1, (length + options_.chunk_size - 1) / options_.chunk_size), length);
+  }
   uint64_t pos = 0;
   do {
     const uint64_t n = std::min(options_.chunk_size, length - pos);

@@ -58,7 +58,8 @@ void WriteItem::add_header(const FrameHeader& h) {
 void WriteItem::reserve(size_t frames, uint64_t payload) {
   const uint64_t inline_bytes = std::min<uint64_t>(payload, frames * kInlinePayloadMax);
   bytes_.reserve(bytes_.size() + frames * kFrameHeaderSize + inline_bytes);
-  segments_.reserve(segments_.size() + 2 * frames);
+  // A payload this small is copied whatever the split: no segment list will be needed.
+  if (payload > kInlinePayloadMax) segments_.reserve(segments_.size() + 2 * frames + 1);
   remeter();
 }
 
@@ -67,7 +68,9 @@ void WriteItem::add_copy(const void* data, size_t n) {
   tail_header_ = kNoTail;
   const size_t offset = bytes_.size();
   bytes_.insert(bytes_.end(), static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + n);
-  if (!segments_.empty() && segments_.back().external == nullptr) {
+  if (segments_.empty()) {
+    // still all owned bytes: the one implied segment grows with bytes_
+  } else if (segments_.back().external == nullptr) {
     segments_.back().size += n;  // contiguous with the previous owned segment
   } else {
     segments_.push_back({nullptr, offset, n});
@@ -80,12 +83,17 @@ void WriteItem::add_payload(const void* data, size_t n) {
     add_copy(data, n);
   } else {
     tail_header_ = kNoTail;
+    if (segments_.empty() && !bytes_.empty()) segments_.push_back({nullptr, 0, bytes_.size()});  // spell it out
     segments_.push_back({static_cast<const uint8_t*>(data), 0, n});
     remeter();
   }
 }
 
 void WriteItem::append_buffers(std::vector<iovec>& out) const {
+  if (segments_.empty()) {
+    if (!bytes_.empty()) out.push_back({const_cast<uint8_t*>(bytes_.data()), bytes_.size()});
+    return;
+  }
   for (const Segment& s : segments_) {
     const uint8_t* base = s.external ? s.external : bytes_.data() + s.offset;
     out.push_back({const_cast<uint8_t*>(base), s.size});

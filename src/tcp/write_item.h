@@ -16,7 +16,9 @@ namespace dlslime::tcp {
 
 // One queued unit of output: frames of one op (or one response), in wire order. Headers
 // and small payloads are copied into `bytes`; large payloads are referenced in place
-// (registered memory) and gathered by writev, never copied.
+// (registered memory) and gathered by writev, never copied. An item of copied bytes only
+// (acknowledgements, small messages: most items) is bytes_ alone, with no segment list;
+// the list is spelled out at the first payload referenced in place.
 class WriteItem {
  public:
   // Payloads up to this size are copied into the item: one iovec instead of two. Larger

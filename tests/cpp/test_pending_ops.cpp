@@ -38,9 +38,9 @@ TEST(PendingOps, InsertFindTake) {
   EXPECT_EQ(*ops.find(1), "one");
   EXPECT_EQ(ops.size(), 2u);
   auto taken = ops.take(1);
-  ASSERT_TRUE(taken.has_value());
+  ASSERT_TRUE(taken);
   EXPECT_EQ(*taken, "one");
-  EXPECT_FALSE(ops.take(1).has_value());  // a late second answer finds nothing
+  EXPECT_FALSE(static_cast<bool>(ops.take(1)));  // a late second answer finds nothing
   EXPECT_EQ(ops.find(1), nullptr);
   EXPECT_EQ(ops.size(), 1u);
 }
@@ -66,7 +66,7 @@ TEST(PendingOps, AnOpThatEndedEarlyIsNotExpiredAndItsEntryIsSkipped) {
   Ops ops;
   ops.insert(1, "a", t0 + milliseconds(10));
   ops.insert(2, "b", t0 + milliseconds(20));
-  ASSERT_TRUE(ops.take(1).has_value());
+  ASSERT_TRUE(static_cast<bool>(ops.take(1)));
   EXPECT_EQ(ops.next_deadline(), t0 + milliseconds(20));
   EXPECT_EQ(expire_ids(ops, t0 + milliseconds(50)), (std::vector<uint64_t>{2}));
   EXPECT_EQ(ops.heap_size(), 0u);
@@ -75,7 +75,7 @@ TEST(PendingOps, AnOpThatEndedEarlyIsNotExpiredAndItsEntryIsSkipped) {
 TEST(PendingOps, AnIdThatComesBackKeepsOnlyItsNewDeadline) {
   Ops ops;
   ops.insert(7, "first", t0 + milliseconds(10));
-  ASSERT_TRUE(ops.take(7).has_value());
+  ASSERT_TRUE(static_cast<bool>(ops.take(7)));
   ops.insert(7, "second", t0 + milliseconds(40));
   EXPECT_TRUE(expire_ids(ops, t0 + milliseconds(20)).empty());  // the old entry is stale
   EXPECT_EQ(*ops.find(7), "second");
@@ -90,7 +90,7 @@ TEST(PendingOps, TheCallbackMayChangeTheTable) {
   ops.expire(t0 + milliseconds(10), [&](uint64_t id, std::string&& op) {
     EXPECT_EQ(op, std::to_string(id));
     seen.push_back(id);
-    if (id == 1) EXPECT_TRUE(ops.take(3).has_value());   // taken by the callback: not expired
+    if (id == 1) EXPECT_TRUE(static_cast<bool>(ops.take(3)));   // taken by the callback: not expired
     if (id == 2) ops.insert(9, "new", t0 + milliseconds(500));  // not due yet
   });
   EXPECT_EQ(seen, (std::vector<uint64_t>{1, 2, 4}));
@@ -117,7 +117,7 @@ TEST(PendingOps, TheHeapStaysBoundedUnderChurn) {
   Ops ops;
   for (uint64_t id = 1; id <= 100000; ++id) {
     ops.insert(id, "x", t0 + milliseconds(30000) + std::chrono::microseconds(id));
-    if (id > 10) ASSERT_TRUE(ops.take(id - 10).has_value());  // 10 in flight at a time
+    if (id > 10) ASSERT_TRUE(static_cast<bool>(ops.take(id - 10)));  // 10 in flight at a time
   }
   EXPECT_EQ(ops.size(), 10u);
   EXPECT_LE(ops.heap_size(), 2 * 10u + 64 + 1);
