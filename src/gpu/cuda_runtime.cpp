@@ -4,7 +4,6 @@
 // give the function types, so every call is type-checked at build time. It cannot run
 // without a GPU; tests/hardware/run_gpu_checks.sh runs it where one exists.
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -14,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "core/shared_library.h"
 #include "gpu/device_runtime.h"
 
 namespace dlslime::gpu {
@@ -261,23 +261,13 @@ struct Loaded {
 
 Loaded load() {
   Loaded out;
-  std::string tried;
-  void* lib = nullptr;
-  for (const char* soname : {DLSLIME_CUDART_SONAME, "libcudart.so"}) {
-    lib = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
-    if (lib) break;
-    tried += fmt::format("{}{}", tried.empty() ? "" : "; ", dlerror());
-  }
-  if (!lib) {
-    out.reason = fmt::format("no GPU runtime: libcudart could not be loaded ({}); {}", tried, kSimHint);
+  SharedLibrary lib("libcudart", {DLSLIME_CUDART_SONAME, "libcudart.so"}, "DLSLIME_CUDART_LIBRARY");
+  if (!lib.handle()) {
+    out.reason = fmt::format("no GPU runtime: {}; {}", lib.error(), kSimHint);
     return out;
   }
   CudaApi api;
-  std::string missing;
-  auto sym = [&](auto& fn, const char* name) {
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
-    if (!fn) missing += fmt::format(" {}", name);
-  };
+  auto sym = [&](auto& fn, const char* name) { lib.resolve(fn, name); };
   sym(api.GetErrorName, "cudaGetErrorName");
   sym(api.GetErrorString, "cudaGetErrorString");
   sym(api.GetLastError, "cudaGetLastError");
@@ -302,8 +292,8 @@ Loaded load() {
   sym(api.EventQuery, "cudaEventQuery");
   sym(api.EventSynchronize, "cudaEventSynchronize");
   sym(api.LaunchHostFunc, "cudaLaunchHostFunc");
-  if (!missing.empty()) {
-    out.reason = fmt::format("no GPU runtime: the libcudart found lacks{}; {}", missing, kSimHint);
+  if (std::string missing = lib.missing_error(); !missing.empty()) {
+    out.reason = fmt::format("no GPU runtime: {}; {}", missing, kSimHint);
     return out;
   }
   int count = 0;
@@ -318,12 +308,11 @@ Loaded load() {
     return out;
   }
   // A driver that reported devices is loaded already; this only finds it.
-  if (void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL)) {
-    api.MemGetAddressRange = reinterpret_cast<CudaApi::GetAddressRangeFn>(dlsym(driver, "cuMemGetAddressRange_v2"));
-    api.MemGetHandleForAddressRange =
-        reinterpret_cast<CudaApi::GetHandleForAddressRangeFn>(dlsym(driver, "cuMemGetHandleForAddressRange"));
-    api.DriverGetErrorName = reinterpret_cast<CudaApi::GetErrorNameFn>(dlsym(driver, "cuGetErrorName"));
-  }
+  // Optional: the features that need them say so when they are missing.
+  SharedLibrary driver("libcuda", {"libcuda.so.1"}, "DLSLIME_CUDA_DRIVER_LIBRARY");
+  driver.resolve_optional(api.MemGetAddressRange, "cuMemGetAddressRange_v2");
+  driver.resolve_optional(api.MemGetHandleForAddressRange, "cuMemGetHandleForAddressRange");
+  driver.resolve_optional(api.DriverGetErrorName, "cuGetErrorName");
   out.runtime = std::make_unique<CudaRuntime>(api, count);
   return out;
 }

@@ -1,4 +1,6 @@
-// The verbs.h interface over libibverbs: a thin translation, no policy. It cannot be
+// The verbs.h interface over libibverbs: a thin translation, no policy. libibverbs is
+// opened at run time (core/shared_library.h), never linked: libdlslime loads on a host
+// without rdma-core, and there the RDMA transport says why it is unavailable. It cannot be
 // exercised without a NIC; tests/hardware/run_rdma_checks.sh runs it where one exists.
 #include <fcntl.h>
 #include <infiniband/verbs.h>
@@ -9,13 +11,108 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <string>
 
 #include <fmt/format.h>
 
+#include "core/shared_library.h"
+#include "dlslime/errors.h"
 #include "rdma/verbs.h"
 
 namespace dlslime::rdma {
 namespace {
+
+// The libibverbs entry points this adapter calls, resolved once. The data-path verbs
+// (ibv_post_send, ibv_post_recv, ibv_poll_cq, ibv_req_notify_cq) are inline in verbs.h and
+// dispatch through the context's ops table, so they need no symbol; the inline wrappers
+// that call an exported function (ibv_reg_mr, ibv_query_port, ibv_query_gid_ex) are
+// replaced by that function, called as the wrapper calls it.
+struct Ibverbs {
+  decltype(&::ibv_get_device_list) get_device_list;
+  decltype(&::ibv_free_device_list) free_device_list;
+  decltype(&::ibv_get_device_name) get_device_name;
+  decltype(&::ibv_open_device) open_device;
+  decltype(&::ibv_close_device) close_device;
+  decltype(&::ibv_query_port) query_port;  // the exported (compat) one; see query_port_attr()
+  decltype(&::_ibv_query_gid_ex) query_gid_ex;
+  decltype(&::ibv_alloc_pd) alloc_pd;
+  decltype(&::ibv_dealloc_pd) dealloc_pd;
+  decltype(&::ibv_reg_mr_iova2) reg_mr_iova2;
+  decltype(&::ibv_reg_dmabuf_mr) reg_dmabuf_mr;  // optional: rdma-core 34 or later
+  decltype(&::ibv_dereg_mr) dereg_mr;
+  decltype(&::ibv_create_comp_channel) create_comp_channel;
+  decltype(&::ibv_destroy_comp_channel) destroy_comp_channel;
+  decltype(&::ibv_create_cq) create_cq;
+  decltype(&::ibv_destroy_cq) destroy_cq;
+  decltype(&::ibv_get_cq_event) get_cq_event;
+  decltype(&::ibv_ack_cq_events) ack_cq_events;
+  decltype(&::ibv_create_qp) create_qp;
+  decltype(&::ibv_modify_qp) modify_qp;
+  decltype(&::ibv_query_qp) query_qp;
+  decltype(&::ibv_destroy_qp) destroy_qp;
+};
+
+constexpr const char* kLibraryVariable = "DLSLIME_IBVERBS_LIBRARY";
+
+struct LoadedIbverbs {
+  Ibverbs api{};
+  std::string error;  // why RDMA cannot run here (empty: loaded)
+};
+
+LoadedIbverbs load_ibverbs() {
+  LoadedIbverbs out;
+  SharedLibrary lib("libibverbs", {"libibverbs.so.1"}, kLibraryVariable);
+  if (!lib.handle()) {
+    out.error = fmt::format("RDMA is unavailable: {} (install rdma-core's libibverbs1, or set DLSLIME_RDMA_SIM=1 for "
+                            "the simulated device)",
+                            lib.error());
+    return out;
+  }
+  Ibverbs& a = out.api;
+  lib.resolve(a.get_device_list, "ibv_get_device_list");
+  lib.resolve(a.free_device_list, "ibv_free_device_list");
+  lib.resolve(a.get_device_name, "ibv_get_device_name");
+  lib.resolve(a.open_device, "ibv_open_device");
+  lib.resolve(a.close_device, "ibv_close_device");
+  lib.resolve(a.query_port, "ibv_query_port");
+  lib.resolve(a.query_gid_ex, "_ibv_query_gid_ex");
+  lib.resolve(a.alloc_pd, "ibv_alloc_pd");
+  lib.resolve(a.dealloc_pd, "ibv_dealloc_pd");
+  lib.resolve(a.reg_mr_iova2, "ibv_reg_mr_iova2");
+  lib.resolve_optional(a.reg_dmabuf_mr, "ibv_reg_dmabuf_mr");
+  lib.resolve(a.dereg_mr, "ibv_dereg_mr");
+  lib.resolve(a.create_comp_channel, "ibv_create_comp_channel");
+  lib.resolve(a.destroy_comp_channel, "ibv_destroy_comp_channel");
+  lib.resolve(a.create_cq, "ibv_create_cq");
+  lib.resolve(a.destroy_cq, "ibv_destroy_cq");
+  lib.resolve(a.get_cq_event, "ibv_get_cq_event");
+  lib.resolve(a.ack_cq_events, "ibv_ack_cq_events");
+  lib.resolve(a.create_qp, "ibv_create_qp");
+  lib.resolve(a.modify_qp, "ibv_modify_qp");
+  lib.resolve(a.query_qp, "ibv_query_qp");
+  lib.resolve(a.destroy_qp, "ibv_destroy_qp");
+  if (std::string missing = lib.missing_error(); !missing.empty()) {
+    out.error = fmt::format("RDMA is unavailable: {}", missing);
+  }
+  return out;
+}
+
+// The table, loaded at the first call (never at import); ConnectionError, naming the
+// library, the symbol and the variable, where it cannot be used. Every object below was
+// made through a loaded table, so their own calls always find one.
+const Ibverbs& lib() {
+  static const LoadedIbverbs* loaded = new LoadedIbverbs(load_ibverbs());  // kept for the process
+  if (!loaded->error.empty()) throw ConnectionError(loaded->error);
+  return loaded->api;
+}
+
+// ibv_query_port as verbs.h's inline wrapper does it: the provider's extended query where
+// it has one, else the exported compat call into a zeroed attribute.
+int query_port_attr(ibv_context* ctx, uint8_t port, ibv_port_attr* attr) {
+  if (verbs_context* vctx = verbs_get_ctx_op(ctx, query_port)) return vctx->query_port(ctx, port, attr, sizeof *attr);
+  std::memset(attr, 0, sizeof *attr);
+  return lib().query_port(ctx, port, reinterpret_cast<_compat_ibv_port_attr*>(attr));
+}
 
 [[noreturn]] void throw_errno(const std::string& what, int err) {
   throw VerbsError(err, fmt::format("{}: {}", what, std::strerror(err)));
@@ -24,7 +121,7 @@ namespace {
 class IbvMemoryRegion final : public MemoryRegion {
  public:
   explicit IbvMemoryRegion(ibv_mr* mr) : mr_(mr) {}
-  ~IbvMemoryRegion() override { ibv_dereg_mr(mr_); }
+  ~IbvMemoryRegion() override { lib().dereg_mr(mr_); }
   uint64_t addr() const override { return reinterpret_cast<uint64_t>(mr_->addr); }
   size_t length() const override { return mr_->length; }
   uint32_t lkey() const override { return mr_->lkey; }
@@ -37,25 +134,25 @@ class IbvMemoryRegion final : public MemoryRegion {
 class IbvCompletionQueue final : public CompletionQueue {
  public:
   IbvCompletionQueue(ibv_context* ctx, int depth) {
-    channel_ = ibv_create_comp_channel(ctx);
+    channel_ = lib().create_comp_channel(ctx);
     if (!channel_) throw_errno("ibv_create_comp_channel", errno);
     // Non-blocking, so ack_events() never blocks and the fd can sit in an event loop.
     int flags = fcntl(channel_->fd, F_GETFL);
     if (flags < 0 || fcntl(channel_->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
       int err = errno;
-      ibv_destroy_comp_channel(channel_);
+      lib().destroy_comp_channel(channel_);
       throw_errno("fcntl(O_NONBLOCK) on the completion channel", err);
     }
-    cq_ = ibv_create_cq(ctx, depth, nullptr, channel_, 0);
+    cq_ = lib().create_cq(ctx, depth, nullptr, channel_, 0);
     if (!cq_) {
       int err = errno;
-      ibv_destroy_comp_channel(channel_);
+      lib().destroy_comp_channel(channel_);
       throw_errno(fmt::format("ibv_create_cq(depth {})", depth), err);
     }
   }
   ~IbvCompletionQueue() override {
-    ibv_destroy_cq(cq_);
-    ibv_destroy_comp_channel(channel_);
+    lib().destroy_cq(cq_);
+    lib().destroy_comp_channel(channel_);
   }
   int depth() const override { return cq_->cqe; }
   int poll(int max, WorkCompletion* out) override {
@@ -77,8 +174,8 @@ class IbvCompletionQueue final : public CompletionQueue {
     int count = 0;
     ibv_cq* cq = nullptr;
     void* cq_ctx = nullptr;
-    while (ibv_get_cq_event(channel_, &cq, &cq_ctx) == 0) ++count;
-    if (count) ibv_ack_cq_events(cq_, count);
+    while (lib().get_cq_event(channel_, &cq, &cq_ctx) == 0) ++count;
+    if (count) lib().ack_cq_events(cq_, count);
     return count;
   }
   ibv_cq* raw() const { return cq_; }
@@ -131,18 +228,18 @@ class IbvQueuePair final : public QueuePair {
     attr.cap.max_send_sge = caps.max_send_sge;
     attr.cap.max_recv_sge = caps.max_recv_sge;
     attr.cap.max_inline_data = caps.max_inline_data;
-    qp_ = ibv_create_qp(pd, &attr);
+    qp_ = lib().create_qp(pd, &attr);
     if (!qp_) throw_errno("ibv_create_qp(RC)", errno);
     // ibv_create_qp writes back the caps it granted (at least those asked).
     caps_ = QpCaps{attr.cap.max_send_wr, attr.cap.max_recv_wr, attr.cap.max_send_sge, attr.cap.max_recv_sge,
                    attr.cap.max_inline_data};
   }
-  ~IbvQueuePair() override { ibv_destroy_qp(qp_); }
+  ~IbvQueuePair() override { lib().destroy_qp(qp_); }
   uint32_t qp_num() const override { return qp_->qp_num; }
   QpState state() const override {
     ibv_qp_attr attr{};
     ibv_qp_init_attr init{};
-    if (ibv_query_qp(qp_, &attr, IBV_QP_STATE, &init) != 0) return QpState::kErr;
+    if (lib().query_qp(qp_, &attr, IBV_QP_STATE, &init) != 0) return QpState::kErr;
     switch (attr.qp_state) {
       case IBV_QPS_RESET: return QpState::kReset;
       case IBV_QPS_INIT: return QpState::kInit;
@@ -159,7 +256,7 @@ class IbvQueuePair final : public QueuePair {
     attr.pkey_index = a.pkey_index;
     attr.qp_access_flags = a.access;
     port_ = a.port;  // the address vector of RTR names the same port
-    return ibv_modify_qp(qp_, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+    return lib().modify_qp(qp_, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
   }
   int modify_to_rtr(const RcRtrAttr& a) override {
     ibv_qp_attr attr{};
@@ -179,7 +276,7 @@ class IbvQueuePair final : public QueuePair {
       attr.ah_attr.grh.hop_limit = a.hop_limit;
       attr.ah_attr.grh.traffic_class = a.traffic_class;
     }
-    return ibv_modify_qp(qp_, &attr,
+    return lib().modify_qp(qp_, &attr,
                          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                              IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
   }
@@ -191,14 +288,14 @@ class IbvQueuePair final : public QueuePair {
     attr.retry_cnt = a.retry_cnt;
     attr.rnr_retry = a.rnr_retry;
     attr.max_rd_atomic = a.max_rd_atomic;
-    return ibv_modify_qp(qp_, &attr,
+    return lib().modify_qp(qp_, &attr,
                          IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                              IBV_QP_MAX_QP_RD_ATOMIC);
   }
   int modify_to_err() override {
     ibv_qp_attr attr{};
     attr.qp_state = IBV_QPS_ERR;
-    return ibv_modify_qp(qp_, &attr, IBV_QP_STATE);
+    return lib().modify_qp(qp_, &attr, IBV_QP_STATE);
   }
   int post_send(const SendWr* wr, const SendWr** bad_wr) override {
     if (bad_wr) *bad_wr = nullptr;
@@ -274,18 +371,21 @@ static_assert(sizeof(Sge) == sizeof(ibv_sge) && offsetof(Sge, lkey) == offsetof(
 
 class IbvProtectionDomain final : public ProtectionDomain {
  public:
-  explicit IbvProtectionDomain(ibv_context* ctx) : pd_(ibv_alloc_pd(ctx)) {
+  explicit IbvProtectionDomain(ibv_context* ctx) : pd_(lib().alloc_pd(ctx)) {
     if (!pd_) throw_errno("ibv_alloc_pd", errno);
   }
-  ~IbvProtectionDomain() override { ibv_dealloc_pd(pd_); }
+  ~IbvProtectionDomain() override { lib().dealloc_pd(pd_); }
   std::unique_ptr<MemoryRegion> reg_mr(void* addr, size_t length, uint32_t access) override {
-    ibv_mr* mr = ibv_reg_mr(pd_, addr, length, static_cast<int>(access));
+    ibv_mr* mr = lib().reg_mr_iova2(pd_, addr, length, reinterpret_cast<uintptr_t>(addr), access);
     if (!mr) throw_errno(fmt::format("ibv_reg_mr({}, {} bytes, access {:#x})", addr, length, access), errno);
     return std::make_unique<IbvMemoryRegion>(mr);
   }
   std::unique_ptr<MemoryRegion> reg_dmabuf_mr(uint64_t offset, size_t length, uint64_t iova, int fd,
                                               uint32_t access) override {
-    ibv_mr* mr = ibv_reg_dmabuf_mr(pd_, offset, length, iova, fd, static_cast<int>(access));
+    if (!lib().reg_dmabuf_mr) {
+      throw VerbsError(ENOSYS, "ibv_reg_dmabuf_mr: the libibverbs loaded lacks it (rdma-core 34 or later has it)");
+    }
+    ibv_mr* mr = lib().reg_dmabuf_mr(pd_, offset, length, iova, fd, static_cast<int>(access));
     if (!mr) {
       throw_errno(fmt::format("ibv_reg_dmabuf_mr(fd {}, offset {}, {} bytes, iova {:#x}, access {:#x})", fd, offset,
                               length, iova, access),
@@ -312,11 +412,11 @@ static_assert(static_cast<uint32_t>(IBV_ACCESS_LOCAL_WRITE) == kLocalWrite &&
 class IbvContext final : public Context {
  public:
   IbvContext(ibv_context* ctx, std::string name) : ctx_(ctx), name_(std::move(name)) {}
-  ~IbvContext() override { ibv_close_device(ctx_); }
+  ~IbvContext() override { lib().close_device(ctx_); }
   const std::string& device_name() const override { return name_; }
   PortAttr query_port(uint8_t port) override {
     ibv_port_attr attr{};
-    int rc = ibv_query_port(ctx_, port, &attr);
+    int rc = query_port_attr(ctx_, port, &attr);
     if (rc) throw_errno(fmt::format("ibv_query_port({} port {})", name_, port), rc);
     PortAttr out;
     switch (attr.state) {
@@ -336,7 +436,7 @@ class IbvContext final : public Context {
   }
   GidEntry query_gid(uint8_t port, int index) override {
     ibv_gid_entry entry{};
-    int rc = ibv_query_gid_ex(ctx_, port, static_cast<uint32_t>(index), &entry, 0);
+    int rc = lib().query_gid_ex(ctx_, port, static_cast<uint32_t>(index), &entry, 0, sizeof entry);
     GidEntry out;
     if (rc == ENODATA) return out;  // an unused slot
     if (rc) throw_errno(fmt::format("ibv_query_gid_ex({} port {} index {})", name_, port, index), rc);
@@ -364,27 +464,27 @@ class IbvProvider final : public Provider {
     std::vector<std::string> names;
     int n = 0;
     // NULL (e.g. ENOSYS: no RDMA subsystem in the kernel) and an empty list both mean "none".
-    ibv_device** list = ibv_get_device_list(&n);
+    ibv_device** list = lib().get_device_list(&n);
     if (!list) return names;
-    for (int i = 0; i < n; ++i) names.emplace_back(ibv_get_device_name(list[i]));
-    ibv_free_device_list(list);
+    for (int i = 0; i < n; ++i) names.emplace_back(lib().get_device_name(list[i]));
+    lib().free_device_list(list);
     return names;
   }
   std::unique_ptr<Context> open(const std::string& device_name) override {
     int n = 0;
-    ibv_device** list = ibv_get_device_list(&n);
+    ibv_device** list = lib().get_device_list(&n);
     if (!list) throw NotFoundError(fmt::format("no RDMA device '{}' ({})", device_name, kNoDeviceReason));
     ibv_context* ctx = nullptr;
     bool found = false;
     int err = 0;
     for (int i = 0; i < n && !found; ++i) {
-      if (device_name == ibv_get_device_name(list[i])) {
+      if (device_name == lib().get_device_name(list[i])) {
         found = true;
-        ctx = ibv_open_device(list[i]);
+        ctx = lib().open_device(list[i]);
         if (!ctx) err = errno;
       }
     }
-    ibv_free_device_list(list);
+    lib().free_device_list(list);
     if (!found) throw NotFoundError(fmt::format("no RDMA device '{}'", device_name));
     if (!ctx) throw_errno(fmt::format("ibv_open_device({})", device_name), err);
     return std::make_unique<IbvContext>(ctx, device_name);

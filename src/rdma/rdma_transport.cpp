@@ -21,7 +21,12 @@ namespace {
 
 TransportProbe probe_rdma() {
   TransportProbe probe;
-  probe.devices = rdma::visible_devices();
+  try {
+    probe.devices = rdma::visible_devices();
+  } catch (const ConnectionError& e) {  // libibverbs cannot be loaded here: that is the reason
+    probe.reason = e.what();
+    return probe;
+  }
   probe.available = !probe.devices.empty();
   if (!probe.available) probe.reason = rdma::no_visible_device_reason();
   return probe;
