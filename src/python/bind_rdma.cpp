@@ -26,6 +26,7 @@
 #include "dlslime/rdma_endpoint.h"
 #include "dlslime/transport.h"
 #include "gil.h"
+#include "rdma/verbs.h"
 
 namespace py = pybind11;
 
@@ -353,6 +354,22 @@ void bind_rdma(py::module_& m) {
   m.def(
       "available_nic", [] { return rdma_devices(); },
       "Names of the RDMA devices this process may use (SLIME_VISIBLE_DEVICES respected).");
+
+  m.def(
+      "_sim_rdma_objects",
+      [] {
+        const rdma::SimObjectCounts c = rdma::sim_object_counts();
+        py::dict d;
+        d["contexts"] = c.contexts;
+        d["pds"] = c.pds;
+        d["mrs"] = c.mrs;
+        d["cqs"] = c.cqs;
+        d["qps"] = c.qps;
+        d["comp_channels"] = c.comp_channels;
+        d["destroy_failures"] = c.destroy_failures;
+        return d;
+      },
+      "The simulated RDMA device's live objects and refused destroys (dlslime.testing.sim_rdma_objects).");
 }
 
 }  // namespace dlslime::py_bind

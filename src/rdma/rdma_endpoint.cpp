@@ -134,8 +134,13 @@ RdmaEndpointImpl::~RdmaEndpointImpl() {
       thread_.join();
     }
   }
-  // QPs before the CQ before the device (declaration order would destroy the CQ first).
+  // Children before their parents, as verbs requires (a PD or CQ with live children is
+  // EBUSY and leaks; a child destroyed after its context is a call through freed memory):
+  // the QPs, then the message pools' MRs (declared before device_, which holds the PD and
+  // the context, so by declaration order they would go last), then the CQ.
   lanes_.clear();
+  recv_mr_.reset();
+  send_mr_.reset();
   cq_.reset();
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }

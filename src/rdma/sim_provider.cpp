@@ -2,11 +2,13 @@
 // fabric alive and takes its lock for every call; the engine thread does the work.
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <optional>
 
 #include <fmt/format.h>
 
+#include "core/log.h"
 #include "gpu/sim_runtime.h"
 #include "rdma/sim_device.h"
 
@@ -15,9 +17,61 @@ namespace {
 
 using sim::Fabric;
 
+// Object accounting as verbs keeps it. A PD, CQ or context that still has live children
+// cannot be destroyed: ibv_dealloc_pd, ibv_destroy_cq and ibv_close_device return EBUSY and
+// the object leaks, and a child destroyed after its context is a call through freed
+// memory. The simulated device counts such a destroy (destroy_failures) and logs it, so a
+// test sees the teardown order a NIC would punish.
+struct Counts {
+  std::atomic<int64_t> contexts{0}, pds{0}, mrs{0}, cqs{0}, qps{0}, comp_channels{0}, destroy_failures{0};
+};
+Counts& counts() {
+  static Counts c;
+  return c;
+}
+
+// A parent's count of its live children.
+struct Children {
+  std::atomic<int64_t> live{0};
+};
+
+// Held by a child for its life: counts it in its parent.
+class ChildOf {
+ public:
+  explicit ChildOf(std::shared_ptr<Children> parent) : parent_(std::move(parent)) { ++parent_->live; }
+  ChildOf(const ChildOf&) = delete;
+  ChildOf& operator=(const ChildOf&) = delete;
+  ~ChildOf() { --parent_->live; }
+
+ private:
+  std::shared_ptr<Children> parent_;
+};
+
+// The destroy of an object with `children`: refused on hardware (EBUSY) if any still live.
+void destroyed(const Children& children, const char* object, const char* kind) {
+  const int64_t live = children.live.load();
+  if (live == 0) return;
+  ++counts().destroy_failures;
+  DLSLIME_WARN("sim_rdma0: {} destroyed with {} live {} (a NIC refuses this with EBUSY and the {} leaks)", object,
+               live, kind, object);
+}
+
+// Counts one live object of a kind.
+class Counted {
+ public:
+  explicit Counted(std::atomic<int64_t>& count) : count_(count) { ++count_; }
+  Counted(const Counted&) = delete;
+  Counted& operator=(const Counted&) = delete;
+  ~Counted() { --count_; }
+
+ private:
+  std::atomic<int64_t>& count_;
+};
+
 class SimMemoryRegion final : public MemoryRegion {
  public:
-  SimMemoryRegion(std::shared_ptr<Fabric> fabric, const sim::Mr& mr) : fabric_(std::move(fabric)), mr_(mr) {}
+  SimMemoryRegion(std::shared_ptr<Fabric> fabric, const sim::Mr& mr, std::shared_ptr<Children> pd)
+      : fabric_(std::move(fabric)), mr_(mr), pd_(std::move(pd)) {}
   ~SimMemoryRegion() override {
     std::lock_guard<std::mutex> lock(fabric_->mu);
     fabric_->remove_mr(mr_.lkey);
@@ -30,12 +84,15 @@ class SimMemoryRegion final : public MemoryRegion {
  private:
   std::shared_ptr<Fabric> fabric_;
   sim::Mr mr_;
+  ChildOf pd_;
+  Counted counted_{counts().mrs};
 };
 
 class SimCompletionQueue final : public CompletionQueue {
  public:
-  SimCompletionQueue(std::shared_ptr<Fabric> fabric, int depth)
-      : fabric_(std::move(fabric)), cq_(std::make_shared<sim::Cq>(depth)) {}
+  SimCompletionQueue(std::shared_ptr<Fabric> fabric, int depth, std::shared_ptr<Children> context)
+      : fabric_(std::move(fabric)), cq_(std::make_shared<sim::Cq>(depth)), context_(std::move(context)) {}
+  ~SimCompletionQueue() override { destroyed(*qps_, "CQ", "QPs"); }
   int depth() const override { return cq_->depth; }
   int poll(int max, WorkCompletion* out) override {
     std::lock_guard<std::mutex> lock(fabric_->mu);
@@ -54,16 +111,26 @@ class SimCompletionQueue final : public CompletionQueue {
     return static_cast<int>(count);
   }
   const std::shared_ptr<sim::Cq>& cq() const { return cq_; }
+  const std::shared_ptr<Children>& qps() const { return qps_; }
 
  private:
   std::shared_ptr<Fabric> fabric_;
   std::shared_ptr<sim::Cq> cq_;
+  ChildOf context_;
+  std::shared_ptr<Children> qps_ = std::make_shared<Children>();
+  // The CQ and its completion channel (one event fd here) are made and destroyed together.
+  Counted counted_{counts().cqs}, channel_counted_{counts().comp_channels};
 };
 
 class SimQueuePair final : public QueuePair {
  public:
-  SimQueuePair(std::shared_ptr<Fabric> fabric, std::shared_ptr<sim::Qp> qp)
-      : fabric_(std::move(fabric)), qp_(std::move(qp)) {}
+  SimQueuePair(std::shared_ptr<Fabric> fabric, std::shared_ptr<sim::Qp> qp, std::shared_ptr<Children> pd,
+               std::shared_ptr<Children> send_cq, std::shared_ptr<Children> recv_cq)
+      : fabric_(std::move(fabric)),
+        qp_(std::move(qp)),
+        pd_(std::move(pd)),
+        send_cq_(std::move(send_cq)),
+        recv_cq_(std::move(recv_cq)) {}
   ~SimQueuePair() override {
     std::lock_guard<std::mutex> lock(fabric_->mu);
     fabric_->remove_qp(qp_->qpn);
@@ -94,14 +161,18 @@ class SimQueuePair final : public QueuePair {
   }
   std::shared_ptr<Fabric> fabric_;
   std::shared_ptr<sim::Qp> qp_;
+  ChildOf pd_, send_cq_, recv_cq_;
+  Counted counted_{counts().qps};
 };
 
 class SimProtectionDomain final : public ProtectionDomain {
  public:
-  explicit SimProtectionDomain(std::shared_ptr<Fabric> fabric) : fabric_(std::move(fabric)) {
+  SimProtectionDomain(std::shared_ptr<Fabric> fabric, std::shared_ptr<Children> context)
+      : fabric_(std::move(fabric)), context_(std::move(context)) {
     std::lock_guard<std::mutex> lock(fabric_->mu);
     pd_ = fabric_->new_pd();
   }
+  ~SimProtectionDomain() override { destroyed(*children_, "PD", "MRs or QPs"); }
   std::unique_ptr<MemoryRegion> reg_mr(void* addr, size_t length, uint32_t access) override {
     // As ibv_reg_mr: remote write needs local write, and only the known flags are valid.
     if (addr == nullptr || length == 0) throw VerbsError(EINVAL, "sim reg_mr: null address or zero length", StatusCode::kInvalidArgument);
@@ -124,7 +195,7 @@ class SimProtectionDomain final : public ProtectionDomain {
     const sim::Mr& mr = view ? fabric_->add_mr(reinterpret_cast<uint64_t>(addr), length, access, pd_, view->data,
                                                std::move(view->keep))
                              : fabric_->add_mr(reinterpret_cast<uint64_t>(addr), length, access, pd_);
-    return std::make_unique<SimMemoryRegion>(fabric_, mr);
+    return std::make_unique<SimMemoryRegion>(fabric_, mr, children_);
   }
   std::unique_ptr<MemoryRegion> reg_dmabuf_mr(uint64_t offset, size_t length, uint64_t iova, int fd,
                                               uint32_t access) override {
@@ -145,7 +216,7 @@ class SimProtectionDomain final : public ProtectionDomain {
     }
     std::lock_guard<std::mutex> lock(fabric_->mu);
     const sim::Mr& mr = fabric_->add_mr(iova, length, access, pd_, view.data, std::move(view.keep));
-    return std::make_unique<SimMemoryRegion>(fabric_, mr);
+    return std::make_unique<SimMemoryRegion>(fabric_, mr, children_);
   }
   static void check_access(uint32_t access) {
     if ((access & ~(kLocalWrite | kRemoteWrite | kRemoteRead)) != 0 ||
@@ -166,17 +237,22 @@ class SimProtectionDomain final : public ProtectionDomain {
                        StatusCode::kInvalidArgument);
     }
     std::lock_guard<std::mutex> lock(fabric_->mu);
-    return std::make_unique<SimQueuePair>(fabric_, fabric_->add_qp(pd_, scq->cq(), rcq->cq(), caps));
+    return std::make_unique<SimQueuePair>(fabric_, fabric_->add_qp(pd_, scq->cq(), rcq->cq(), caps), children_,
+                                          scq->qps(), rcq->qps());
   }
 
  private:
   std::shared_ptr<Fabric> fabric_;
   uint32_t pd_ = 0;
+  ChildOf context_;
+  std::shared_ptr<Children> children_ = std::make_shared<Children>();  // its MRs and QPs
+  Counted counted_{counts().pds};
 };
 
 class SimContext final : public Context {
  public:
   SimContext() : fabric_(Fabric::acquire()) {}
+  ~SimContext() override { destroyed(*children_, "context", "PDs or CQs"); }
   const std::string& device_name() const override { return name_; }
   PortAttr query_port(uint8_t port) override {
     check_port(port);
@@ -193,12 +269,14 @@ class SimContext final : public Context {
     if (index != 0) throw VerbsError(EINVAL, fmt::format("sim_rdma0 port 1 has one GID (index 0), not index {}", index), StatusCode::kInvalidArgument);
     return GidEntry{sim::device_gid(), GidType::kRoceV2};
   }
-  std::unique_ptr<ProtectionDomain> alloc_pd() override { return std::make_unique<SimProtectionDomain>(fabric_); }
+  std::unique_ptr<ProtectionDomain> alloc_pd() override {
+    return std::make_unique<SimProtectionDomain>(fabric_, children_);
+  }
   std::unique_ptr<CompletionQueue> create_cq(int depth) override {
     if (depth < 1 || depth > sim::kMaxCqe) {
       throw VerbsError(EINVAL, fmt::format("sim create_cq: depth {} outside 1..{}", depth, sim::kMaxCqe), StatusCode::kInvalidArgument);
     }
-    return std::make_unique<SimCompletionQueue>(fabric_, depth);
+    return std::make_unique<SimCompletionQueue>(fabric_, depth, children_);
   }
 
  private:
@@ -207,6 +285,8 @@ class SimContext final : public Context {
   }
   std::shared_ptr<Fabric> fabric_;
   std::string name_ = sim::kDeviceName;
+  std::shared_ptr<Children> children_ = std::make_shared<Children>();  // its PDs and CQs
+  Counted counted_{counts().contexts};
 };
 
 class SimProvider final : public Provider {
@@ -222,6 +302,13 @@ class SimProvider final : public Provider {
 };
 
 }  // namespace
+
+SimObjectCounts sim_object_counts() {
+  const Counts& c = counts();
+  return SimObjectCounts{c.contexts.load(), c.pds.load(),           c.mrs.load(),
+                         c.cqs.load(),      c.qps.load(),           c.comp_channels.load(),
+                         c.destroy_failures.load()};
+}
 
 Provider& sim_provider() {
   static SimProvider instance;

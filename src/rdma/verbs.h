@@ -258,6 +258,13 @@ class Provider {
 Provider& provider();
 Provider& ibverbs_provider();
 Provider& sim_provider();
+
+// The simulated device's live objects, and the destroys it refused as verbs does (EBUSY: a
+// PD, CQ or context destroyed while children of it still lived; the object leaks on a NIC).
+struct SimObjectCounts {
+  int64_t contexts = 0, pds = 0, mrs = 0, cqs = 0, qps = 0, comp_channels = 0, destroy_failures = 0;
+};
+DLSLIME_API SimObjectCounts sim_object_counts();  // exported for dlslime.testing
 bool sim_selected();  // DLSLIME_RDMA_SIM=1; unset, empty or 0: no; anything else throws InvalidArgumentError
 
 // Why there is no device to use, for probes and errors.

@@ -42,6 +42,9 @@
 #include "dlslime/status.h"
 #include "dlslime/transport.h"
 #include "gpu/device_runtime.h"  // device memory for transports without host_memory (the seam)
+#ifdef DLSLIME_TEST_RDMA_SIM_COUNTS
+#include "rdma/verbs.h"  // the simulated device's object accounting
+#endif
 
 #include "test_support.h"
 
@@ -470,6 +473,9 @@ class Conformance : public ::testing::Test {
   }
 
   void SetUp() override {
+#ifdef DLSLIME_TEST_RDMA_SIM_COUNTS
+    if (transport_ == "rdma") verbs_before_ = rdma::sim_object_counts();
+#endif
     a_ = make();
     b_ = make_side();
     caps_ = a_->capabilities();
@@ -477,6 +483,26 @@ class Conformance : public ::testing::Test {
   void TearDown() override {
     a_->shutdown();
     b_->shutdown();
+#ifdef DLSLIME_TEST_RDMA_SIM_COUNTS
+    // Once every endpoint is shut down and released, each verbs object it made is gone,
+    // children before parents: a destroy the device refused (EBUSY on a NIC) is counted.
+    if (transport_ == "rdma") {
+      a_.reset();
+      b_.reset();
+      const rdma::SimObjectCounts b = verbs_before_;
+      auto back = [&] {
+        const rdma::SimObjectCounts n = rdma::sim_object_counts();
+        return n.contexts <= b.contexts && n.pds <= b.pds && n.mrs <= b.mrs && n.cqs <= b.cqs && n.qps <= b.qps &&
+               n.comp_channels <= b.comp_channels;
+      };
+      // The completion thread holds its endpoint until it has stopped: wait for it.
+      EXPECT_TRUE(test_support::wait_until(back, std::chrono::seconds(20)))
+          << "verbs objects left behind: contexts " << rdma::sim_object_counts().contexts << " (were "
+          << b.contexts << "), mrs " << rdma::sim_object_counts().mrs << " (were " << b.mrs << "), qps "
+          << rdma::sim_object_counts().qps << " (were " << b.qps << ")";
+      EXPECT_EQ(rdma::sim_object_counts().destroy_failures, b.destroy_failures) << "a verbs destroy was refused";
+    }
+#endif
   }
 
   // Zeroed memory a_ registers (host or device, by its capabilities).
@@ -500,6 +526,9 @@ class Conformance : public ::testing::Test {
   std::shared_ptr<Endpoint> a_;
   std::unique_ptr<Side> b_;
   Capabilities caps_;
+#ifdef DLSLIME_TEST_RDMA_SIM_COUNTS
+  rdma::SimObjectCounts verbs_before_;
+#endif
 };
 
 struct Registration {

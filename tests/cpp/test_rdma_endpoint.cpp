@@ -20,6 +20,7 @@
 #include "device_buffer.h"
 #include "gpu/device_runtime.h"
 #include "rdma/sim_device.h"
+#include "rdma/verbs.h"
 #include "test_support.h"
 
 namespace dlslime {
@@ -137,6 +138,43 @@ TEST_F(RdmaEndpointTest, ConnectRefusesTwiceAMismatchAndBadOptionsWithClearError
   EXPECT_THROW(RdmaOptions::from_json({{"num_qp", 0}}), InvalidArgumentError);
   EXPECT_THROW(RdmaOptions::from_json({{"link_type", "token-ring"}}), InvalidArgumentError);
   EXPECT_THROW(RdmaOptions::from_json({{"qp_num", 2}}), InvalidArgumentError);
+}
+
+TEST_F(RdmaEndpointTest, DestroyingAnEndpointDestroysEveryVerbsObjectChildrenFirst) {
+  // Review F1: the message pools' MRs outlived the PD and the context, a use-after-free in
+  // libibverbs at every destruction. The simulated device refuses (and counts) a destroy
+  // of a parent with live children, as verbs does.
+  const rdma::SimObjectCounts before = rdma::sim_object_counts();
+  {
+    RdmaOptions o;
+    o.num_qp = 2;
+    make(o);
+    std::vector<uint8_t> src = pattern(4096, 1), dst(4096, 0);
+    const int32_t h_src = a_->register_memory_region("src", addr_of(src), 0, src.size());
+    b_->register_memory_region("dst", addr_of(dst), 0, dst.size());
+    connect();
+    ASSERT_EQ(status_within(a_->write({{h_src, remote("dst"), 0, 0, 4096}})), 0);
+    ASSERT_EQ(dst, src);
+    const std::string msg = "hello";
+    std::vector<uint8_t> box(64, 0);
+    auto r = b_->recv(Chunk{addr_of(box), 0, box.size()});
+    ASSERT_EQ(status_within(a_->send(Chunk{reinterpret_cast<uintptr_t>(msg.data()), 0, msg.size()})), 0);
+    ASSERT_EQ(status_within(r), 0);
+    EXPECT_GT(rdma::sim_object_counts().mrs, before.mrs);
+    a_.reset();
+    b_.reset();
+  }
+  // The completion thread holds the endpoint until it has stopped: the objects go then.
+  EXPECT_TRUE(wait_until([&] { return rdma::sim_object_counts().contexts == before.contexts; }))
+      << "the endpoints' device contexts were never destroyed";
+  const rdma::SimObjectCounts after = rdma::sim_object_counts();
+  EXPECT_EQ(after.destroy_failures, before.destroy_failures) << "a verbs object was destroyed before its children";
+  EXPECT_EQ(after.contexts, before.contexts);
+  EXPECT_EQ(after.pds, before.pds);
+  EXPECT_EQ(after.cqs, before.cqs);
+  EXPECT_EQ(after.comp_channels, before.comp_channels);
+  EXPECT_EQ(after.qps, before.qps);
+  EXPECT_EQ(after.mrs, before.mrs);
 }
 
 TEST_F(RdmaEndpointTest, WritesAndReadsStripedOverQpsAreByteExact) {

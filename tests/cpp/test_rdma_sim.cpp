@@ -80,6 +80,32 @@ WorkCompletion wait_one(CompletionQueue& cq) {
 }
 
 struct Side {
+  Side() = default;
+  Side(Side&&) = default;
+  // Children before parents, as verbs requires (the simulated device counts a parent
+  // destroyed first: DestroyingAParentBeforeItsChildrenIsRefusedAndCountedAsVerbsDoes).
+  // Member-wise assignment would replace the context first.
+  Side& operator=(Side&& o) noexcept {
+    release();
+    ctx = std::move(o.ctx);
+    pd = std::move(o.pd);
+    scq = std::move(o.scq);
+    rcq = std::move(o.rcq);
+    qp = std::move(o.qp);
+    buf = std::move(o.buf);
+    mr = std::move(o.mr);
+    return *this;
+  }
+  ~Side() { release(); }
+  void release() {
+    mr.reset();
+    qp.reset();
+    rcq.reset();
+    scq.reset();
+    pd.reset();
+    ctx.reset();
+  }
+
   std::unique_ptr<Context> ctx;
   std::unique_ptr<ProtectionDomain> pd;
   std::unique_ptr<CompletionQueue> scq;
@@ -423,6 +449,38 @@ TEST_F(RdmaSim, BadLkeyOrLocalRangeIsLocalProtectionError) {
   Sge foreign{reinterpret_cast<uint64_t>(other.data()), 8, other_mr->lkey()};
   ASSERT_EQ(post(*a_.qp, rdma(WrOpcode::kRdmaWrite, 1, &foreign, 1, b_.addr(0), b_.mr->rkey())), 0);
   EXPECT_EQ(wait_one(*a_.scq).status, WcStatus::kLocProtErr);
+}
+
+TEST_F(RdmaSim, DestroyingAParentBeforeItsChildrenIsRefusedAndCountedAsVerbsDoes) {
+  // ibv_dealloc_pd / ibv_destroy_cq / ibv_close_device with live children: EBUSY, and the
+  // object leaks on a NIC. The simulated device counts each such destroy.
+  Config cfg;
+  const SimObjectCounts before = sim_object_counts();
+  {
+    Side s = open_side(cfg);
+    const SimObjectCounts live = sim_object_counts();
+    EXPECT_EQ(live.contexts - before.contexts, 1);
+    EXPECT_EQ(live.pds - before.pds, 1);
+    EXPECT_EQ(live.cqs - before.cqs, 2);
+    EXPECT_EQ(live.comp_channels - before.comp_channels, 2);
+    EXPECT_EQ(live.qps - before.qps, 1);
+    EXPECT_EQ(live.mrs - before.mrs, 1);
+    s.pd.reset();  // its MR and QP still live
+    EXPECT_EQ(sim_object_counts().destroy_failures - before.destroy_failures, 1);
+    s.scq.reset();  // the QP still uses it
+    EXPECT_EQ(sim_object_counts().destroy_failures - before.destroy_failures, 2);
+    s.ctx.reset();  // its other CQ still lives
+    EXPECT_EQ(sim_object_counts().destroy_failures - before.destroy_failures, 3);
+  }
+  const SimObjectCounts after = sim_object_counts();
+  EXPECT_EQ(after.contexts, before.contexts);
+  EXPECT_EQ(after.pds, before.pds);
+  EXPECT_EQ(after.cqs, before.cqs);
+  EXPECT_EQ(after.qps, before.qps);
+  EXPECT_EQ(after.mrs, before.mrs);
+  // Children first (the declaration order of Side, destroyed in reverse): nothing refused.
+  { Side s = open_side(cfg); }
+  EXPECT_EQ(sim_object_counts().destroy_failures, after.destroy_failures);
 }
 
 TEST_F(RdmaSim, RegisteringRemoteWriteWithoutLocalWriteFails) {

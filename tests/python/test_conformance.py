@@ -14,6 +14,7 @@ The C++ suite (tests/cpp/test_conformance.cpp) holds the same contract."""
 import collections
 import contextlib
 import functools
+import gc
 import os
 import random
 import time
@@ -142,6 +143,33 @@ def over(*ops, where=None):
 @pytest.fixture(params=usable_transports())
 def transport(request):
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def no_verbs_object_left_behind(request):
+    """On the simulated RDMA device: once a test's endpoints are shut down and released,
+    every verbs object they made is destroyed, children before parents (a destroy the device
+    refused, as verbs does with EBUSY, is counted in destroy_failures)."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is None or callspec.params.get("transport") != "rdma" or not os.environ.get("DLSLIME_RDMA_SIM"):
+        yield
+        return
+    before = testing.sim_rdma_objects()
+    yield
+    # The fixtures set up after this one (pair, ...) are torn down by now, but the item
+    # still holds their values until its teardown ends: drop them, so the endpoints go.
+    request.node.funcargs.clear()
+    live = ("contexts", "pds", "mrs", "cqs", "qps", "comp_channels")
+
+    def back():
+        gc.collect()  # endpoints a failed assertion's frame still held
+        now = testing.sim_rdma_objects()
+        return all(now[k] <= before[k] for k in live)
+
+    wait_until(back, timeout=DEADLINE, what=f"the test's verbs objects to be destroyed (before: {before}, "
+                                             f"now: {testing.sim_rdma_objects()})")
+    after = testing.sim_rdma_objects()
+    assert after["destroy_failures"] == before["destroy_failures"], (before, after)
 
 
 def fill_bytes(size, fill):
