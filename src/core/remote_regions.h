@@ -47,6 +47,30 @@ class RemoteRegions {
     return handle;
   }
 
+  // A region known by name that no op may use (`why`: its record could not be opened, it
+  // names memory this peer may not reach): its ops fail UNKNOWN_HANDLE with why, until the
+  // name is registered again with a usable record.
+  int32_t add_unusable(const std::string& name, std::string why) {
+    const int32_t handle = add(name, 0, Key{});
+    std::lock_guard lock(mu_);
+    regions_[handle].unusable = std::move(why);
+    return handle;
+  }
+
+  // The peer these regions came from is gone: a reconnect may reach another process, whose
+  // memory an old address, rkey or handle would name by accident. Every region keeps its
+  // name and handle, so that a handle never comes to name another region, but fails
+  // UNKNOWN_HANDLE with `why` until its name is registered again; its key (and what the
+  // key holds, such as a mapping) is released now.
+  void drop_all(const std::string& why) {
+    std::lock_guard lock(mu_);
+    for (auto& [handle, r] : regions_) {
+      if (!r.unusable.empty()) continue;
+      r.key = Key{};
+      r.unusable = why;
+    }
+  }
+
   // The key of region `handle`, once [offset, offset+length) is checked to lie inside it.
   Status resolve(int32_t handle, uint64_t offset, uint64_t length, Key* key) const {
     std::lock_guard lock(mu_);
@@ -55,6 +79,9 @@ class RemoteRegions {
       return Status::unknown_handle(fmt::format("no remote memory region with handle {}", handle));
     }
     const Region& r = it->second;
+    if (!r.unusable.empty()) {
+      return Status::unknown_handle(fmt::format("remote memory region '{}' (handle {}) {}", r.name, handle, r.unusable));
+    }
     if (!range_within(r.length, offset, length)) {
       return Status::out_of_bounds(fmt::format("range [{}, {}+{}) is outside remote region '{}' (handle {}, {} bytes)",
                                                offset, offset, length, r.name, handle, r.length));
@@ -67,7 +94,7 @@ class RemoteRegions {
       std::lock_guard lock(mu_);
       auto it = regions_.find(handle);
       cache.handle = handle;
-      cache.valid = it != regions_.end();
+      cache.valid = it != regions_.end() && it->second.unusable.empty();
       if (cache.valid) {
         cache.length = it->second.length;
         cache.key = it->second.key;
@@ -97,6 +124,7 @@ class RemoteRegions {
     std::string name;
     uint64_t length = 0;
     Key key{};
+    std::string unusable;  // non-empty: why no op may use it (add_unusable, drop_all)
   };
   mutable std::mutex mu_;
   std::unordered_map<int32_t, Region> regions_;

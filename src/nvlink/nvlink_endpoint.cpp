@@ -365,11 +365,7 @@ void NVLinkEndpointImpl::drop_dead_peer_locked() {
   // on them are not waited for: each holds its mappings (Op::mappings) until its copies have
   // run, and completes as it would have (the memory stays mapped until then), while this
   // connect goes on. A new peer's region of the same name takes the entry over (add()).
-  const std::string why = fmt::format("was dropped: the peer process (pid {}) that published it has exited", peer_pid_);
-  // Any in-range length: a dropped region's ops fail UNKNOWN_HANDLE, not OUT_OF_BOUNDS.
-  RemoteKey dropped;
-  dropped.error = why;
-  for (const std::string& name : remote_names_) remote_.add(name, UINT64_MAX, dropped);
+  remote_.drop_all(fmt::format("was dropped: the peer process (pid {}) that published it has exited", peer_pid_));
   ::close(peer_pidfd_);
   peer_pidfd_ = -1;
   connected_ = false;
@@ -389,6 +385,7 @@ bool NVLinkEndpointImpl::peer_exited_locked() const {
 int32_t NVLinkEndpointImpl::add_remote(const std::string& name, const nlohmann::json& entry, bool strict) {
   RemoteKey key;
   uint64_t length = 0;
+  std::string unusable;  // non-empty: kept under its name, its ops fail with this
   try {
     auto number = [&](const char* field) -> uint64_t {
       if (!entry.is_object() || !entry.contains(field) || !entry[field].is_number_integer() ||
@@ -420,8 +417,8 @@ int32_t NVLinkEndpointImpl::add_remote(const std::string& name, const nlohmann::
       if (!peer_here) {
         // Well formed, but not this connection's to name: kept under its name like a dead
         // peer's region (even from register_remote_memory_region), and its ops fail with why.
-        key.error = "names this process, but the peer is another one (or none is connected): refused";
-        DLSLIME_WARN("NVLink: remote memory region '{}' {}", name, key.error);
+        unusable = "names this process, but the peer is another one (or none is connected): refused";
+        DLSLIME_WARN("NVLink: remote memory region '{}' {}", name, unusable);
       } else if (!entry.contains("domain") || !entry["domain"].is_string()) {
         throw InvalidArgumentError(fmt::format("remote memory region '{}' names this process but no 'domain'", name));
       } else {
@@ -462,14 +459,10 @@ int32_t NVLinkEndpointImpl::add_remote(const std::string& name, const nlohmann::
     }
   } catch (const std::exception& e) {
     if (strict) throw;
-    key = RemoteKey{};
-    key.error = fmt::format("could not be opened: {}", e.what());
+    unusable = fmt::format("could not be opened: {}", e.what());
     DLSLIME_DEBUG("NVLink: remote region '{}' is unusable: {}", name, e.what());
   }
-  const int32_t handle = remote_.add(name, length, std::move(key));
-  std::lock_guard lock(mu_);
-  remote_names_.insert(name);
-  return handle;
+  return unusable.empty() ? remote_.add(name, length, std::move(key)) : remote_.add_unusable(name, std::move(unusable));
 }
 
 Future NVLinkEndpointImpl::submit(OpRequest request, std::optional<gpu::Stream> stream) {
@@ -516,10 +509,6 @@ Future NVLinkEndpointImpl::submit(OpRequest request, std::optional<gpu::Stream> 
     RemoteKey rk;
     if (Status st = remote_.resolve(a.remote_handle, a.target_offset, a.length, &rk, remote_cache); !st) {
       return lock.unlock(), fail(std::move(st));
-    }
-    if (!rk.error.empty()) {
-      return lock.unlock(), fail(Status::unknown_handle(
-                                fmt::format("remote memory region {} {}", a.remote_handle, rk.error)));
     }
     if (rk.owner) {
       // This process's own region: resolved where it is registered, every time (it may have

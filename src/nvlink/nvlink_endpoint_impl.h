@@ -10,7 +10,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -111,7 +110,6 @@ class NVLinkEndpointImpl final : public RegionRevoker, public std::enable_shared
   struct RemoteKey {
     uintptr_t addr = 0;
     std::shared_ptr<nvlink::Mapping> mapping;  // null for this process's own memory
-    std::string error;                         // non-empty: unusable ("could not be opened: ..."), its ops fail
     // This process's own memory: the exporting domain and the region's handle there,
     // resolved at every op (its registered bounds, held while the copies run).
     std::shared_ptr<nvlink::NvlinkDomain> owner;
@@ -158,7 +156,6 @@ class NVLinkEndpointImpl final : public RegionRevoker, public std::enable_shared
   std::condition_variable drained_cv_;  // an op finished (revoke_region waits on it)
 
   RemoteRegions<RemoteKey> remote_;
-  std::set<std::string> remote_names_;  // every name remote_ holds (RemoteRegions cannot list them)
   std::thread thread_;
 };
 

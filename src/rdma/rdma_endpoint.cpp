@@ -317,9 +317,16 @@ void RdmaEndpointImpl::reopen_if_failed(std::unique_lock<std::mutex>& lock) {
   }
   connected_ = false;
   peer_closed_ = false;
-  // The old peer's revocations and its rkeys mean nothing to the next one.
+  // The old peer's regions, revocations and immediates mean nothing to the next peer, which
+  // may be another process: the same rkey and address there (a restarted process often gets
+  // both) would be memory nobody published for us (review F4). Regions keep their handles
+  // and names; registering a name again makes it usable.
+  remote_.drop_all(fmt::format("was dropped: the connection that published it failed ({}); register the peer's "
+                               "region again after connecting",
+                               cause.message()));
   revoked_rkeys_.clear();
   owed_revokes_.clear();
+  imm_events_.clear();
   arm_messages();
 }
 
@@ -385,6 +392,9 @@ Future RdmaEndpointImpl::submit(OpRequest request) {
       state->complete(Status::ok(), ev.byte_len);
       return future;
     }
+    // As recv: one is waited for before the first connect, but a failed connection will
+    // never deliver another immediate (imm_events_ kept what it had delivered).
+    if (lanes_[0].failed) return lock.unlock(), fail(lane_failed_status(lanes_[0], 0));
     imm_waiters_.push_back(state);
     return future;
   }
@@ -475,8 +485,12 @@ Future RdmaEndpointImpl::submit(OpRequest request) {
     touched.push_back(l);
   }
   if (imm) {
-    if (op.wrs_left == 0) {  // nothing to write: the immediate alone
-      lanes_[0].waiting.push_back({op_id, WrOpcode::kRdmaWriteWithImm, 0, 0, 0, 0, 0, request.imm_data, true});
+    if (op.wrs_left == 0) {
+      // Nothing to write: the immediate alone, a zero-byte write. It names the batch's
+      // first region (a valid key and address on every NIC, though C9-88 needs none).
+      const Resolved first = resolved.empty() ? Resolved{} : resolved[0];
+      lanes_[0].waiting.push_back(
+          {op_id, WrOpcode::kRdmaWriteWithImm, 0, 0, 0, first.remote, first.rkey, request.imm_data, true});
       op.wrs_left = 1;
       op.lanes = 1;
       touched.push_back(0);
@@ -805,18 +819,14 @@ void RdmaEndpointImpl::shutdown() {
   // Tell the peer first, so its posted recvs fail PEER_CLOSED instead of waiting.
   say_bye();
   std::vector<Done> done;
-  std::vector<std::shared_ptr<OpState>> waiters;
   {
     std::lock_guard lock(mu_);
     closed_ = true;
     for (size_t i = 0; i < lanes_.size(); ++i) fail_lane(lanes_[i], i, Status::cancelled("RDMAEndpoint was shut down"), done);
-    waiters.assign(imm_waiters_.begin(), imm_waiters_.end());
-    imm_waiters_.clear();
   }
   {
     CompletionScope scope;
     complete_all(done);
-    for (auto& w : waiters) w->complete(Status::cancelled("RDMAEndpoint was shut down"));
   }
   // The flushed WRs complete the ops (CANCELLED) on the completion thread. Wait for that,
   // unless this is that thread (a continuation shutting down): it completes them itself.

@@ -412,6 +412,8 @@ void RdmaEndpointImpl::fail_messages(const Status& cause, std::vector<Done>& don
                                  : Status::peer_closed(fmt::format("the connection failed: {}", cause.message()));
   for (auto& r : recvs_) done.push_back({std::move(r.state), recv_status, 0});
   recvs_.clear();
+  for (auto& w : imm_waiters_) done.push_back({std::move(w), recv_status, 0});  // review F3
+  imm_waiters_.clear();
   unexpected_.clear();
   const Status send_status = closed_ ? Status::cancelled("RDMAEndpoint was shut down") : cause;
   for (const auto& [seq, op_id] : awaiting_done_) finish_wr(op_id, 0, send_status, done);

@@ -556,17 +556,21 @@ Answer Fabric::respond(const Request& rq, pid_t requester) {
   if (!reachable) return Answer{Reply::kNoAck, 0};
   const bool is_read = h.opcode == WrOpcode::kRdmaRead;
 
-  // An RDMA op needs a valid rkey in the responder's PD covering the range, with the
-  // access the op needs granted both by the MR and by the responder QP.
+  // An RDMA op needs the access it asks for granted by the responder QP, and a valid rkey in
+  // the responder's PD covering the range, granting that access too. A zero-byte op is not
+  // required to carry a valid R_Key or VA (IBA C9-88; rxe skips the check): only the QP's
+  // access is checked for it.
   uint64_t remote_dma = 0;  // where the NIC moves the bytes of [remote_addr, +total)
   if (!needs_recv(h.opcode) || h.opcode == WrOpcode::kRdmaWriteWithImm) {
     const uint32_t need = is_read ? kRemoteRead : kRemoteWrite;
-    const Mr* rmr = find_key(h.rkey, true);
-    if (!rmr || rmr->pd != peer->pd || !in_range(*rmr, h.remote_addr, h.total) || !(rmr->access & need) ||
-        !(peer->init.access & need)) {
-      return Answer{Reply::kRemAccess, 0};
+    if (!(peer->init.access & need)) return Answer{Reply::kRemAccess, 0};
+    if (h.total > 0) {
+      const Mr* rmr = find_key(h.rkey, true);
+      if (!rmr || rmr->pd != peer->pd || !in_range(*rmr, h.remote_addr, h.total) || !(rmr->access & need)) {
+        return Answer{Reply::kRemAccess, 0};
+      }
+      remote_dma = rmr->dma_addr(h.remote_addr);
     }
-    remote_dma = rmr->dma_addr(h.remote_addr);
   }
 
   // Ops that consume a receive: none posted is an RNR NAK.

@@ -12,8 +12,14 @@ namespace dlslime {
 using tcp::TcpConnection;
 
 Pairing::Pairing(asio::io_context& io, const TcpOptions& options, uint64_t endpoint_id,
-                 const std::atomic<bool>& shut_down, tcp::FrameHandler& handler, MessageMatcher& held)
-    : io_(io), options_(options), endpoint_id_(endpoint_id), shut_down_(shut_down), handler_(handler), held_(held) {}
+                 const std::atomic<bool>& shut_down, tcp::FrameHandler& handler, MessageMatcher& held, OwnerRemoteRegions& remote_regions)
+    : io_(io),
+      options_(options),
+      endpoint_id_(endpoint_id),
+      shut_down_(shut_down),
+      handler_(handler),
+      held_(held),
+      remote_regions_(remote_regions) {}
 
 std::shared_ptr<Pairing::ConnectWait> Pairing::add_connect_wait() {
   auto wait = std::make_shared<ConnectWait>();
@@ -80,7 +86,13 @@ void Pairing::add_dialed(asio::ip::tcp::socket socket) {
 void Pairing::pair_with(uint64_t peer_id) {
   // Messages held from an earlier peer stay deliverable after it left (its sends were
   // acknowledged), but not to the recvs of a different peer's conversation.
-  if (previous_peer_id_ != 0 && previous_peer_id_ != peer_id) held_.drop_held();
+  if (previous_peer_id_ != 0 && previous_peer_id_ != peer_id) {
+    held_.drop_held();
+    remote_regions_.drop_all(
+        fmt::format("was dropped: it was peer {:#x}'s, and peer {:#x} is connected now; register the new peer's "
+                    "region again",
+                    previous_peer_id_, peer_id));
+  }
   peer_id_ = previous_peer_id_ = peer_id;
 }
 

@@ -11,6 +11,7 @@
 #include <asio/io_context.hpp>
 #include <asio/ip/tcp.hpp>
 
+#include "core/remote_regions.h"
 #include "dlslime/status.h"
 #include "dlslime/tcp_endpoint.h"
 #include "tcp/answer_budget.h"
@@ -40,10 +41,11 @@ class Pairing {
     }
   };
 
-  // `handler` receives every connection's frames; `held` loses the messages held from
-  // the previous peer when a different one pairs.
+  // `handler` receives every connection's frames. When a different peer pairs, `held`
+  // loses the messages held from the previous one, and `remote_regions` drops that peer's
+  // regions: the new owner would resolve an old handle to a region of its own.
   Pairing(asio::io_context& io, const TcpOptions& options, uint64_t endpoint_id, const std::atomic<bool>& shut_down,
-          tcp::FrameHandler& handler, MessageMatcher& held);
+          tcp::FrameHandler& handler, MessageMatcher& held, OwnerRemoteRegions& remote_regions);
 
   // Any thread: a wait for a dial, which shutdown (finish_connect_waits) ends at once.
   std::shared_ptr<ConnectWait> add_connect_wait();
@@ -93,6 +95,7 @@ class Pairing {
   const std::atomic<bool>& shut_down_;
   tcp::FrameHandler& handler_;
   MessageMatcher& held_;
+  OwnerRemoteRegions& remote_regions_;
 
   std::mutex connects_mu_;
   std::vector<std::weak_ptr<ConnectWait>> connects_;  // guarded by connects_mu_

@@ -1155,6 +1155,108 @@ CONFORMANCE_TEST(ManyOpsInFlightInBothDirectionsAreByteExactAndKeepTheConnection
 
 constexpr size_t kPeerRegion = 64 << 20;
 
+// imm_recv is how a target learns that a write landed: with the peer gone it fails as its
+// sibling recv does, never waits for ever (review F3).
+CONFORMANCE_TEST(AnImmRecvFailsWhenThePeerShutsDownAndOnAFailedConnectionAtOnce, always, OpKind::kWriteWithImm,
+                 OpKind::kImmRecv) {
+  connect();
+  Future pending = a_->imm_recv();
+  b_->shutdown();
+  EXPECT_EQ(status_within(pending, 10s), code(StatusCode::kPeerClosed)) << pending.message();
+  ASSERT_TRUE(wait_until([&] { return !a_->is_connected(); })) << "the peer's shutdown was not noticed";
+  Future later = a_->imm_recv();
+  const int st = status_within(later, 10s);
+  EXPECT_TRUE(st == code(StatusCode::kPeerClosed) || st == code(StatusCode::kNotConnected)) << st << " "
+                                                                                             << later.message();
+}
+
+// A batch of zero-length items writes nothing, but its immediate still arrives (a
+// zero-byte write with immediate: IBA C9-88 needs no valid key for it), and nothing fails.
+bool peer_is_local(const std::string& transport) { return !peer_in_another_process(transport); }
+CONFORMANCE_TEST(AZeroLengthWriteWithImmDeliversItsImmediateAndKeepsTheConnection, peer_is_local,
+                 OpKind::kWriteWithImm, OpKind::kImmRecv) {
+  auto src = buffer(64);
+  const int32_t h_src = a_->register_memory_region("src", src->addr(), 0, src->size());
+  auto dst = b_->buffer(64);
+  b_->register_memory_region("dst", *dst, 0, dst->size());
+  connect();
+  const int32_t h_dst = remote("dst");
+  for (const uint32_t imm : {0x0u, 0xC0FFEEu}) {
+    Future got = b_->endpoint().imm_recv();
+    auto w = a_->write_with_imm({{h_src, h_dst, 0, 0, 0}}, imm);
+    ASSERT_EQ(status_within(w), 0) << w.message();
+    ASSERT_EQ(status_within(got), 0) << got.message();
+    EXPECT_EQ(got.imm_data(), imm);
+    EXPECT_EQ(got.nbytes(), 0u);
+  }
+  EXPECT_TRUE(a_->is_connected());
+  EXPECT_TRUE(all_are(dst->bytes(), 0));
+  src->fill(7);
+  auto after = a_->write({{h_src, h_dst, 0, 0, 64}});
+  ASSERT_EQ(status_within(after), 0) << after.message();
+  EXPECT_TRUE(all_are(dst->bytes(), 7));
+}
+
+// After the peer is gone and another one connects, what the old peer published means
+// nothing: its regions' handles fail alone with UNKNOWN_HANDLE (the new peer may have other
+// memory at the same address and key; review F4) until the name is registered again, which
+// gives the same handle back, and its immediates are not the new peer's (F3).
+CONFORMANCE_TEST(AReconnectToAnotherPeerDropsTheOldPeersRegionsAndImmediates, always, OpKind::kWrite) {
+  auto src = buffer(64);
+  src->fill(0x5a);
+  const int32_t h_src = a_->register_memory_region("src", src->addr(), 0, src->size());
+  auto old_dst = b_->buffer(64);
+  b_->register_memory_region("dst", *old_dst, 0, old_dst->size());
+  connect();
+  const int32_t h_dst = remote("dst");
+  auto first = a_->write({{h_src, h_dst, 0, 0, 64}});
+  ASSERT_EQ(status_within(first), 0) << first.message();
+  // The old peer's immediate, which a_ never takes (only where b_ is an endpoint here).
+  const bool imm = caps_.supports(OpKind::kWriteWithImm) && caps_.supports(OpKind::kImmRecv) &&
+                   !peer_in_another_process(GetParam());
+  auto landing = buffer(64);
+  if (imm) {
+    a_->register_memory_region("landing", landing->addr(), 0, landing->size());
+    Endpoint& old_peer = b_->endpoint();
+    const int32_t hb_src = old_peer.register_memory_region("bsrc", old_dst->addr(), 0, old_dst->size());
+    const int32_t hb_landing =
+        old_peer.register_remote_memory_region("landing", a_->endpoint_info()["mr_info"]["landing"]);
+    auto w = old_peer.write_with_imm({{hb_src, hb_landing, 0, 0, 16}}, 0xA1);
+    ASSERT_EQ(status_within(w), 0) << w.message();
+  }
+  b_->shutdown();
+  b_.reset();  // a peer process exits here (NVLink replaces a peer only once it has exited)
+  ASSERT_TRUE(wait_until([&] { return !a_->is_connected(); })) << "the old peer's leaving was not noticed";
+
+  // The new peer's first region is another one (its owner handle is the old "dst"'s); its
+  // own "dst" comes after the connect (a connect registers the regions its info publishes).
+  b_ = make_side();
+  auto other = b_->buffer(64);
+  b_->register_memory_region("other", *other, 0, other->size());
+  connect();
+  auto stale = a_->write({{h_src, h_dst, 0, 0, 64}});
+  EXPECT_EQ(status_within(stale), code(StatusCode::kUnknownHandle)) << stale.message();
+  EXPECT_TRUE(a_->is_connected()) << "a stale handle failed the connection, not just its op";
+  EXPECT_TRUE(all_are(other->bytes(), 0)) << "a stale handle wrote into the new peer's other region";
+  auto new_dst = b_->buffer(64);
+  b_->register_memory_region("dst", *new_dst, 0, new_dst->size());
+  EXPECT_EQ(remote("dst"), h_dst) << "registering the name again gives its handle back";
+  auto fresh = a_->write({{h_src, h_dst, 0, 0, 64}});
+  ASSERT_EQ(status_within(fresh), 0) << fresh.message();
+  EXPECT_TRUE(all_are(new_dst->bytes(), 0x5a));
+  if (imm) {
+    Future next = a_->imm_recv();
+    Endpoint& new_peer = b_->endpoint();
+    const int32_t hb_src = new_peer.register_memory_region("bsrc", new_dst->addr(), 0, new_dst->size());
+    const int32_t hb_landing =
+        new_peer.register_remote_memory_region("landing", a_->endpoint_info()["mr_info"]["landing"]);
+    auto w = new_peer.write_with_imm({{hb_src, hb_landing, 0, 0, 16}}, 0xB2);
+    ASSERT_EQ(status_within(w), 0) << w.message();
+    ASSERT_EQ(status_within(next), 0) << next.message();
+    EXPECT_EQ(next.imm_data(), 0xB2u) << "the new connection's imm_recv took the old peer's immediate";
+  }
+}
+
 CONFORMANCE_TEST(PeerProcessKilledMidTransferFailsPendingFuturesWithinADeadline, always, OpKind::kWrite,
                  OpKind::kRead) {
   PeerSide peer(GetParam());

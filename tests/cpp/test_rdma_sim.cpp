@@ -418,6 +418,28 @@ TEST_F(RdmaSim, BadRkeyRangeOrFlagIsRemoteAccessErrorThenLaterWorkFlushes) {
   }
 }
 
+// IBA C9-88: a zero-byte RDMA op need not carry a valid R_Key or VA (rxe skips the check):
+// zero-byte writes and writes with immediate complete with key 0 and address 0, while the
+// responder QP's access flags are still checked; one byte with that key is REM_ACCESS_ERR.
+TEST_F(RdmaSim, AZeroByteWriteNeedsNoValidRkeyButOneByteDoes) {
+  connect();
+  ASSERT_EQ(post(*a_.qp, rdma(WrOpcode::kRdmaWrite, 1, nullptr, 0, 0, 0)), 0);
+  EXPECT_EQ(wait_one(*a_.scq).status, WcStatus::kSuccess);
+  ASSERT_EQ(post_recv(*b_.qp, 90, nullptr, 0), 0);
+  SendWr imm = rdma(WrOpcode::kRdmaWriteWithImm, 2, nullptr, 0, 0, 0);
+  imm.imm_data = 0xfeed;
+  ASSERT_EQ(post(*a_.qp, imm), 0);
+  EXPECT_EQ(wait_one(*a_.scq).status, WcStatus::kSuccess);
+  WorkCompletion r = wait_one(*b_.rcq);
+  EXPECT_EQ(r.status, WcStatus::kSuccess);
+  EXPECT_EQ(r.opcode, WcOpcode::kRecvRdmaWithImm);
+  EXPECT_EQ(r.byte_len, 0u);
+  EXPECT_EQ(r.imm_data, 0xfeedu);
+  Sge one = a_.sge(0, 1);
+  ASSERT_EQ(post(*a_.qp, rdma(WrOpcode::kRdmaWrite, 3, &one, 1, 0, 0)), 0);
+  EXPECT_EQ(wait_one(*a_.scq).status, WcStatus::kRemAccessErr);
+}
+
 TEST_F(RdmaSim, DeregisteredRemoteMrIsRemoteAccessError) {
   connect();
   uint32_t rkey = b_.mr->rkey();

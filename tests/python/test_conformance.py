@@ -473,6 +473,40 @@ def test_shutdown_completes_pending_futures_with_cancelled(pair, new_buffer):
     assert peer_pending.wait_for(DEADLINE) == PEER_CLOSED, peer_pending.message
 
 
+@over("write_with_imm", "imm_recv")
+def test_an_imm_recv_fails_when_the_peer_shuts_down_and_on_a_failed_connection_at_once(pair):
+    """imm_recv tells a target that a write landed: with the peer gone it fails as recv does."""
+    a, b = pair
+    connect(a, b)
+    pending = a.imm_recv()
+    b.shutdown()
+    assert pending.wait_for(DEADLINE) == PEER_CLOSED, pending.message
+    wait_until(lambda: not a.is_connected(), timeout=DEADLINE, what="a to notice its peer's shutdown")
+    later = a.imm_recv()
+    assert later.wait_for(DEADLINE) in (PEER_CLOSED, NOT_CONNECTED), later.message
+
+
+@over("write_with_imm", "imm_recv", where=lambda t: not peer_in_another_process(t))
+def test_a_zero_length_write_with_imm_delivers_its_immediate_and_keeps_the_connection(pair, new_buffer):
+    a, b = pair
+    src, dst = new_buffer(a, 64, b"\x07"), new_buffer(b, 64)
+    h_src = a.register_memory_region("src", src.ptr, 0, 64)
+    b.register_memory_region("dst", dst.ptr, 0, 64)
+    connect(a, b)
+    h_dst = remote(a, b, "dst")
+    for imm in (0, 0xC0FFEE):
+        got = b.imm_recv()
+        w = a.write_with_imm([(h_src, h_dst, 0, 0, 0)], imm)
+        assert w.wait_for(DEADLINE) == OK, w.message
+        assert got.wait_for(DEADLINE) == OK, got.message
+        assert got.imm_data() == imm
+    assert a.is_connected()
+    assert contents(dst) == bytes(64), "a zero-length write wrote"
+    w = a.write([(h_src, h_dst, 0, 0, 64)])
+    assert w.wait_for(DEADLINE) == OK, w.message
+    assert contents(dst) == b"\x07" * 64
+
+
 def test_ops_the_capabilities_exclude_raise_not_implemented(pair, transport, new_buffer):
     a, b = pair
     connect(a, b)
