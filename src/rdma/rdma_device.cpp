@@ -14,6 +14,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "core/log.h"
 #include "dlslime/errors.h"
 #include "dlslime/rdma_endpoint.h"
 #include "gpu/device_runtime.h"
@@ -209,10 +210,24 @@ void check_dmabuf_region(int fd, uint64_t offset, uint64_t length, uint64_t iova
 
 void RdmaMemoryDomain::region_added(int32_t handle, const LocalRegion& region) {
   if (region.length == 0) return;  // nothing to register
-  auto mr = register_memory(*device_->pd, region.addr, region.length, region.kind,
-                            kLocalWrite | kRemoteWrite | kRemoteRead);
+  // Local write (which remote write needs) pins the pages for writing, which a NIC refuses
+  // with EFAULT for read-only memory such as a PROT_READ mmap of a weights file. Such memory
+  // is registered for remote reads only, and published so (describe): peers may read it,
+  // and their writes fail alone at the initiator (review F8). Unmapped memory fails both.
+  bool writable = true;
+  std::unique_ptr<MemoryRegion> mr;
+  try {
+    mr = register_memory(*device_->pd, region.addr, region.length, region.kind,
+                         kLocalWrite | kRemoteWrite | kRemoteRead);
+  } catch (const VerbsError& e) {
+    if (e.error_number() != EFAULT || region.kind != MemoryKind::kHost) throw;
+    mr = register_memory(*device_->pd, region.addr, region.length, region.kind, kRemoteRead);
+    writable = false;
+    DLSLIME_INFO("RDMA: region [{:#x}, +{}) is read-only memory: registered for remote reads only", region.addr,
+                 region.length);
+  }
   std::lock_guard lock(mu_);
-  mrs_[handle] = Registered{std::move(mr), region.kind == MemoryKind::kDevice};
+  mrs_[handle] = Registered{std::move(mr), region.kind == MemoryKind::kDevice, writable};
 }
 
 void RdmaMemoryDomain::region_removed(int32_t handle, const LocalRegion&) {
@@ -231,7 +246,10 @@ void RdmaMemoryDomain::region_removed(int32_t handle, const LocalRegion&) {
 nlohmann::json RdmaMemoryDomain::describe(int32_t handle, const LocalRegion& region) const {
   nlohmann::json entry = {{"handle", handle}, {"addr", region.addr}, {"length", region.length}};
   std::lock_guard lock(mu_);
-  if (auto it = mrs_.find(handle); it != mrs_.end()) entry["rkey"] = it->second.mr->rkey();
+  if (auto it = mrs_.find(handle); it != mrs_.end()) {
+    entry["rkey"] = it->second.mr->rkey();
+    if (!it->second.writable) entry["access"] = "read";  // absent: read and write (every upstream record)
+  }
   return entry;
 }
 
@@ -239,7 +257,7 @@ std::optional<LocalKey> RdmaMemoryDomain::lkey(int32_t handle) const {
   std::lock_guard lock(mu_);
   auto it = mrs_.find(handle);
   if (it == mrs_.end()) return std::nullopt;
-  return LocalKey{it->second.mr->lkey(), it->second.device};
+  return LocalKey{it->second.mr->lkey(), it->second.device, it->second.writable};
 }
 
 }  // namespace dlslime::rdma

@@ -67,6 +67,7 @@ void check_dmabuf_region(int fd, uint64_t offset, uint64_t length, uint64_t iova
 struct LocalKey {
   uint32_t lkey = 0;
   bool device = false;
+  bool writable = true;  // false: read-only memory, registered for remote reads only
 };
 
 // The RDMA memory domain: one MR per region (local write, remote read and write), host or
@@ -92,6 +93,7 @@ class RdmaMemoryDomain final : public MemoryDomain {
   struct Registered {
     std::unique_ptr<MemoryRegion> mr;
     bool device = false;
+    bool writable = true;
   };
   std::unordered_map<int32_t, Registered> mrs_;
 };

@@ -359,11 +359,21 @@ int32_t RdmaEndpointImpl::register_remote(const std::string& name, const nlohman
   if (length > UINT64_MAX - addr) {
     throw InvalidArgumentError(fmt::format("remote memory region '{}': addr + length overflows", name));
   }
+  bool writable = true;
+  if (entry.contains("access")) {
+    const nlohmann::json& access = entry["access"];
+    if (!access.is_string() || (access != "read" && access != "read_write")) {
+      throw InvalidArgumentError(fmt::format("remote memory region '{}': 'access' must be \"read\" or \"read_write\", "
+                                             "not {}",
+                                             name, access.dump()));
+    }
+    writable = access == "read_write";
+  }
   {
     std::lock_guard lock(mu_);
     revoked_rkeys_.erase(static_cast<uint32_t>(rkey));  // a device may reuse a key for a new MR
   }
-  return remote_.add(name, length, RdmaRemoteKey{addr, static_cast<uint32_t>(rkey)});
+  return remote_.add(name, length, RdmaRemoteKey{addr, static_cast<uint32_t>(rkey), writable});
 }
 
 // What a new op gets once a lane has failed: the endpoint is no longer connected.
@@ -452,6 +462,19 @@ Future RdmaEndpointImpl::submit(OpRequest request) {
     if (!revoked_rkeys_.empty() && revoked_rkeys_.count(rk.rkey) != 0) {
       return lock.unlock(), fail(Status::unknown_handle(fmt::format(
                                 "remote memory region {} was unregistered by the peer", a.remote_handle)));
+    }
+    // Read-only memory on either side: the NIC would answer with an access error that
+    // kills the connection, so the op fails alone here.
+    if (request.kind != OpKind::kRead && !rk.writable) {
+      return lock.unlock(), fail(Status(StatusCode::kAccessDenied,
+                                        fmt::format("remote memory region {} is read-only memory of the peer's: it may "
+                                                    "be read, not written",
+                                                    a.remote_handle)));
+    }
+    if (request.kind == OpKind::kRead && !lkey.writable) {
+      return lock.unlock(), fail(Status(StatusCode::kAccessDenied,
+                                        fmt::format("local region {} is read-only memory: a read cannot land in it",
+                                                    a.local_handle)));
     }
     resolved[i] = {local, rk.addr + a.target_offset, lkey.lkey, rk.rkey, lkey.device};
   }

@@ -35,6 +35,7 @@ namespace dlslime {
 struct RdmaRemoteKey {
   uint64_t addr = 0;
   uint32_t rkey = 0;
+  bool writable = true;  // false: the owner published it read-only ("access": "read")
 };
 
 class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_from_this<RdmaEndpointImpl> {

@@ -117,6 +117,10 @@ std::optional<uint32_t> RdmaEndpointImpl::lkey_for(uint64_t addr, uint64_t lengt
     uintptr_t resolved = 0;
     if (regions->resolve(match->handle, match->offset, length, &resolved, cache)) {
       if (auto key = domain_->lkey(match->handle)) {
+        if ((access & kLocalWrite) && !key->writable) {
+          DLSLIME_WARN("RDMA: a message cannot land in region {}: it is read-only memory", match->handle);
+          return std::nullopt;
+        }
         uses.hold(cache);
         return key->lkey;
       }
@@ -231,7 +235,9 @@ void RdmaEndpointImpl::start_pending_sends(std::vector<Done>& done) {
     } else {
       // Rendezvous: the peer reads the bytes; they must stay registered until its DONE.
       std::unique_ptr<MemoryRegion> temp;
-      auto key = lkey_for(addr, len, temp, kLocalWrite | kRemoteRead, op->uses);
+      // Remote read needs no local write (verbs requires it only with remote write), and
+      // local write would refuse a read-only buffer (EFAULT on a NIC: review F8).
+      auto key = lkey_for(addr, len, temp, kRemoteRead, op->uses);
       if (!key) {
         finish_wr(ps.op_id, 0, Status::invalid_argument(fmt::format("send: cannot register the {}-byte buffer", len)),
                   done);

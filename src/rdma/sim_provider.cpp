@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <optional>
 
 #include <fmt/format.h>
@@ -67,6 +68,36 @@ class Counted {
  private:
   std::atomic<int64_t>& count_;
 };
+
+// What pinning host pages does on a NIC (get_user_pages): every page of [addr, +length) must
+// be mapped and readable, and writable if the MR asks for local or remote write. Otherwise
+// ibv_reg_mr fails with EFAULT. Read from /proc/self/maps: registration is not a hot path.
+void check_host_pages(uintptr_t addr, size_t length, bool write) {
+  const uintptr_t end = addr + length;
+  uintptr_t covered = addr;  // [addr, covered) is known to be mapped as needed
+  std::FILE* maps = std::fopen("/proc/self/maps", "re");
+  if (maps == nullptr) throw VerbsError(errno, "sim reg_mr: cannot read /proc/self/maps");
+  char line[512];
+  const char* why = "is not mapped";
+  while (covered < end && std::fgets(line, sizeof line, maps) != nullptr) {
+    unsigned long lo = 0, hi = 0;
+    char perms[5] = {};
+    if (std::sscanf(line, "%lx-%lx %4s", &lo, &hi, perms) != 3) continue;
+    if (hi <= covered) continue;
+    if (lo > covered) break;  // a hole: the mappings are sorted
+    if (perms[0] != 'r' || (write && perms[1] != 'w')) {
+      why = perms[0] != 'r' ? "is not readable (PROT_NONE)" : "is read-only, and the MR asks for write access";
+      break;
+    }
+    covered = hi;
+  }
+  std::fclose(maps);
+  if (covered < end) {
+    throw VerbsError(EFAULT, fmt::format("sim reg_mr({:#x}, {} bytes): memory at {:#x} {} (a NIC fails the pinning "
+                                         "with EFAULT)",
+                                         addr, length, covered, why));
+  }
+}
 
 class SimMemoryRegion final : public MemoryRegion {
  public:
@@ -191,6 +222,7 @@ class SimProtectionDomain final : public ProtectionDomain {
                                            "has no peer-memory support (DLSLIME_RDMA_SIM_DEVICE_MEMORY)",
                                            addr, length));
     }
+    if (!view) check_host_pages(reinterpret_cast<uintptr_t>(addr), length, (access & (kLocalWrite | kRemoteWrite)) != 0);
     std::lock_guard<std::mutex> lock(fabric_->mu);
     const sim::Mr& mr = view ? fabric_->add_mr(reinterpret_cast<uint64_t>(addr), length, access, pd_, view->data,
                                                std::move(view->keep))

@@ -2,6 +2,7 @@
 // (bytes that arrived, the status an op ends with and its reason, futures that never hang),
 // including the faults a NIC produces (bad rkey, QP error, dead peer, deadline).
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -456,6 +457,60 @@ TEST_F(RdmaEndpointTest, MakeEndpointBuildsItFromJsonOptions) {
 }
 
 // --- send / recv ---------------------------------------------------------------------
+
+// A read-only mapping (a PROT_READ mmap of a weights file, say) is registered for remote
+// reads only, as a NIC allows (local write would fail the pinning with EFAULT), and
+// published so: a peer reads it, its write fails alone (ACCESS_DENIED) with the connection
+// alive, a read cannot land in it, and it can be sent from (review F8).
+TEST_F(RdmaEndpointTest, ReadOnlyMemoryIsReadableByThePeerAndItsWritesFailAlone) {
+  make();
+  const size_t n = 64 << 10;
+  void* ro = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(ro, MAP_FAILED);
+  const auto weights = pattern(n, 9);
+  std::memcpy(ro, weights.data(), n);
+  ASSERT_EQ(::mprotect(ro, n, PROT_READ), 0);
+  const auto ro_addr = reinterpret_cast<uintptr_t>(ro);
+  const int32_t h_ro = b_->register_memory_region("weights", ro_addr, 0, n);
+  const json entry = b_->endpoint_info()["mr_info"]["weights"];
+  EXPECT_EQ(entry.value("access", ""), "read") << entry.dump();
+  std::vector<uint8_t> local(n, 0);
+  const int32_t h_local = a_->register_memory_region("local", addr_of(local), 0, n);
+  EXPECT_FALSE(a_->endpoint_info()["mr_info"]["local"].contains("access")) << "writable memory: read and write";
+  connect();
+  const int32_t h_weights = remote("weights");
+
+  auto rd = a_->read({{h_local, h_weights, 0, 0, n}});
+  ASSERT_EQ(status_within(rd), 0) << rd.message();
+  EXPECT_EQ(local, weights);
+  for (const bool imm : {false, true}) {
+    auto w = imm ? a_->write_with_imm({{h_local, h_weights, 0, 0, 16}}, 1) : a_->write({{h_local, h_weights, 0, 0, 16}});
+    EXPECT_EQ(status_within(w), code(StatusCode::kAccessDenied)) << w.message();
+    EXPECT_NE(w.message().find("read-only"), std::string::npos) << w.message();
+  }
+  EXPECT_TRUE(a_->is_connected());
+  // The owner's own read into it is refused locally too (its NIC could not write there).
+  const int32_t b_local = b_->register_memory_region("b_local", addr_of(local), 0, n);
+  const int32_t b_remote = b_->register_remote_memory_region("local", a_->endpoint_info()["mr_info"]["local"]);
+  auto into_ro = b_->read({{h_ro, b_remote, 0, 0, 16}});
+  EXPECT_EQ(status_within(into_ro), code(StatusCode::kAccessDenied)) << into_ro.message();
+  auto from_ro = b_->write({{h_ro, b_remote, 0, 0, n}});  // the NIC reads it: fine
+  ASSERT_EQ(status_within(from_ro), 0) << from_ro.message();
+  (void)b_local;
+  // A rendezvous send (over 8 KiB) from read-only memory: registered for remote read only.
+  std::vector<uint8_t> box(n, 0);
+  auto rv = a_->recv({addr_of(box), 0, n});
+  auto sd = b_->send({ro_addr, 0, n});
+  ASSERT_EQ(status_within(sd), 0) << sd.message();
+  ASSERT_EQ(status_within(rv), 0) << rv.message();
+  EXPECT_EQ(box, weights);
+  EXPECT_TRUE(a_->is_connected() && b_->is_connected());
+  a_->shutdown();
+  b_->shutdown();
+  a_.reset();
+  b_.reset();
+  ::munmap(ro, n);
+}
 
 TEST_F(RdmaEndpointTest, EagerAndRendezvousMessagesAreByteExactInFifoOrder) {
   make();

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -503,6 +504,50 @@ TEST_F(RdmaSim, DestroyingAParentBeforeItsChildrenIsRefusedAndCountedAsVerbsDoes
   // Children first (the declaration order of Side, destroyed in reverse): nothing refused.
   { Side s = open_side(cfg); }
   EXPECT_EQ(sim_object_counts().destroy_failures, after.destroy_failures);
+}
+
+// As ibv_reg_mr pins pages (get_user_pages): unmapped or PROT_NONE memory is EFAULT, and
+// read-only memory is EFAULT when the MR asks for local or remote write; remote read alone
+// registers it.
+TEST_F(RdmaSim, RegisteringUnmappedOrReadOnlyMemoryForWritingIsEfault) {
+  auto ctx = provider().open("sim_rdma0");
+  auto pd = ctx->alloc_pd();
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  auto map = [&](int prot) {
+    void* p = ::mmap(nullptr, 4 * page, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    EXPECT_NE(p, MAP_FAILED);
+    return static_cast<uint8_t*>(p);
+  };
+  auto efault = [&](void* addr, size_t len, uint32_t access) {
+    try {
+      pd->reg_mr(addr, len, access);
+    } catch (const VerbsError& e) {
+      return e.error_number() == EFAULT;
+    }
+    return false;
+  };
+  uint8_t* ro = map(PROT_READ);
+  EXPECT_TRUE(efault(ro, 4 * page, kLocalWrite));
+  EXPECT_TRUE(efault(ro, 4 * page, kLocalWrite | kRemoteWrite | kRemoteRead));
+  EXPECT_NE(pd->reg_mr(ro, 4 * page, kRemoteRead), nullptr);
+  uint8_t* none = map(PROT_NONE);
+  EXPECT_TRUE(efault(none, page, kRemoteRead));
+  uint8_t* rw = map(PROT_READ | PROT_WRITE);
+  ASSERT_EQ(::munmap(rw + 2 * page, page), 0);  // a hole in the middle
+  EXPECT_TRUE(efault(rw, 4 * page, kRemoteRead));
+  EXPECT_TRUE(efault(rw + 2 * page, 1, kLocalWrite));
+  EXPECT_NE(pd->reg_mr(rw, 2 * page, kLocalWrite | kRemoteWrite), nullptr);  // the mapped part
+  EXPECT_NE(pd->reg_mr(rw + 3 * page + 5, 100, kLocalWrite), nullptr);
+  // Half read-only: one read-only page in a writable range is enough to refuse writing.
+  uint8_t* mixed = map(PROT_READ | PROT_WRITE);
+  ASSERT_EQ(::mprotect(mixed + page, page, PROT_READ), 0);
+  EXPECT_TRUE(efault(mixed, 3 * page, kLocalWrite));
+  EXPECT_NE(pd->reg_mr(mixed, 3 * page, kRemoteRead), nullptr);
+  ::munmap(ro, 4 * page);
+  ::munmap(none, 4 * page);
+  ::munmap(rw, 2 * page);
+  ::munmap(rw + 3 * page, page);
+  ::munmap(mixed, 4 * page);
 }
 
 TEST_F(RdmaSim, RegisteringRemoteWriteWithoutLocalWriteFails) {
