@@ -43,6 +43,7 @@ class ChildOf {
   ChildOf(const ChildOf&) = delete;
   ChildOf& operator=(const ChildOf&) = delete;
   ~ChildOf() { --parent_->live; }
+  const Children* parent() const { return parent_.get(); }
 
  private:
   std::shared_ptr<Children> parent_;
@@ -143,6 +144,7 @@ class SimCompletionQueue final : public CompletionQueue {
   }
   const std::shared_ptr<sim::Cq>& cq() const { return cq_; }
   const std::shared_ptr<Children>& qps() const { return qps_; }
+  const Children* context() const { return context_.parent(); }
 
  private:
   std::shared_ptr<Fabric> fabric_;
@@ -261,6 +263,11 @@ class SimProtectionDomain final : public ProtectionDomain {
     auto* scq = dynamic_cast<SimCompletionQueue*>(&send_cq);
     auto* rcq = dynamic_cast<SimCompletionQueue*>(&recv_cq);
     if (!scq || !rcq) throw VerbsError(EINVAL, "sim create_qp: the CQs are not the simulated device's", StatusCode::kInvalidArgument);
+    // The kernel resolves a QP's CQs in the PD's context: a CQ of another context is EINVAL.
+    if (scq->context() != context_.parent() || rcq->context() != context_.parent()) {
+      throw VerbsError(EINVAL, "sim create_qp: a CQ belongs to another device context than the PD",
+                       StatusCode::kInvalidArgument);
+    }
     if (caps.max_send_wr > sim::kMaxQpWr || caps.max_recv_wr > sim::kMaxQpWr || caps.max_send_sge > sim::kMaxSge ||
         caps.max_recv_sge > sim::kMaxSge || caps.max_inline_data > sim::kMaxInline) {
       throw VerbsError(EINVAL,

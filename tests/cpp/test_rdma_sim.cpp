@@ -550,6 +550,23 @@ TEST_F(RdmaSim, RegisteringUnmappedOrReadOnlyMemoryForWritingIsEfault) {
   ::munmap(mixed, 4 * page);
 }
 
+TEST_F(RdmaSim, AQpWithACqOfAnotherContextIsEinval) {
+  auto ctx = provider().open("sim_rdma0");
+  auto other = provider().open("sim_rdma0");
+  auto pd = ctx->alloc_pd();
+  auto own_cq = ctx->create_cq(16);
+  auto foreign_cq = other->create_cq(16);
+  for (const bool foreign_send : {true, false}) {
+    try {
+      pd->create_rc_qp(foreign_send ? *foreign_cq : *own_cq, foreign_send ? *own_cq : *foreign_cq, QpCaps{});
+      ADD_FAILURE() << "a CQ of another context was accepted";
+    } catch (const VerbsError& e) {
+      EXPECT_EQ(e.error_number(), EINVAL) << e.what();
+    }
+  }
+  EXPECT_NE(pd->create_rc_qp(*own_cq, *own_cq, QpCaps{}), nullptr);
+}
+
 TEST_F(RdmaSim, RegisteringRemoteWriteWithoutLocalWriteFails) {
   auto ctx = provider().open("sim_rdma0");
   auto pd = ctx->alloc_pd();
