@@ -172,6 +172,7 @@ nlohmann::json RdmaEndpointImpl::endpoint_info() {
           {"gid_index", device_->gid_index},
           {"link_layer", link_layer_name(device_->port_attr.link_layer)},
           {"num_qp", lanes_.size()},
+          {"max_recv_wr", options.max_recv_wr},  // the receives each side has for the other's messages
           {"qp_info", qps},
           {"mr_info", mr_info()}};
 }
@@ -204,6 +205,14 @@ void RdmaEndpointImpl::connect(const nlohmann::json& peer) {
                                       "same num_qp)",
                                       lanes_.size(), qp_info.is_array() ? qp_info.size() : peer_qps));
   }
+  // The credit is the connection's, the same on both sides: a quarter of the smaller receive
+  // queue, so that neither sends more than the other has receives for (our messages plus
+  // our DONEs for its messages, and BYE). A peer that publishes none has our size.
+  const uint64_t peer_recv_wr =
+      peer.contains("max_recv_wr") ? unsigned_field(peer, "max_recv_wr", "endpoint_info", UINT32_MAX) : options.max_recv_wr;
+  if (peer_recv_wr == 0) throw ConnectionError("peer endpoint_info: max_recv_wr must be positive");
+  const uint32_t credit =
+      std::max<uint32_t>(1, static_cast<uint32_t>(std::min<uint64_t>(options.max_recv_wr, peer_recv_wr) / 4));
   for (size_t i = 0; i < lanes_.size(); ++i) {
     const nlohmann::json& q = qp_info[i];
     const nlohmann::json& gid = field(q, "gid", "qp_info entry");
@@ -233,6 +242,7 @@ void RdmaEndpointImpl::connect(const nlohmann::json& peer) {
                                         std::strerror(rc), qp_state_name(lane.qp->state())));
     }
   }
+  credit_ = credit;
   connected_ = true;
 }
 

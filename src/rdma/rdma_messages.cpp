@@ -9,6 +9,9 @@
 // - Messages match posted recvs in FIFO order. One that arrives first waits, copied out
 //   (eager) or as its RTS, for its recv. A sender has at most `credit_` messages that the
 //   receiver has not answered, so what waits is bounded (credit x kEagerBuffer bytes).
+//   Both sides use the same credit, a quarter of the smaller max_recv_wr of the two
+//   (exchanged in endpoint_info), and the receiver enforces it: a peer with more unmatched
+//   messages than the credit fails the connection (PROTOCOL_ERROR), never its memory.
 // - The receiver answers every message with DONE(seq, status, reason): the send completes
 //   with it (MESSAGE_TOO_LARGE when the recv was too short, which fails that recv alone;
 //   a refusal's reason, e.g. recv(exact_size), so the sender's error names it as TCP's does).
@@ -293,6 +296,16 @@ void RdmaEndpointImpl::on_message(const uint8_t* buf, uint32_t len, std::vector<
     case kRts: {
       if (h.type == kEager && h.length != len - sizeof h) {
         fail_lane(lanes_[0], 0, Status::protocol_error("an eager message whose length is not its payload's"), done);
+        return;
+      }
+      // An honest sender has at most credit_ messages we have not answered; those waiting
+      // for a recv are among them. Before connect() our credit is our own, never less.
+      if (unexpected_.size() >= credit_) {
+        fail_lane(lanes_[0], 0,
+                  Status::protocol_error(fmt::format("the peer sent more unmatched messages than the credit ({}) "
+                                                     "allows",
+                                                     credit_)),
+                  done);
         return;
       }
       Unexpected m{h.type, h.seq, h.length, h.addr, h.rkey, {}};

@@ -541,6 +541,60 @@ TEST_F(RdmaEndpointTest, EagerAndRendezvousMessagesAreByteExactInFifoOrder) {
   EXPECT_EQ(big_box, big);
 }
 
+// Peers with different receive queues use one credit, a quarter of the smaller one: the
+// larger side never has more messages waiting at the smaller than it allows (review F5).
+TEST_F(RdmaEndpointTest, PeersWithDifferentReceiveQueuesShareTheSmallerCredit) {
+  RdmaOptions big, small;
+  big.max_recv_wr = 256;  // credit 64 alone
+  small.max_recv_wr = 16;  // credit 4
+  a_ = std::make_unique<RDMAEndpoint>(big);
+  b_ = std::make_unique<RDMAEndpoint>(small);
+  EXPECT_EQ(a_->endpoint_info()["max_recv_wr"], 256);
+  connect();
+  constexpr int kMessages = 40;
+  std::vector<std::vector<uint8_t>> msgs, boxes;
+  for (int i = 0; i < kMessages; ++i) {
+    msgs.push_back(pattern(64 + i, static_cast<uint8_t>(i)));
+    boxes.emplace_back(64 + i, 0);
+  }
+  std::vector<Future> sends, recvs;
+  for (auto& m : msgs) sends.push_back(a_->send({addr_of(m), 0, m.size()}));
+  // No recv yet: at most the credit (4) may wait at b; more would have failed its lane.
+  EXPECT_EQ(sends.back().wait_for(30ms), std::nullopt);
+  EXPECT_TRUE(b_->is_connected());
+  for (auto& box : boxes) recvs.push_back(b_->recv({addr_of(box), 0, box.size()}));
+  for (int i = 0; i < kMessages; ++i) {
+    ASSERT_EQ(status_within(sends[i]), 0) << i << ": " << sends[i].message();
+    ASSERT_EQ(status_within(recvs[i]), 0) << i << ": " << recvs[i].message();
+    EXPECT_EQ(boxes[i], msgs[i]) << i;
+  }
+}
+
+// A peer that ignores the credit (here: told the receiver has a larger queue than it has)
+// fails the connection with PROTOCOL_ERROR at the receiver, instead of growing its memory.
+TEST_F(RdmaEndpointTest, APeerThatIgnoresTheCreditFailsTheConnectionNotTheReceiversMemory) {
+  RdmaOptions big, small;
+  big.max_recv_wr = 256;
+  small.max_recv_wr = 16;
+  a_ = std::make_unique<RDMAEndpoint>(big);
+  b_ = std::make_unique<RDMAEndpoint>(small);
+  json b_info = b_->endpoint_info();
+  b_info["max_recv_wr"] = 256;  // a's credit becomes 64; b's stays 4
+  a_->connect(b_info);
+  b_->connect(a_->endpoint_info());
+  std::vector<std::vector<uint8_t>> msgs;
+  for (int i = 0; i < 12; ++i) msgs.push_back(pattern(32, static_cast<uint8_t>(i)));
+  std::vector<Future> sends;
+  for (auto& m : msgs) sends.push_back(a_->send({addr_of(m), 0, m.size()}));
+  ASSERT_TRUE(wait_until([&] { return !b_->is_connected(); })) << "b kept more unmatched messages than its credit";
+  std::vector<uint8_t> box(32);
+  auto rv = b_->recv({addr_of(box), 0, box.size()});
+  const int st = status_within(rv);
+  EXPECT_TRUE(st == code(StatusCode::kNotConnected) || st == code(StatusCode::kPeerClosed)) << st << " "
+                                                                                           << rv.message();
+  for (auto& s : sends) EXPECT_NE(status_within(s), -1) << "a send hung after the connection failed";
+}
+
 TEST_F(RdmaEndpointTest, AMessageThatArrivesFirstWaitsForItsRecv) {
   make();
   connect();
