@@ -1215,14 +1215,16 @@ CONFORMANCE_TEST(AReconnectToAnotherPeerDropsTheOldPeersRegionsAndImmediates, al
   const bool imm = caps_.supports(OpKind::kWriteWithImm) && caps_.supports(OpKind::kImmRecv) &&
                    !peer_in_another_process(GetParam());
   auto landing = buffer(64);
+  // b_'s endpoint writes 16 bytes of `from` (b_'s memory) into a_'s landing, with `imm`.
+  auto peer_writes_with_imm = [&](const Region& from, uint32_t imm_data) {
+    Endpoint& peer = b_->endpoint();
+    const int32_t hb_src = peer.register_memory_region("bsrc", from.addr(), 0, from.size());
+    const int32_t hb_landing = peer.register_remote_memory_region("landing", a_->endpoint_info()["mr_info"]["landing"]);
+    return status_within(peer.write_with_imm({{hb_src, hb_landing, 0, 0, 16}}, imm_data));
+  };
   if (imm) {
     a_->register_memory_region("landing", landing->addr(), 0, landing->size());
-    Endpoint& old_peer = b_->endpoint();
-    const int32_t hb_src = old_peer.register_memory_region("bsrc", old_dst->addr(), 0, old_dst->size());
-    const int32_t hb_landing =
-        old_peer.register_remote_memory_region("landing", a_->endpoint_info()["mr_info"]["landing"]);
-    auto w = old_peer.write_with_imm({{hb_src, hb_landing, 0, 0, 16}}, 0xA1);
-    ASSERT_EQ(status_within(w), 0) << w.message();
+    ASSERT_EQ(peer_writes_with_imm(*old_dst, 0xA1), 0);
   }
   b_->shutdown();
   b_.reset();  // a peer process exits here (NVLink replaces a peer only once it has exited)
@@ -1246,12 +1248,7 @@ CONFORMANCE_TEST(AReconnectToAnotherPeerDropsTheOldPeersRegionsAndImmediates, al
   EXPECT_TRUE(all_are(new_dst->bytes(), 0x5a));
   if (imm) {
     Future next = a_->imm_recv();
-    Endpoint& new_peer = b_->endpoint();
-    const int32_t hb_src = new_peer.register_memory_region("bsrc", new_dst->addr(), 0, new_dst->size());
-    const int32_t hb_landing =
-        new_peer.register_remote_memory_region("landing", a_->endpoint_info()["mr_info"]["landing"]);
-    auto w = new_peer.write_with_imm({{hb_src, hb_landing, 0, 0, 16}}, 0xB2);
-    ASSERT_EQ(status_within(w), 0) << w.message();
+    ASSERT_EQ(peer_writes_with_imm(*new_dst, 0xB2), 0);
     ASSERT_EQ(status_within(next), 0) << next.message();
     EXPECT_EQ(next.imm_data(), 0xB2u) << "the new connection's imm_recv took the old peer's immediate";
   }
