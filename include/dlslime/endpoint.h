@@ -46,8 +46,10 @@ struct OpRequest {
   // read, write, write_with_imm, send: this op's deadline, counted from submit. Zero: the
   // endpoint's op_timeout (which may be "none"). Either way the op fails with kTimeout
   // once it passes, and its message names the limit that applied. Longer or shorter than
-  // op_timeout alike; at most kMaxOpTimeout. A recv or imm_recv takes none (the
-  // transport's own recv deadline, if any, applies): a non-zero one is InvalidArgument.
+  // op_timeout alike; at most kMaxOpTimeout. recv, imm_recv: how long it waits for its
+  // message or immediate, from submit; zero: the endpoint's recv deadline (TCP and RDMA
+  // recv_timeout, none by default). Then it fails with kTimeout and the connection lives
+  // (review F11: a target that only waits must not wait for ever on a silent peer).
   std::chrono::milliseconds timeout{0};
   // recv: the message must fill the buffer exactly (upstream DLSlime's exact_size). A
   // shorter one is consumed by this recv and fails it (kFailed, naming both sizes;
@@ -128,8 +130,8 @@ class DLSLIME_API Endpoint {
   Future write_with_imm(std::vector<Assignment> assignments, uint32_t imm_data = 0,
                         std::chrono::milliseconds timeout = {});
   Future send(const Chunk& chunk, std::chrono::milliseconds timeout = {});
-  Future recv(const Chunk& chunk, bool exact_size = false);
-  Future imm_recv();
+  Future recv(const Chunk& chunk, bool exact_size = false, std::chrono::milliseconds timeout = {});
+  Future imm_recv(std::chrono::milliseconds timeout = {});
 
   virtual Capabilities capabilities() const = 0;
   // Idempotent. Pending ops complete with kCancelled; later ops fail the same way. A

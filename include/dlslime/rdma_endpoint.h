@@ -34,6 +34,16 @@ struct DLSLIME_API RdmaOptions {
   // moved to the error state (the only way to take back posted work), so other ops in
   // flight on it fail too, and the endpoint is no longer connected.
   std::chrono::milliseconds op_timeout{30000};
+  // Deadline of a recv or imm_recv waiting for its message or immediate, from submission
+  // (their own timeout, OpRequest::timeout, wins); 0 = none. It fails with TIMEOUT alone
+  // and the connection lives (nothing is posted for a waiting recv: nothing to take back).
+  std::chrono::milliseconds recv_timeout{0};
+  // Liveness (review F11): while connected and lane 0 is idle, a zero-length RDMA write is
+  // posted this often; a dead peer fails it within the RC retry bound, which fails the
+  // connection (waiting recvs and imm_recvs get PEER_CLOSED). Only once the peer has
+  // answered on this connection (it may not have connected back yet). 0 = no probe: a
+  // dead peer is then noticed only at the next op.
+  std::chrono::milliseconds keepalive{2000};
   // RC transport: ACK timeout exponent (4.096 us * 2^timeout, 0 = infinite), retries.
   uint32_t ack_timeout = 14;
   uint32_t retry_cnt = 7;

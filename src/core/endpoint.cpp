@@ -47,10 +47,6 @@ Future Endpoint::submit(OpRequest request) {
     throw InvalidArgumentError(fmt::format("{}: timeout {} ms is outside [0, {}] ms", op_kind_name(request.kind),
                                            request.timeout.count(), OpRequest::kMaxOpTimeout.count()));
   }
-  if (request.timeout.count() != 0 && (request.kind == OpKind::kRecv || request.kind == OpKind::kImmRecv)) {
-    throw InvalidArgumentError(fmt::format("{}: takes no per-op timeout (the transport's recv deadline applies)",
-                                           op_kind_name(request.kind)));
-  }
   switch (request.kind) {
     case OpKind::kRead:
     case OpKind::kWrite:
@@ -110,10 +106,12 @@ Future Endpoint::send(const Chunk& chunk, std::chrono::milliseconds timeout) {
   return submit(two_sided(OpKind::kSend, chunk, timeout, false));
 }
 
-Future Endpoint::recv(const Chunk& chunk, bool exact_size) {
-  return submit(two_sided(OpKind::kRecv, chunk, std::chrono::milliseconds{0}, exact_size));
+Future Endpoint::recv(const Chunk& chunk, bool exact_size, std::chrono::milliseconds timeout) {
+  return submit(two_sided(OpKind::kRecv, chunk, timeout, exact_size));
 }
 
-Future Endpoint::imm_recv() { return submit(two_sided(OpKind::kImmRecv, Chunk{}, std::chrono::milliseconds{0}, false)); }
+Future Endpoint::imm_recv(std::chrono::milliseconds timeout) {
+  return submit(two_sided(OpKind::kImmRecv, Chunk{}, timeout, false));
+}
 
 }  // namespace dlslime

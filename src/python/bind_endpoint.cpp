@@ -66,11 +66,12 @@ Future send_op(Endpoint& ep, py::handle chunk, py::handle /*stream*/, py::handle
 
 // exact_size=True (OpRequest::exact_size): the transport fails a recv whose message is
 // shorter than the buffer.
-Future recv_op(Endpoint& ep, py::handle chunk, py::handle /*stream*/, py::handle exact_size) {
+Future recv_op(Endpoint& ep, py::handle chunk, py::handle /*stream*/, py::handle exact_size, py::handle timeout_ms) {
   const Chunk c = to_chunk(chunk);
   const bool exact = bool_arg(exact_size, "exact_size");
+  const auto timeout = timeout_arg(timeout_ms);
   ReleaseGil release;
-  return ep.recv(c, exact);
+  return ep.recv(c, exact, timeout);
 }
 
 template <OpKind Kind>
@@ -91,8 +92,10 @@ void def_send(py::class_<Endpoint, std::shared_ptr<Endpoint>>& cls, const char* 
 
 void def_recv(py::class_<Endpoint, std::shared_ptr<Endpoint>>& cls, const char* name) {
   cls.def(name, &recv_op, py::arg("chunk"), py::arg("stream") = py::none(), py::arg("exact_size") = false,
+          py::arg("timeout_ms") = py::none(),
           "Post a receive buffer (addr, offset, length); future.nbytes tells the message size. exact_size=True: "
-          "a message shorter than the buffer fails the op.");
+          "a message shorter than the buffer fails the op. timeout_ms: how long it waits for its message (None or "
+          "0: the endpoint's recv_timeout); then it fails with TIMEOUT and the connection lives.");
 }
 
 template <OpKind Kind>
@@ -307,8 +310,15 @@ void bind_endpoint(py::module_& m) {
           py::arg("stream") = py::none(), py::arg("timeout_ms") = py::none(), py::kw_only(),
           py::arg_v("assign", missing_arg(), "<unset>"))
       .def(
-          "imm_recv", [](Endpoint& ep, py::handle /*stream*/) { return ep.imm_recv(); },
-          py::arg("stream") = py::none())
+          "imm_recv",
+          [](Endpoint& ep, py::handle /*stream*/, py::handle timeout_ms) {
+            const auto timeout = timeout_arg(timeout_ms);
+            ReleaseGil release;
+            return ep.imm_recv(timeout);
+          },
+          py::arg("stream") = py::none(), py::arg("timeout_ms") = py::none(),
+          "Wait for the peer's next write_with_imm; future.imm_data() is its immediate. timeout_ms: how long it "
+          "waits (None or 0: the endpoint's recv_timeout); then it fails with TIMEOUT.")
       .def("capabilities", [](const Endpoint& ep) { return capabilities_dict(ep.capabilities()); })
       .def(
           "get_pool", [](const std::shared_ptr<Endpoint>& ep) { return pool_of(ep); },

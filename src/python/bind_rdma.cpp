@@ -367,6 +367,8 @@ void bind_rdma(py::module_& m) {
         d["qps"] = c.qps;
         d["comp_channels"] = c.comp_channels;
         d["destroy_failures"] = c.destroy_failures;
+        d["cqes"] = c.cqes;
+        d["recv_wrs"] = c.recv_wrs;
         return d;
       },
       "The simulated RDMA device's live objects and refused destroys (dlslime.testing.sim_rdma_objects).");

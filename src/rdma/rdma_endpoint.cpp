@@ -83,11 +83,15 @@ RdmaEndpointImpl::RdmaEndpointImpl(RdmaOptions opts, std::shared_ptr<MemoryRegis
   options.validate();
   device_ = open_device(options);
   domain_ = std::make_shared<RdmaMemoryDomain>(device_);
-  // Enough CQEs for every send and receive WR that can be outstanding: no overrun.
-  const int depth = static_cast<int>(options.num_qp * (options.max_send_wr + options.max_recv_wr));
+  // Enough CQEs for every send and receive WR that can be outstanding: no overrun. Only
+  // lane 0 has receives (below).
+  const int depth = static_cast<int>(options.num_qp * options.max_send_wr + options.max_recv_wr);
   cq_ = device_->ctx->create_cq(depth);
   lanes_.resize(options.num_qp);
-  for (size_t i = 0; i < lanes_.size(); ++i) lanes_[i].qp = new_qp(i);
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    lanes_[i].qp = new_qp(i);
+    lanes_[i].psn = random_psn();  // the peer checks it: never a guessable 0 (review F12)
+  }
   max_inline_ = lanes_[0].qp->caps().max_inline_data;
   // Lane 0 carries write_with_imm (its order with the batch's writes is the QP's) and the
   // two-sided messages, so only it has receives: the eager buffers.
@@ -99,7 +103,7 @@ RdmaEndpointImpl::RdmaEndpointImpl(RdmaOptions opts, std::shared_ptr<MemoryRegis
 std::unique_ptr<QueuePair> RdmaEndpointImpl::new_qp(size_t index) {
   QpCaps caps;
   caps.max_send_wr = options.max_send_wr;
-  caps.max_recv_wr = options.max_recv_wr;
+  caps.max_recv_wr = index == 0 ? options.max_recv_wr : 0;  // only lane 0 receives messages
   caps.max_send_sge = 1;
   caps.max_recv_sge = 1;
   caps.max_inline_data = options.max_inline_data;
@@ -243,6 +247,7 @@ void RdmaEndpointImpl::connect(const nlohmann::json& peer) {
     }
   }
   credit_ = credit;
+  peer_answered_ = false;
   connected_ = true;
 }
 
@@ -415,7 +420,10 @@ Future RdmaEndpointImpl::submit(OpRequest request) {
     // As recv: one is waited for before the first connect, but a failed connection will
     // never deliver another immediate (imm_events_ kept what it had delivered).
     if (lanes_[0].failed) return lock.unlock(), fail(lane_failed_status(lanes_[0], 0));
-    imm_waiters_.push_back(state);
+    const MessageWait wait = start_wait(request);
+    imm_waiters_.push_back({state, wait});
+    lock.unlock();
+    wake_for_deadline(wait.deadline);
     return future;
   }
   if (request.kind == OpKind::kRecv && !lanes_[0].failed) return submit_recv(request, state, lock);
@@ -668,6 +676,7 @@ void RdmaEndpointImpl::on_send_completion(Lane& lane, size_t index, const WorkCo
     if (!lane.failed) fail_lane(lane, index, status, done);
     return;
   }
+  if (connected_) peer_answered_ = true;  // the peer acknowledged it
   pump(lane, index, done);
 }
 
@@ -679,12 +688,13 @@ void RdmaEndpointImpl::on_recv_completion(const WorkCompletion& wc, std::vector<
     if (!lanes_[0].failed) fail_lane(lanes_[0], 0, wc_status(lanes_[0], 0, wc), done);
     return;
   }
+  if (connected_) peer_answered_ = true;
   const auto slot = static_cast<uint32_t>(wc.wr_id & ~kRecvWrFlag);
   if (wc.opcode == WcOpcode::kRecv) {
     on_message(recv_pool_.data() + size_t(slot) * kEagerBuffer, wc.byte_len, done);  // copies what it keeps
   } else if (wc.opcode == WcOpcode::kRecvRdmaWithImm) {
     if (!imm_waiters_.empty()) {
-      auto state = std::move(imm_waiters_.front());
+      auto state = std::move(imm_waiters_.front().state);
       imm_waiters_.pop_front();
       state->set_imm_data(wc.imm_data);
       done.push_back({std::move(state), Status::ok(), wc.byte_len});
@@ -737,6 +747,8 @@ void RdmaEndpointImpl::poll_cq(std::vector<Done>& done) {
 void RdmaEndpointImpl::expire(std::vector<Done>& done) {
   std::lock_guard lock(mu_);
   const auto now = Clock::now();
+  expire_waits(now, done);
+  keep_alive(now, done);
   std::vector<std::pair<uint64_t, Op>> expired;
   ops_.expire(now, [&](uint64_t id, Op&& op) { expired.emplace_back(id, std::move(op)); });
   for (auto& [id, op] : expired) {
@@ -780,6 +792,64 @@ PendingOps<RdmaEndpointImpl::Op>::TimePoint RdmaEndpointImpl::start_deadline(con
   op.own_timeout = request.timeout.count() > 0;
   op.timeout = op.own_timeout ? request.timeout : options.op_timeout;
   return op.timeout.count() > 0 ? Clock::now() + op.timeout : PendingOps<Op>::kNever;
+}
+
+RdmaEndpointImpl::MessageWait RdmaEndpointImpl::start_wait(const OpRequest& request) {
+  MessageWait w;
+  w.own_limit = request.timeout.count() > 0;
+  w.limit = w.own_limit ? request.timeout : options.recv_timeout;
+  if (w.limit.count() > 0) {
+    w.deadline = Clock::now() + w.limit;
+    wait_deadline_ = std::min(wait_deadline_, w.deadline);
+  }
+  return w;
+}
+
+Status RdmaEndpointImpl::MessageWait::expired(OpKind kind) const {
+  return Status::timeout(fmt::format("{}: no {} arrived within {} ms ({})", op_kind_name(kind),
+                                     kind == OpKind::kImmRecv ? "immediate" : "message", limit.count(),
+                                     own_limit ? "its timeout" : "recv_timeout"));
+}
+
+void RdmaEndpointImpl::expire_waits(PendingOps<Op>::TimePoint now, std::vector<Done>& done) {
+  if (now < wait_deadline_) return;
+  wait_deadline_ = PendingOps<Op>::kNever;
+  // Nothing is posted for a waiting recv (its message has not come): it ends alone.
+  auto sweep = [&](auto& waiting, OpKind kind) {
+    for (auto it = waiting.begin(); it != waiting.end();) {
+      if (it->wait.deadline <= now) {
+        done.push_back({std::move(it->state), it->wait.expired(kind), 0});
+        it = waiting.erase(it);
+      } else {
+        wait_deadline_ = std::min(wait_deadline_, it->wait.deadline);
+        ++it;
+      }
+    }
+  };
+  sweep(recvs_, OpKind::kRecv);
+  sweep(imm_waiters_, OpKind::kImmRecv);
+}
+
+bool RdmaEndpointImpl::keepalive_applies() const {
+  return options.keepalive.count() > 0 && connected_ && peer_answered_ && !closed_ && !closing_ && !peer_closed_ &&
+         !lanes_[0].failed;
+}
+
+void RdmaEndpointImpl::keep_alive(PendingOps<Op>::TimePoint now, std::vector<Done>& done) {
+  if (probe_at_ == PendingOps<Op>::kNever || now < probe_at_) return;
+  probe_at_ = PendingOps<Op>::kNever;  // run() sets the next one
+  if (!keepalive_applies()) return;
+  Lane& lane = lanes_[0];
+  // Work on lane 0 already tells within the retry bound whether the peer is there.
+  if (!lane.posted.empty() || !lane.waiting.empty()) return;
+  // Zero bytes: the responder checks no rkey (IBA C9-88), touches no memory and consumes
+  // no receive; only its ACK matters. Signaled, and no op ends with it (op id 0).
+  QueuedWr q;
+  q.op_id = 0;
+  q.opcode = WrOpcode::kRdmaWrite;
+  q.last_of_op = true;
+  lane.waiting.push_back(q);
+  pump(lane, 0, done);
 }
 
 void RdmaEndpointImpl::wake_for_deadline(PendingOps<Op>::TimePoint deadline) {
@@ -826,7 +896,12 @@ void RdmaEndpointImpl::run() {
     int timeout_ms = -1;
     {
       std::lock_guard lock(mu_);
-      const auto next = ops_.next_deadline();
+      if (!keepalive_applies()) {
+        probe_at_ = PendingOps<Op>::kNever;
+      } else if (probe_at_ == PendingOps<Op>::kNever) {
+        probe_at_ = Clock::now() + options.keepalive;
+      }
+      const auto next = std::min({ops_.next_deadline(), wait_deadline_, probe_at_});
       sleep_until_ns_.store(next.time_since_epoch().count(), std::memory_order_relaxed);  // kNever: INT64_MAX
       if (next != PendingOps<Op>::kNever) {
         const auto left = std::chrono::ceil<std::chrono::milliseconds>(next - Clock::now()).count();

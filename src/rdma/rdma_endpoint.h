@@ -150,12 +150,22 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
   // --- two-sided messages (rdma_messages.cpp) ---
   // Eager messages are copied through fixed receive buffers; larger ones are read by the
   // receiver from the sender's buffer (rendezvous). All of it travels on lane 0 as SENDs.
+  // How long a recv or imm_recv waits for its message (review F11): its own timeout, else
+  // recv_timeout; kNever for none. Once a message is matched, the recv's reading of it
+  // is an op with the op deadline (it has posted work).
+  struct MessageWait {
+    PendingOps<Op>::TimePoint deadline = PendingOps<Op>::kNever;
+    std::chrono::milliseconds limit{0};
+    bool own_limit = false;
+    Status expired(OpKind kind) const;
+  };
   struct PostedRecv {
     std::shared_ptr<OpState> state;
     uint64_t addr = 0;
     uint64_t length = 0;
     bool exact_size = false;  // OpRequest::exact_size: a shorter message fails it
     bool device = false;      // GPU memory: an eager message is copied in by the GPU runtime
+    MessageWait wait;
   };
   struct Unexpected {
     uint32_t type = 0;
@@ -228,6 +238,14 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
   // The deadline of an op starting now: its own timeout (OpRequest::timeout) or the
   // endpoint's op_timeout, recorded in `op` for the timeout's message. kNever: none.
   PendingOps<Op>::TimePoint start_deadline(const OpRequest& request, Op& op) const;
+  // The wait of a recv or imm_recv submitted now; lowers wait_deadline_ to its deadline.
+  MessageWait start_wait(const OpRequest& request);
+  // Fails the recvs and imm_recvs whose wait has passed (under mu_); called by expire().
+  void expire_waits(PendingOps<Op>::TimePoint now, std::vector<Done>& done);
+  // Liveness (RdmaOptions::keepalive): whether probing applies now, and the probe itself,
+  // a zero-length RDMA write on lane 0 when nothing else is there (under mu_).
+  bool keepalive_applies() const;
+  void keep_alive(PendingOps<Op>::TimePoint now, std::vector<Done>& done);
   // Called once an op with `deadline` is in ops_ (with or without mu_): wakes the
   // completion thread if it sleeps past that deadline, so that it is not missed.
   void wake_for_deadline(PendingOps<Op>::TimePoint deadline);
@@ -247,7 +265,18 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
   uint64_t next_op_id_ = 1;
   PendingOps<Op> ops_;
   std::deque<ImmEvent> imm_events_;                  // arrived, no imm_recv yet
-  std::deque<std::shared_ptr<OpState>> imm_waiters_;  // imm_recv ops, no event yet
+  struct ImmWaiter {
+    std::shared_ptr<OpState> state;
+    MessageWait wait;
+  };
+  std::deque<ImmWaiter> imm_waiters_;  // imm_recv ops, no event yet
+  // At most the earliest MessageWait::deadline in recvs_ and imm_waiters_ (one matched
+  // early leaves it early: expire_waits() then recomputes it).
+  PendingOps<Op>::TimePoint wait_deadline_ = PendingOps<Op>::kNever;
+  // A completion of this connection came back (the peer has connected back): from then on
+  // it is probed. Set by the completion thread; cleared when a connection starts.
+  bool peer_answered_ = false;
+  PendingOps<Op>::TimePoint probe_at_ = PendingOps<Op>::kNever;  // the next keepalive probe
   BatchPlan plan_;
   std::atomic<int64_t> sleep_until_ns_{INT64_MAX};  // the completion thread's wake-up time
   // Notified (with mu_ not held) by the completion thread after each turn and when it

@@ -276,11 +276,13 @@ Future RdmaEndpointImpl::submit_recv(const OpRequest& request, std::shared_ptr<O
   Future future(state);
   const Chunk& chunk = request.chunk;
   const uint64_t addr = chunk.addr + chunk.offset;
-  recvs_.push_back({std::move(state), addr, chunk.length, request.exact_size, device_buffer(addr, chunk.length)});
+  const MessageWait wait = start_wait(request);
+  recvs_.push_back({std::move(state), addr, chunk.length, request.exact_size, device_buffer(addr, chunk.length), wait});
   std::vector<Done> done;
   match(done);
   lock.unlock();
   complete_all(done);
+  wake_for_deadline(wait.deadline);
   return future;
 }
 
@@ -431,7 +433,7 @@ void RdmaEndpointImpl::fail_messages(const Status& cause, std::vector<Done>& don
                                  : Status::peer_closed(fmt::format("the connection failed: {}", cause.message()));
   for (auto& r : recvs_) done.push_back({std::move(r.state), recv_status, 0});
   recvs_.clear();
-  for (auto& w : imm_waiters_) done.push_back({std::move(w), recv_status, 0});  // review F3
+  for (auto& w : imm_waiters_) done.push_back({std::move(w.state), recv_status, 0});  // review F3
   imm_waiters_.clear();
   unexpected_.clear();
   const Status send_status = closed_ ? Status::cancelled("RDMAEndpoint was shut down") : cause;

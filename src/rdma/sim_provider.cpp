@@ -25,6 +25,8 @@ using sim::Fabric;
 // test sees the teardown order a NIC would punish.
 struct Counts {
   std::atomic<int64_t> contexts{0}, pds{0}, mrs{0}, cqs{0}, qps{0}, comp_channels{0}, destroy_failures{0};
+  // What the live objects hold of the device: CQ entries and QP receive-queue entries.
+  std::atomic<int64_t> cqes{0}, recv_wrs{0};
 };
 Counts& counts() {
   static Counts c;
@@ -61,13 +63,16 @@ void destroyed(const Children& children, const char* object, const char* kind) {
 // Counts one live object of a kind.
 class Counted {
  public:
-  explicit Counted(std::atomic<int64_t>& count) : count_(count) { ++count_; }
+  explicit Counted(std::atomic<int64_t>& count, int64_t amount = 1) : count_(count), amount_(amount) {
+    count_ += amount_;
+  }
   Counted(const Counted&) = delete;
   Counted& operator=(const Counted&) = delete;
-  ~Counted() { --count_; }
+  ~Counted() { count_ -= amount_; }
 
  private:
   std::atomic<int64_t>& count_;
+  const int64_t amount_;
 };
 
 // What pinning host pages does on a NIC (get_user_pages): every page of [addr, +length) must
@@ -153,6 +158,7 @@ class SimCompletionQueue final : public CompletionQueue {
   std::shared_ptr<Children> qps_ = std::make_shared<Children>();
   // The CQ and its completion channel (one event fd here) are made and destroyed together.
   Counted counted_{counts().cqs}, channel_counted_{counts().comp_channels};
+  Counted entries_{counts().cqes, cq_->depth};
 };
 
 class SimQueuePair final : public QueuePair {
@@ -196,6 +202,7 @@ class SimQueuePair final : public QueuePair {
   std::shared_ptr<sim::Qp> qp_;
   ChildOf pd_, send_cq_, recv_cq_;
   Counted counted_{counts().qps};
+  Counted recv_wrs_{counts().recv_wrs, qp_->caps.max_recv_wr};
 };
 
 class SimProtectionDomain final : public ProtectionDomain {
@@ -346,7 +353,7 @@ SimObjectCounts sim_object_counts() {
   const Counts& c = counts();
   return SimObjectCounts{c.contexts.load(), c.pds.load(),           c.mrs.load(),
                          c.cqs.load(),      c.qps.load(),           c.comp_channels.load(),
-                         c.destroy_failures.load()};
+                         c.destroy_failures.load(), c.cqes.load(), c.recv_wrs.load()};
 }
 
 Provider& sim_provider() {

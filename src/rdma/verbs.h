@@ -263,6 +263,7 @@ Provider& sim_provider();
 // PD, CQ or context destroyed while children of it still lived; the object leaks on a NIC).
 struct SimObjectCounts {
   int64_t contexts = 0, pds = 0, mrs = 0, cqs = 0, qps = 0, comp_channels = 0, destroy_failures = 0;
+  int64_t cqes = 0, recv_wrs = 0;  // entries the live CQs and QP receive queues hold
 };
 DLSLIME_API SimObjectCounts sim_object_counts();  // exported for dlslime.testing
 bool sim_selected();  // DLSLIME_RDMA_SIM=1; unset, empty or 0: no; anything else throws InvalidArgumentError

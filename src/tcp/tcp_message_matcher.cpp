@@ -271,19 +271,24 @@ MessageMatcher::Clock::time_point MessageMatcher::post_recv(PostedRecv recv, Clo
 }
 
 void MessageMatcher::expire(Clock::time_point now) {
-  const auto timeout = [&] {
-    return Status::timeout(fmt::format("recv: no message arrived within {} ms (recv_timeout)",
-                                       options_.recv_timeout.count()));
+  const auto timeout = [](const PostedRecv& r) {
+    return Status::timeout(fmt::format("recv: no message arrived within {} ms ({})", r.limit.count(),
+                                       r.own_limit ? "its timeout" : "recv_timeout"));
   };
-  // Posted recvs expire in posting order (their deadlines are in that order too).
-  while (!recvs_.empty() && recvs_.front().deadline <= now) {
-    auto state = std::move(recvs_.front().state);
-    recvs_.pop_front();
-    state->complete(timeout());
+  // Taken out first, completed after: a continuation may post another recv.
+  std::vector<std::pair<std::shared_ptr<OpState>, Status>> expired;
+  for (auto it = recvs_.begin(); it != recvs_.end();) {
+    if (it->deadline > now) {
+      ++it;
+      continue;
+    }
+    expired.emplace_back(std::move(it->state), timeout(*it));
+    it = recvs_.erase(it);
   }
+  for (auto& [state, why] : expired) state->complete(std::move(why));
   if (auto msg = current_msg_; msg && msg->matched && msg->recv.state && msg->recv.deadline <= now) {
     auto conn = msg->conn.lock();
-    end_recv(*msg, timeout());
+    end_recv(*msg, timeout(msg->recv));
     // Bytes still streaming into the buffer: only closing the connection stops them (a
     // GPU recv's stream into a staging slot, and no copy follows once it ended).
     if (conn && !msg->recv.device && !conn->release(msg->recv.local_id)) {
@@ -293,7 +298,8 @@ void MessageMatcher::expire(Clock::time_point now) {
 }
 
 MessageMatcher::Clock::time_point MessageMatcher::next_deadline() const {
-  Clock::time_point next = recvs_.empty() ? Clock::time_point::max() : recvs_.front().deadline;
+  Clock::time_point next = Clock::time_point::max();
+  for (const PostedRecv& r : recvs_) next = std::min(next, r.deadline);
   if (current_msg_ && current_msg_->matched && current_msg_->recv.state) {
     next = std::min(next, current_msg_->recv.deadline);
   }

@@ -36,8 +36,10 @@ class MessageMatcher {
     uint64_t local_id = 0;
     bool exact_size = false;  // OpRequest::exact_size: a shorter message fails it
     bool device = false;      // the buffer is GPU memory: frames are staged
-    // Set on the I/O thread when it is posted (post_recv), so that recvs_, in posting
-    // order, is in deadline order too.
+    // How long it waits: its own timeout (OpRequest::timeout), else recv_timeout; zero:
+    // no deadline. The deadline is set from it on the I/O thread (post_recv).
+    std::chrono::milliseconds limit{0};
+    bool own_limit = false;  // OpRequest::timeout, not recv_timeout (for the message)
     Clock::time_point deadline = Clock::time_point::max();
   };
   // What drop_all() took out of the tables, to be failed once the bookkeeping is done.
@@ -115,7 +117,9 @@ class MessageMatcher {
   tcp::GpuPath& gpu_;
   // GPU recvs with copies pending, for drop_all (the copies' callbacks hold them too).
   std::vector<std::shared_ptr<InboundMessage>> copying_;
-  std::deque<PostedRecv> recvs_;  // posting order = deadline order (PostedRecv::deadline)
+  // Posting order. With per-recv timeouts that is not deadline order: expire() and
+  // next_deadline() look at every one (they run at deadlines, not per message).
+  std::deque<PostedRecv> recvs_;
   std::deque<std::shared_ptr<InboundMessage>> unexpected_;
   std::shared_ptr<InboundMessage> current_msg_;  // message whose frames are arriving
   uint64_t unexpected_bytes_ = 0;

@@ -192,6 +192,8 @@ Future TcpEndpointImpl::submit(OpRequest req) {
     recv.local_id = op_id;
     recv.exact_size = req.exact_size;
     recv.device = device >= 0;
+    recv.own_limit = req.timeout.count() > 0;
+    recv.limit = recv.own_limit ? req.timeout : options_.recv_timeout;
     Future f(recv.state);
     hand_off(std::move(recv));
     return f;
@@ -226,7 +228,9 @@ void TcpEndpointImpl::drain_handoffs() {
     if (sub) {
       arm_sweeper(initiator_.start_op(*sub));
     } else {
-      arm_sweeper(matcher_.post_recv(std::move(std::get<PostedRecv>(h)), deadline_after(options_.recv_timeout)));
+      auto& recv = std::get<PostedRecv>(h);
+      const auto deadline = deadline_after(recv.limit);
+      arm_sweeper(matcher_.post_recv(std::move(recv), deadline));
     }
   });
 }

@@ -742,6 +742,25 @@ CONFORMANCE_TEST(MessageShorterThanThePostedBufferReportsItsLength, always, OpKi
   EXPECT_TRUE(all_are(box->read(10, 54), 0xAA));
 }
 
+// A target that only waits must not wait for ever on a silent peer (review F11): a recv's
+// own timeout ends it with TIMEOUT, alone, and the next message still arrives.
+CONFORMANCE_TEST(ARecvWithATimeoutAndNoMessageFailsAloneAndTheNextMessageArrives, always, OpKind::kSend) {
+  connect();
+  auto box = b_->buffer(64);
+  auto early = b_->endpoint().recv({box->addr(), 0, box->size()}, false, 5000ms);
+  auto rv = b_->endpoint().recv({box->addr(), 0, box->size()}, false, 150ms);  // expires first
+  EXPECT_EQ(status_within(rv, 10s), code(StatusCode::kTimeout)) << rv.message();
+  EXPECT_NE(rv.message().find("its timeout"), std::string::npos) << rv.message();
+  EXPECT_FALSE(early.done()) << "a later deadline expired with the earlier one";
+  EXPECT_TRUE(a_->is_connected());
+  const auto text = bytes_of("after the timeout");
+  auto msg = buffer(text);
+  auto sd = a_->send({msg->addr(), 0, msg->size()});
+  ASSERT_EQ(status_within(sd), 0) << sd.message();
+  ASSERT_EQ(status_within(early), 0) << early.message();
+  EXPECT_EQ(box->read(0, text.size()), text);
+}
+
 CONFORMANCE_TEST(MessageLongerThanThePostedBufferFailsThatRecvAlone, always, OpKind::kSend) {
   connect();
   Endpoint& b = b_->endpoint();
@@ -822,23 +841,18 @@ CONFORMANCE_TEST(AnOpsOwnTimeoutLongerThanTheEndpointsOpTimeoutWins, always, OpK
   EXPECT_NE(sd2.message().find("100 ms (op_timeout)"), std::string::npos) << sd2.message();
 }
 
-CONFORMANCE_TEST(APerOpTimeoutOutOfRangeOrOnARecvIsInvalid, always, OpKind::kSend) {
+CONFORMANCE_TEST(APerOpTimeoutOutOfRangeIsInvalidOnEveryOp, always, OpKind::kSend) {
   connect();
   auto buf = buffer(16);
   OpRequest req;
-  req.kind = OpKind::kSend;
   req.chunk = {buf->addr(), 0, buf->size()};
-  req.timeout = -1ms;
-  EXPECT_THROW(a_->submit(req), InvalidArgumentError);
-  req.timeout = OpRequest::kMaxOpTimeout + 1ms;
-  EXPECT_THROW(a_->submit(req), InvalidArgumentError);
-  req.kind = OpKind::kRecv;
-  req.timeout = 100ms;
-  EXPECT_THROW(a_->submit(req), InvalidArgumentError);
-  if (caps_.supports(OpKind::kImmRecv)) {
-    req.kind = OpKind::kImmRecv;
-    req.timeout = 100ms;
-    EXPECT_THROW(a_->submit(req), InvalidArgumentError);
+  for (const OpKind kind : {OpKind::kSend, OpKind::kRecv, OpKind::kImmRecv}) {
+    if (!caps_.supports(kind)) continue;
+    req.kind = kind;
+    req.timeout = -1ms;
+    EXPECT_THROW(a_->submit(req), InvalidArgumentError) << op_kind_name(kind);
+    req.timeout = OpRequest::kMaxOpTimeout + 1ms;
+    EXPECT_THROW(a_->submit(req), InvalidArgumentError) << op_kind_name(kind);
   }
 }
 
@@ -1170,6 +1184,19 @@ CONFORMANCE_TEST(AnImmRecvFailsWhenThePeerShutsDownAndOnAFailedConnectionAtOnce,
                                                                                              << later.message();
 }
 
+// As a recv (review F11): an imm_recv's own timeout ends it alone.
+CONFORMANCE_TEST(AnImmRecvWithATimeoutFailsAloneAndTheConnectionLives, always, OpKind::kWriteWithImm,
+                 OpKind::kImmRecv) {
+  connect();
+  Future later = a_->imm_recv(5000ms);
+  Future pending = a_->imm_recv(150ms);
+  EXPECT_EQ(status_within(pending, 10s), code(StatusCode::kTimeout)) << pending.message();
+  EXPECT_FALSE(later.done()) << "a later deadline expired with the earlier one";
+  EXPECT_TRUE(a_->is_connected());
+  b_->shutdown();
+  EXPECT_EQ(status_within(later, 10s), code(StatusCode::kPeerClosed)) << later.message();
+}
+
 // A batch of zero-length items writes nothing, but its immediate still arrives (a
 // zero-byte write with immediate: IBA C9-88 needs no valid key for it), and nothing fails.
 bool peer_is_local(const std::string& transport) { return !peer_in_another_process(transport); }
@@ -1307,6 +1334,33 @@ CONFORMANCE_TEST(PeerProcessKilledMidTransferFailsPendingFuturesWithinADeadline,
   auto w = a_->write({{h_local, remote("dst"), 0, 0, dst->size()}});
   ASSERT_EQ(status_within(w), 0) << w.message();
   EXPECT_TRUE(all_are(dst->bytes(), 0x01));
+}
+
+// A peer that dies while this side only waits (a posted recv, an imm_recv: nothing on the
+// wire) is noticed within a bound all the same (review F11, hostile N6): TCP by the
+// socket's EOF, RDMA by its keepalive probe (docs/rdma.md, "Liveness"). The peer has
+// answered once (a write), so it is known to have connected back.
+CONFORMANCE_TEST(APeerKilledWhileThisSideOnlyWaitsIsNoticedWithinABound, always, OpKind::kWrite, OpKind::kRecv) {
+  PeerSide peer(GetParam());
+  auto region = peer.buffer(4096);
+  peer.register_memory_region("peer", *region, 0, 4096);
+  auto local = buffer(4096);
+  const int32_t h_local = a_->register_memory_region("local", local->addr(), 0, local->size());
+  const json peer_info = peer.endpoint_info();
+  a_->connect(peer_info);
+  peer.connect(a_->endpoint_info());
+  const int32_t h_peer = a_->register_remote_memory_region("peer", peer_info["mr_info"]["peer"]);
+  auto w = a_->write({{h_local, h_peer, 0, 0, 4096}});
+  ASSERT_EQ(status_within(w), 0) << w.message();
+
+  auto box = buffer(64);
+  std::vector<Future> waiting{a_->recv({box->addr(), 0, box->size()})};
+  if (caps_.supports(OpKind::kImmRecv)) waiting.push_back(a_->imm_recv());
+  peer.kill();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto& f : waiting) EXPECT_EQ(status_within(f, 15s), code(StatusCode::kPeerClosed)) << f.message();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s) << "past the documented bound";
+  EXPECT_TRUE(wait_until([&] { return !a_->is_connected(); })) << "the dead peer was not noticed";
 }
 
 }  // namespace

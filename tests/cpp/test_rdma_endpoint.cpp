@@ -372,6 +372,94 @@ TEST_F(RdmaSilentPeer, DeadlineFailsTheOpWithTimeout) {
   EXPECT_FALSE(a_->is_connected());
 }
 
+// Liveness (review F11): a side that only waits (a recv, an imm_recv) has nothing on the
+// wire, so only the keepalive probe can find that the peer went silent.
+TEST_F(RdmaSilentPeer, TheKeepaliveProbeNoticesASilentPeerWhileThisSideOnlyWaits) {
+  for (const auto keepalive : {0ms, 100ms}) {
+    SCOPED_TRACE(fmt::format("keepalive {} ms", keepalive.count()));
+    RdmaOptions o;
+    o.ack_timeout = 8;  // 1 ms
+    o.retry_cnt = 2;
+    o.keepalive = keepalive;
+    make(o);
+    src_ = pattern(4096, 3);
+    dst_.assign(4096, 0);
+    h_src_ = a_->register_memory_region("src", addr_of(src_), 0, src_.size());
+    b_->register_memory_region("dst", addr_of(dst_), 0, dst_.size());
+    connect();
+    auto w = a_->write({{h_src_, remote("dst"), 0, 0, 4096}});
+    ASSERT_EQ(status_within(w), 0) << w.message();  // the peer has answered once
+    std::vector<uint8_t> box(64);
+    auto rv = a_->recv(Chunk{addr_of(box), 0, box.size()});
+    auto imm = a_->imm_recv();
+    silence(*b_);
+    if (keepalive == 0ms) {
+      EXPECT_EQ(rv.wait_for(1s), std::nullopt) << "without a probe nothing can notice: " << rv.message();
+      EXPECT_TRUE(a_->is_connected());
+    } else {
+      for (Future* f : {&rv, &imm}) {
+        EXPECT_EQ(status_within(*f, 5s), code(StatusCode::kPeerClosed)) << f->message();
+        EXPECT_NE(f->message().find("RETRY_EXC_ERR"), std::string::npos) << f->message();
+      }
+      EXPECT_FALSE(a_->is_connected());
+    }
+    a_->shutdown();
+    b_->shutdown();
+  }
+}
+
+// A peer that has not connected back yet is not probed: the probe would fail the connection
+// before the peer's connect() (both sides connect in their own time).
+TEST_F(RdmaEndpointTest, APeerThatHasNeverAnsweredIsNotProbed) {
+  RdmaOptions o;
+  o.ack_timeout = 8;
+  o.retry_cnt = 2;
+  o.keepalive = 20ms;
+  make(o);
+  std::vector<uint8_t> src = pattern(64, 4), dst(64, 0);
+  const int32_t h_src = a_->register_memory_region("src", addr_of(src), 0, src.size());
+  b_->register_memory_region("dst", addr_of(dst), 0, dst.size());
+  a_->connect(b_->endpoint_info());
+  std::vector<uint8_t> box(64);
+  auto rv = a_->recv(Chunk{addr_of(box), 0, box.size()});
+  EXPECT_EQ(rv.wait_for(500ms), std::nullopt) << rv.message();  // 25 probe intervals
+  EXPECT_TRUE(a_->is_connected());
+  b_->connect(a_->endpoint_info());
+  auto w = a_->write({{h_src, remote("dst"), 0, 0, 64}});
+  ASSERT_EQ(status_within(w), 0) << w.message();
+  EXPECT_EQ(dst, src);
+}
+
+// Review F12: only lane 0 carries messages, so only it has a receive queue (and the CQ only
+// its entries); and no lane starts at a guessable PSN.
+TEST_F(RdmaEndpointTest, OnlyLaneZeroHasReceivesAndEveryLaneARandomPsn) {
+  // The earlier tests' endpoints are released by their completion threads, in their time.
+  ASSERT_TRUE(wait_until([] { return rdma::sim_object_counts().contexts == 0; }));
+  const rdma::SimObjectCounts before = rdma::sim_object_counts();
+  RdmaOptions o;
+  o.num_qp = 4;
+  make(o);
+  const rdma::SimObjectCounts with = rdma::sim_object_counts();
+  EXPECT_EQ(with.recv_wrs - before.recv_wrs, 2 * int64_t(o.max_recv_wr));
+  EXPECT_EQ(with.cqes - before.cqes, 2 * int64_t(4 * o.max_send_wr + o.max_recv_wr));
+  std::vector<uint32_t> psns;
+  for (RDMAEndpoint* ep : {a_.get(), b_.get()}) {
+    const json info = ep->endpoint_info();
+    for (const auto& q : info["qp_info"]) psns.push_back(q["psn"]);
+  }
+  std::sort(psns.begin(), psns.end());
+  // Eight draws of 24 bits: a repeat or a zero is a one-in-a-million event, a constant a bug.
+  EXPECT_EQ(std::unique(psns.begin(), psns.end()) - psns.begin(), 8) << "PSNs repeat";
+  EXPECT_NE(psns.front(), 0u);
+  connect();  // and they work
+  std::vector<uint8_t> src = pattern(1 << 16, 5), dst(1 << 16, 0);
+  const int32_t h_src = a_->register_memory_region("src", addr_of(src), 0, src.size());
+  b_->register_memory_region("dst", addr_of(dst), 0, dst.size());
+  auto w = a_->write({{h_src, remote("dst"), 0, 0, src.size()}});
+  ASSERT_EQ(status_within(w), 0) << w.message();
+  EXPECT_EQ(dst, src);
+}
+
 TEST_F(RdmaEndpointTest, WriteWithImmGivesOneImmRecvEventPerWriteInOrder) {
   RdmaOptions o;
   o.num_qp = 2;

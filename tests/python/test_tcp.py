@@ -202,6 +202,26 @@ def test_recv_timeout_option():
     b.shutdown()
 
 
+
+def test_a_recvs_own_timeout_ends_it_alone_and_the_next_message_arrives():
+    # review F11: recv(timeout_ms=) bounds the wait of a target that only waits.
+    a = TcpEndpoint(ip="127.0.0.1", port=0)
+    b = TcpEndpoint(ip="127.0.0.1", port=0)
+    connect_pair(a, b)
+    box = Buffer(32)
+    early = a.recv((box.addr, 0, 32), timeout_ms=10000)
+    rv = a.recv((box.addr, 0, 32), None, False, 150)
+    assert rv.wait_for(10) == TIMEOUT
+    assert "its timeout" in rv.message
+    assert not early.done() and a.is_connected()
+    msg = Buffer(32, b"after the timeout")
+    assert b.send((msg.addr, 0, 17)).wait_for(10) == OK
+    assert early.wait_for(10) == OK and box.bytes(0, early.nbytes) == b"after the timeout"
+    with pytest.raises(ValueError, match="timeout"):
+        a.recv((box.addr, 0, 32), timeout_ms=-1)
+    a.shutdown()
+    b.shutdown()
+
 # --- one-sided -------------------------------------------------------------------------
 
 
