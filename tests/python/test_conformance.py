@@ -161,7 +161,7 @@ def no_verbs_object_left_behind(request):
     # The fixtures set up after this one (pair, ...) are torn down by now, but the item
     # still holds their values until its teardown ends: drop them, so the endpoints go.
     request.node.funcargs.clear()
-    live = ("contexts", "pds", "mrs", "cqs", "qps", "comp_channels")
+    live = ("contexts", "pds", "mrs", "cqs", "qps", "comp_channels", "cqes", "recv_wrs")
 
     def back():
         gc.collect()  # endpoints a failed assertion's frame still held
