@@ -539,9 +539,8 @@ Future NVLinkEndpointImpl::submit(OpRequest request, std::optional<gpu::Stream> 
     copies.push_back(is_read ? Copy{mine, remote, a.length} : Copy{remote, mine, a.length});
     op.nbytes += a.length;
   }
-  op.own_timeout = request.timeout.count() > 0;
-  op.timeout = op.own_timeout ? request.timeout : options.op_timeout;
-  op.deadline = op.timeout.count() > 0 ? Clock::now() + op.timeout : Clock::time_point::max();
+  op.limit = OpLimit::of(request.timeout, options.op_timeout, "op_timeout");
+  op.deadline = op.limit.deadline();
 
   const gpu::Stream s = stream ? *stream : stream_;
   size_t queued = 0;
@@ -640,10 +639,8 @@ void NVLinkEndpointImpl::run() {
         }
         if (status.is_ok()) status = it->error;
         if (status.is_ok() && Clock::now() > it->deadline) {
-          status = Status::timeout(fmt::format("{} did not complete within {} ms ({}): its copies finished after its "
-                                               "deadline",
-                                               op_kind_name(it->state->kind()), it->timeout.count(),
-                                               it->own_timeout ? "its timeout" : "op_timeout"));
+          status = Status::timeout(fmt::format("{} did not complete within {}: its copies finished after its deadline",
+                                               op_kind_name(it->state->kind()), it->limit.describe()));
         }
         free_events_.push_back(it->event);
         done.push_back({std::move(it->state), std::move(status), it->nbytes});

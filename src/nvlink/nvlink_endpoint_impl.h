@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/memory_registry.h"
+#include "core/op_limit.h"
 #include "core/op_state.h"
 #include "core/remote_regions.h"
 #include "dlslime/nvlink_endpoint.h"
@@ -123,8 +124,7 @@ class NVLinkEndpointImpl final : public RegionRevoker, public std::enable_shared
     uint64_t nbytes = 0;
     Status error;  // a copy that could not be queued, or shutdown: the op's status once its copies ran
     Clock::time_point deadline;
-    std::chrono::milliseconds timeout{0};
-    bool own_timeout = false;
+    OpLimit limit;  // its deadline's source, for the timeout's message
   };
   // What the runtime's host callbacks notify: the completion thread sleeps on it.
   struct Waker {

@@ -755,11 +755,10 @@ void RdmaEndpointImpl::expire(std::vector<Done>& done) {
     // Posted work cannot be taken back from a QP except by moving it to the error state;
     // the op completes (TIMEOUT) once its WRs are flushed, never while the NIC may still
     // touch its memory.
-    const auto limit = op.timeout.count();
-    const char* limit_name = op.own_timeout ? "its timeout" : "op_timeout";
+    const OpLimit limit = op.limit;
     if (op.error.is_ok()) {
-      op.error = Status::timeout(fmt::format("{} did not complete within {} ms ({}): its deadline passed",
-                                             op_kind_name(op.state->kind()), limit, limit_name));
+      op.error = Status::timeout(fmt::format("{} did not complete within {}: its deadline passed",
+                                             op_kind_name(op.state->kind()), limit.describe()));
     }
     const uint64_t lanes = op.lanes;
     if (lanes == 0) {
@@ -775,7 +774,7 @@ void RdmaEndpointImpl::expire(std::vector<Done>& done) {
         fail_lane(lanes_[l], l,
                   Status::failed(fmt::format("an op's deadline ({} ms, {}) passed: the QP was moved to the error "
                                              "state to take back its work requests",
-                                             limit, limit_name)),
+                                             limit.limit.count(), limit.source)),
                   done);
       }
     }
@@ -789,26 +788,21 @@ void RdmaEndpointImpl::wake() {
 }
 
 PendingOps<RdmaEndpointImpl::Op>::TimePoint RdmaEndpointImpl::start_deadline(const OpRequest& request, Op& op) const {
-  op.own_timeout = request.timeout.count() > 0;
-  op.timeout = op.own_timeout ? request.timeout : options.op_timeout;
-  return op.timeout.count() > 0 ? Clock::now() + op.timeout : PendingOps<Op>::kNever;
+  op.limit = OpLimit::of(request.timeout, options.op_timeout, "op_timeout");
+  return op.limit.deadline();
 }
 
 RdmaEndpointImpl::MessageWait RdmaEndpointImpl::start_wait(const OpRequest& request) {
   MessageWait w;
-  w.own_limit = request.timeout.count() > 0;
-  w.limit = w.own_limit ? request.timeout : options.recv_timeout;
-  if (w.limit.count() > 0) {
-    w.deadline = Clock::now() + w.limit;
-    wait_deadline_ = std::min(wait_deadline_, w.deadline);
-  }
+  w.limit = OpLimit::of(request.timeout, options.recv_timeout, "recv_timeout");
+  w.deadline = w.limit.deadline();
+  wait_deadline_ = std::min(wait_deadline_, w.deadline);
   return w;
 }
 
 Status RdmaEndpointImpl::MessageWait::expired(OpKind kind) const {
-  return Status::timeout(fmt::format("{}: no {} arrived within {} ms ({})", op_kind_name(kind),
-                                     kind == OpKind::kImmRecv ? "immediate" : "message", limit.count(),
-                                     own_limit ? "its timeout" : "recv_timeout"));
+  return Status::timeout(fmt::format("{}: no {} arrived within {}", op_kind_name(kind),
+                                     kind == OpKind::kImmRecv ? "immediate" : "message", limit.describe()));
 }
 
 void RdmaEndpointImpl::expire_waits(PendingOps<Op>::TimePoint now, std::vector<Done>& done) {

@@ -22,6 +22,7 @@
 
 #include "core/batch_planner.h"
 #include "core/memory_registry.h"
+#include "core/op_limit.h"
 #include "core/op_state.h"
 #include "core/pending_ops.h"
 #include "core/remote_regions.h"
@@ -110,9 +111,7 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
     bool one_sided = false;  // read, write, write_with_imm: it reaches the peer's regions
     uint64_t msg_seq = 0;
     std::unique_ptr<rdma::MemoryRegion> temp_mr;  // a buffer outside registered memory
-    // The limit its deadline was set from (start_deadline), for the timeout's message.
-    std::chrono::milliseconds timeout{0};
-    bool own_timeout = false;  // OpRequest::timeout, not the endpoint's op_timeout
+    OpLimit limit;  // its deadline's source (start_deadline), for the timeout's message
   };
   struct Done {
     std::shared_ptr<OpState> state;
@@ -155,8 +154,7 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
   // is an op with the op deadline (it has posted work).
   struct MessageWait {
     PendingOps<Op>::TimePoint deadline = PendingOps<Op>::kNever;
-    std::chrono::milliseconds limit{0};
-    bool own_limit = false;
+    OpLimit limit;
     Status expired(OpKind kind) const;
   };
   struct PostedRecv {

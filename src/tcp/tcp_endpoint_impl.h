@@ -113,10 +113,6 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
   // A submitted op or recv on its way to the I/O thread (by value: no allocation of its own).
   using Handoff = std::variant<Submission, PostedRecv>;
 
-  // Now + timeout, or no deadline for a timeout <= 0.
-  static Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
-    return timeout.count() <= 0 ? Clock::time_point::max() : Clock::now() + timeout;
-  }
   Future fail_now(OpKind kind, Status status) const;
   // False (and *error) if the op is invalid.
   bool prepare_one_sided(const OpRequest& req, uint64_t op_id, Submission& sub, Status* error);

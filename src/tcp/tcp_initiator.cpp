@@ -366,8 +366,7 @@ void Initiator::expire(Clock::time_point now) {
   pending_.expire(now, [&](uint64_t id, PendingOp&& op) {
     const OpKind kind = op.state->kind();
     end_op(id, op,
-           Status::timeout(fmt::format("{} did not complete within {} ms ({})", op_kind_name(kind),
-                                       op.timeout.count(), op.own_timeout ? "its timeout" : "op_timeout")));
+           Status::timeout(fmt::format("{} did not complete within {}", op_kind_name(kind), op.limit.describe())));
   });
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/memory_registry.h"
+#include "core/op_limit.h"
 #include "core/op_state.h"
 #include "core/pending_ops.h"
 #include "core/submission_queue.h"
@@ -78,10 +79,7 @@ class Initiator {
     std::vector<uint16_t> read_runs;
     uint64_t nbytes = 0;      // read: bytes placed so far
     Status error;             // the first error an answer reported
-    // The limit its deadline was set from, for the timeout's message: the op's own
-    // (OpRequest::timeout) or the endpoint's op_timeout.
-    std::chrono::milliseconds timeout{0};
-    bool own_timeout = false;
+    OpLimit limit;  // its deadline's source, for the timeout's message
     std::shared_ptr<GpuOp> gpu;  // local memory on a GPU (null: the host path)
   };
   // A prepared op on its way from the submitting thread to the I/O thread.

@@ -272,8 +272,7 @@ MessageMatcher::Clock::time_point MessageMatcher::post_recv(PostedRecv recv, Clo
 
 void MessageMatcher::expire(Clock::time_point now) {
   const auto timeout = [](const PostedRecv& r) {
-    return Status::timeout(fmt::format("recv: no message arrived within {} ms ({})", r.limit.count(),
-                                       r.own_limit ? "its timeout" : "recv_timeout"));
+    return Status::timeout(fmt::format("recv: no message arrived within {}", r.limit.describe()));
   };
   // Taken out first, completed after: a continuation may post another recv.
   std::vector<std::pair<std::shared_ptr<OpState>, Status>> expired;

@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/op_limit.h"
 #include "core/op_state.h"
 #include "dlslime/tcp_endpoint.h"
 #include "tcp/frame_codec.h"
@@ -36,10 +37,9 @@ class MessageMatcher {
     uint64_t local_id = 0;
     bool exact_size = false;  // OpRequest::exact_size: a shorter message fails it
     bool device = false;      // the buffer is GPU memory: frames are staged
-    // How long it waits: its own timeout (OpRequest::timeout), else recv_timeout; zero:
-    // no deadline. The deadline is set from it on the I/O thread (post_recv).
-    std::chrono::milliseconds limit{0};
-    bool own_limit = false;  // OpRequest::timeout, not recv_timeout (for the message)
+    // How long it waits (its own timeout, else recv_timeout). The deadline is set from it
+    // on the I/O thread (post_recv).
+    OpLimit limit;
     Clock::time_point deadline = Clock::time_point::max();
   };
   // What drop_all() took out of the tables, to be failed once the bookkeeping is done.

@@ -142,15 +142,6 @@ class LaneWriter final : public DataMover {
   uint32_t next_index_ = 0;
 };
 
-// The limit an op's deadline is set from: its own timeout (OpRequest::timeout), else the
-// endpoint's op_timeout. Recorded in the op for its timeout's message.
-std::chrono::milliseconds op_limit(const OpRequest& req, std::chrono::milliseconds op_timeout,
-                                   Initiator::PendingOp& op) {
-  op.own_timeout = req.timeout.count() > 0;
-  op.timeout = op.own_timeout ? req.timeout : op_timeout;
-  return op.timeout;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------
@@ -192,8 +183,7 @@ Future TcpEndpointImpl::submit(OpRequest req) {
     recv.local_id = op_id;
     recv.exact_size = req.exact_size;
     recv.device = device >= 0;
-    recv.own_limit = req.timeout.count() > 0;
-    recv.limit = recv.own_limit ? req.timeout : options_.recv_timeout;
+    recv.limit = OpLimit::of(req.timeout, options_.recv_timeout, "recv_timeout");
     Future f(recv.state);
     hand_off(std::move(recv));
     return f;
@@ -229,7 +219,7 @@ void TcpEndpointImpl::drain_handoffs() {
       arm_sweeper(initiator_.start_op(*sub));
     } else {
       auto& recv = std::get<PostedRecv>(h);
-      const auto deadline = deadline_after(recv.limit);
+      const auto deadline = recv.limit.deadline();
       arm_sweeper(matcher_.post_recv(std::move(recv), deadline));
     }
   });
@@ -289,7 +279,8 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
              plan);
 
   sub.op_id = op_id;
-  sub.deadline = deadline_after(op_limit(req, options_.op_timeout, sub.op));
+  sub.op.limit = OpLimit::of(req.timeout, options_.op_timeout, "op_timeout");
+  sub.deadline = sub.op.limit.deadline();
   if (is_read) {
     sub.op.reads.reserve(plan.pieces.size());
     sub.op.read_runs.assign(plan.pieces.size(), 0);
@@ -309,7 +300,8 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
 
 void TcpEndpointImpl::prepare_send(const OpRequest& req, uint64_t op_id, int device, Submission& sub) {
   sub.op_id = op_id;
-  sub.deadline = deadline_after(op_limit(req, options_.op_timeout, sub.op));
+  sub.op.limit = OpLimit::of(req.timeout, options_.op_timeout, "op_timeout");
+  sub.deadline = sub.op.limit.deadline();
   sub.op.state = std::make_shared<OpState>(OpKind::kSend);
   const auto* data = reinterpret_cast<const uint8_t*>(req.chunk.addr + req.chunk.offset);
   const uint64_t length = req.chunk.length;
