@@ -56,50 +56,71 @@ class InflightLimiter {
 };
 
 // The hand-off of submitted work from any thread to the one thread that owns an
-// endpoint's state. push() from any thread; only the push that finds the queue empty is
-// told to wake the consumer (post one drain()), so a burst of submissions costs one post
-// and one wake-up, and what is drained in one turn can leave in one write. Items are
-// built in place in the queue: no allocation per item once the vectors have grown, and
-// one move of the caller's state (an op's state is large; the small-message path moves
-// it as few times as it can).
+// endpoint's state. push() from any thread; only a push that finds no drain scheduled is
+// told to wake the consumer (post one drain()). A drain keeps taking what was pushed while
+// it ran, for a few rounds, before it lets the consumer sleep: a burst of submissions
+// that the consumer keeps up with one at a time still costs one wake-up, not one each
+// (on a 2-core host each wake-up is a context switch; it was most of the small-message
+// send cost, docs/performance.md). Items are built in place in the queue: no allocation
+// per item once the vectors have grown, and one move of the caller's state (an op's
+// state is large; the small-message path moves it as few times as it can).
 template <class Item>
 class SubmissionQueue {
  public:
-  // Queues an Item made from `args`. True if the queue was empty: the caller must then
+  // Rounds one drain() takes before it yields the consumer thread to its other work (a
+  // continuation that always submits again must not starve the sockets).
+  static constexpr int kMaxRounds = 8;
+
+  // Queues an Item made from `args`. True if no drain was scheduled: the caller must then
   // arrange one drain() on the consumer thread (later pushes ride on that one).
   template <class... Args>
   [[nodiscard]] bool push(Args&&... args) {
     std::lock_guard lock(mu_);
-    const bool first = items_.empty();
     items_.emplace_back(std::forward<Args>(args)...);
-    return first;
+    return !std::exchange(scheduled_, true);
   }
 
-  // Consumer thread only: fn(Item&) for everything queued so far, in push order. Pushes
-  // made from inside fn (a continuation submitting again) wait for the next drain(), which
-  // their push has asked for. If fn throws, the other items still get their turn (each is
-  // handled exactly once) and the first exception is rethrown at the end.
-  template <class Fn>
-  void drain(Fn&& fn) {
-    {
-      std::lock_guard lock(mu_);
-      draining_.swap(items_);
-    }
+  // Consumer thread only, once per push that returned true (and per repost): fn(Item&)
+  // for everything queued, in push order, round after round until the queue is empty or
+  // kMaxRounds have run; then, if items are left, repost() must arrange another drain()
+  // (the queue stays scheduled, so no push does). Pushes made from inside fn (a
+  // continuation submitting again) are taken by a later round. If fn throws, the other
+  // items still get their turn (each is handled exactly once), the queue is settled
+  // (repost() called if needed) and the first exception is rethrown at the end.
+  template <class Fn, class Repost>
+  void drain(Fn&& fn, Repost&& repost) {
     std::exception_ptr first_error;
-    for (Item& item : draining_) {
-      try {
-        fn(item);
-      } catch (...) {
-        if (!first_error) first_error = std::current_exception();
+    bool more = false;
+    for (int round = 0;; ++round) {
+      {
+        std::lock_guard lock(mu_);
+        if (items_.empty()) {
+          scheduled_ = false;
+          break;
+        }
+        if (round == kMaxRounds) {
+          more = true;
+          break;
+        }
+        draining_.swap(items_);
       }
+      for (Item& item : draining_) {
+        try {
+          fn(item);
+        } catch (...) {
+          if (!first_error) first_error = std::current_exception();
+        }
+      }
+      draining_.clear();  // keeps its capacity for the next burst
     }
-    draining_.clear();  // keeps its capacity for the next burst
+    if (more) repost();
     if (first_error) std::rethrow_exception(first_error);
   }
 
  private:
   std::mutex mu_;
   std::vector<Item> items_;     // guarded by mu_
+  bool scheduled_ = false;      // guarded by mu_: a drain() is posted or running
   std::vector<Item> draining_;  // consumer thread only: the batch being handled
 };
 

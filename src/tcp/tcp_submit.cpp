@@ -207,9 +207,10 @@ Future TcpEndpointImpl::submit(OpRequest req) {
 }
 
 void TcpEndpointImpl::drain_handoffs() {
-  // In submission order. A continuation run from here may submit again: that waits for
-  // the drain its own hand-off posts.
-  handoffs_.drain([this](Handoff& h) {
+  // In submission order. A continuation run from here may submit again: a later round
+  // takes it, or the drain posted once this one has run its rounds.
+  handoffs_.drain(
+      [this](Handoff& h) {
     auto* sub = std::get_if<Submission>(&h);
     if (shut_down_) {
       (sub ? sub->op.state : std::get<PostedRecv>(h).state)->complete(Status::cancelled("the endpoint is shut down"));
@@ -222,7 +223,8 @@ void TcpEndpointImpl::drain_handoffs() {
       const auto deadline = recv.limit.deadline();
       arm_sweeper(matcher_.post_recv(std::move(recv), deadline));
     }
-  });
+      },
+      [this] { post([](TcpEndpointImpl& self) { self.drain_handoffs(); }); });
 }
 
 bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Submission& sub, Status* error) {

@@ -155,37 +155,63 @@ TEST(PendingOps, MovingTheTableOutLeavesAnEmptyOne) {
 namespace dlslime {
 namespace {
 
-TEST(SubmissionQueue, OnlyThePushThatFindsItEmptyAsksForADrainAndOrderIsKept) {
+TEST(SubmissionQueue, OnlyThePushThatFindsNoDrainScheduledAsksForOneAndOrderIsKept) {
   SubmissionQueue<int> q;
+  auto never = [] { FAIL() << "nothing was left for another drain"; };
   EXPECT_TRUE(q.push(1));
   EXPECT_FALSE(q.push(2));  // rides on the drain the first push asked for
   EXPECT_FALSE(q.push(3));
   std::vector<int> seen;
-  bool asked_again = false;
-  q.drain([&](int& v) {
-    seen.push_back(v);
-    if (v == 1) asked_again = q.push(4);  // a continuation submitting from the drain
-  });
-  EXPECT_EQ(seen, (std::vector<int>{1, 2, 3}));
-  EXPECT_TRUE(asked_again);  // it waits for a drain of its own, which it asked for
-  seen.clear();
-  q.drain([&](int& v) { seen.push_back(v); });
-  EXPECT_EQ(seen, (std::vector<int>{4}));
+  bool asked_again = true;
+  q.drain(
+      [&](int& v) {
+        seen.push_back(v);
+        if (v == 1) asked_again = q.push(4);  // a continuation submitting from the drain
+      },
+      never);
+  // The running drain takes it in its next round: no second wake-up of the consumer.
+  EXPECT_FALSE(asked_again);
+  EXPECT_EQ(seen, (std::vector<int>{1, 2, 3, 4}));
+  EXPECT_TRUE(q.push(5));  // the drain ended with the queue empty: the next push asks again
+}
+
+TEST(SubmissionQueue, ADrainYieldsAfterItsRoundsAndAsksForAnotherWhenItemsAreLeft) {
+  // A continuation that always submits again must not hold the consumer thread for good.
+  SubmissionQueue<int> q;
+  EXPECT_TRUE(q.push(0));
+  int handled = 0;
+  int reposts = 0;
+  auto resubmit = [&](int& v) {
+    ++handled;
+    EXPECT_FALSE(q.push(v + 1));  // scheduled throughout: no push posts
+  };
+  q.drain(resubmit, [&] { ++reposts; });
+  EXPECT_EQ(handled, SubmissionQueue<int>::kMaxRounds);
+  EXPECT_EQ(reposts, 1);  // one item is left, and the queue is still scheduled
+  std::vector<int> seen;
+  q.drain([&](int& v) { seen.push_back(v); }, [&] { ++reposts; });
+  EXPECT_EQ(seen, (std::vector<int>{SubmissionQueue<int>::kMaxRounds}));
+  EXPECT_EQ(reposts, 1);
+  EXPECT_TRUE(q.push(99));
 }
 
 TEST(SubmissionQueue, AThrowingHandlerLeavesNoItemUnhandledOrHandledTwice) {
   SubmissionQueue<int> q;
   for (int i = 1; i <= 4; ++i) (void)q.push(i);
   std::vector<int> seen;
-  EXPECT_THROW(q.drain([&](int& v) {
-    seen.push_back(v);
-    if (v == 2) throw std::runtime_error("start failed");
-  }),
+  int reposts = 0;
+  EXPECT_THROW(q.drain(
+                   [&](int& v) {
+                     seen.push_back(v);
+                     if (v == 2) throw std::runtime_error("start failed");
+                   },
+                   [&] { ++reposts; }),
                std::runtime_error);
   EXPECT_EQ(seen, (std::vector<int>{1, 2, 3, 4}));
-  EXPECT_TRUE(q.push(5));  // empty again: the next push asks for a drain
+  EXPECT_EQ(reposts, 0);
+  EXPECT_TRUE(q.push(5));  // settled before the rethrow: the next push asks for a drain
   seen.clear();
-  q.drain([&](int& v) { seen.push_back(v); });
+  q.drain([&](int& v) { seen.push_back(v); }, [&] { ++reposts; });
   EXPECT_EQ(seen, (std::vector<int>{5}));
 }
 
