@@ -1,6 +1,11 @@
 #include "core/memory_registry.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <limits>
 
 #include <fmt/format.h>
@@ -184,7 +189,15 @@ void MemoryRegistry::retire(int32_t handle, const LocalRegion& region) {
   }
 }
 
-int32_t MemoryRegistry::add(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length) {
+RegionDmabuf::RegionDmabuf(int fd, uint64_t offset) : fd_(::fcntl(fd, F_DUPFD_CLOEXEC, 0)), offset_(offset) {
+  if (fd_ < 0) {
+    throw InvalidArgumentError(fmt::format("dma-buf fd {} cannot be duplicated: {}", fd, std::strerror(errno)));
+  }
+}
+RegionDmabuf::~RegionDmabuf() { ::close(fd_); }
+
+int32_t MemoryRegistry::add(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length,
+                            std::shared_ptr<const RegionDmabuf> dmabuf) {
   if (name.empty()) throw InvalidArgumentError("memory region name must not be empty");
   if (addr == 0 && length > 0) throw InvalidArgumentError(fmt::format("memory region '{}': address is null", name));
   constexpr uint64_t kMax = std::numeric_limits<uintptr_t>::max();
@@ -202,14 +215,17 @@ int32_t MemoryRegistry::add(const std::string& name, uintptr_t addr, uint64_t of
     std::lock_guard lock(mu_);
     if (auto it = by_name_.find(name); it != by_name_.end()) {
       const LocalRegion& old = regions_.at(it->second);
-      if (old.addr == start && old.length == length && old.kind == kind && old.device == device) return it->second;
+      if (old.addr == start && old.length == length && old.kind == kind && old.device == device && !old.dmabuf &&
+          !dmabuf) {
+        return it->second;
+      }
       const int32_t old_handle = it->second;
       replaced.emplace(old_handle, erase_locked(old_handle));
     }
     if (next_handle_ == std::numeric_limits<int32_t>::max()) throw InvalidArgumentError("region handles exhausted");
     handle = next_handle_++;
-    added = LocalRegion{name, start, length, kind, device, next_generation_++,
-                        std::make_shared<RegionLifetime>(handle, name)};
+    added = LocalRegion{name,   start, length, kind, device, next_generation_++, std::make_shared<RegionLifetime>(handle, name),
+                        std::move(dmabuf)};
     regions_.emplace(handle, added);
     by_name_.emplace(name, handle);
     by_addr_.emplace(start, handle);

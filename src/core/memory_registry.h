@@ -139,6 +139,25 @@ MemoryPlace memory_place_of(uintptr_t addr);
 // (InvalidArgumentError naming `what` otherwise).
 MemoryPlace memory_place_of(std::string_view what, uintptr_t start, uint64_t length);
 
+// The dma-buf a region was registered from (RDMA's register_dmabuf_memory_region): the
+// region's bytes are the buffer's [offset, +length), addressed at the region's addr, as
+// ibv_reg_dmabuf_mr registers them. The registry keeps its own duplicate of the caller's
+// descriptor for the region's life, so that a transport attached later registers the same
+// buffer, and the caller may close theirs at once.
+class RegionDmabuf {
+ public:
+  RegionDmabuf(int fd, uint64_t offset);  // duplicates fd; InvalidArgumentError if it cannot
+  ~RegionDmabuf();
+  RegionDmabuf(const RegionDmabuf&) = delete;
+  RegionDmabuf& operator=(const RegionDmabuf&) = delete;
+  int fd() const { return fd_; }
+  uint64_t offset() const { return offset_; }
+
+ private:
+  int fd_;
+  uint64_t offset_;
+};
+
 struct LocalRegion {
   std::string name;
   uintptr_t addr = 0;  // already includes the registration offset
@@ -147,6 +166,7 @@ struct LocalRegion {
   int device = -1;          // the device ordinal for device memory
   uint64_t generation = 0;  // distinct per registration in this registry, never reused
   std::shared_ptr<RegionLifetime> lifetime;
+  std::shared_ptr<const RegionDmabuf> dmabuf;  // null: the memory at addr itself
 };
 
 // A transport's view of the registry (as UCX separates memory domains from interfaces):
@@ -200,8 +220,10 @@ class DLSLIME_API MemoryRegistry {
   // replaces it under a new handle unless it describes the same bytes, in which case the
   // old handle is returned; the replaced region is drained as by remove(). Throws
   // InvalidArgumentError on address overflow, a null address with length > 0, or device
-  // memory that runs past its allocation.
-  int32_t add(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length);
+  // memory that runs past its allocation. `dmabuf`: the buffer the region's bytes are
+  // (RegionDmabuf); such a registration always replaces the name's old region.
+  int32_t add(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length,
+              std::shared_ptr<const RegionDmabuf> dmabuf = nullptr);
   // Unregisters: new lookups fail at once; returns once nothing in flight refers to the
   // region's memory. Transfers still using it after the drain timeout are revoked (their
   // ops fail, the connections carrying them close). Throws NotFoundError if absent,

@@ -189,6 +189,11 @@ class CudaRuntime final : public Runtime {
     return {fd, addr - start};
   }
 
+  // CUDA cannot say which allocation a dma-buf exports: the kernel's checks are all there are.
+  void check_dmabuf(int fd, uint64_t offset, size_t length, uintptr_t) override {
+    check_kernel_dmabuf(fd, offset, length);
+  }
+
   Stream stream_create(int device) override {
     set_device(device);
     cudaStream_t s = nullptr;

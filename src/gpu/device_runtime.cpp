@@ -1,6 +1,9 @@
 // Names, handle encoding and runtime selection for the device-runtime seam (device_runtime.h).
 #include "gpu/device_runtime.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -43,6 +46,28 @@ IpcHandle IpcHandle::from_hex(const std::string& hex) {
     handle.bytes[i] = static_cast<uint8_t>(digit(hex[2 * i]) << 4 | digit(hex[2 * i + 1]));
   }
   return handle;
+}
+
+std::string fd_target(int fd) {
+  char link[512] = {};
+  const ssize_t n = fd < 0 ? -1 : ::readlink(fmt::format("/proc/self/fd/{}", fd).c_str(), link, sizeof link - 1);
+  return n > 0 ? std::string(link, static_cast<size_t>(n)) : std::string();
+}
+
+void check_kernel_dmabuf(int fd, uint64_t offset, size_t length) {
+  // A dma-buf file is "anon_inode:dmabuf" (older kernels) or "/dmabuf:<name>" (its own
+  // pseudo-filesystem since 5.x); dma_buf_get refuses every other file with EINVAL.
+  const std::string target = fd_target(fd);
+  struct stat st {};
+  if ((target.rfind("anon_inode:dmabuf", 0) != 0 && target.rfind("/dmabuf:", 0) != 0) || ::fstat(fd, &st) != 0) {
+    throw InvalidArgumentError(fmt::format("fd {} is not a dma-buf ({})", fd,
+                                           target.empty() ? "not an open descriptor" : "it is '" + target + "'"));
+  }
+  const auto size = static_cast<uint64_t>(st.st_size);  // a dma-buf's inode has the buffer's size
+  if (length == 0 || offset > size || length > size - offset) {
+    throw InvalidArgumentError(
+        fmt::format("[{}, +{}) is empty or runs past the {}-byte dma-buf (fd {})", offset, length, size, fd));
+  }
 }
 
 bool sim_selected() {

@@ -119,6 +119,13 @@ class DLSLIME_API Runtime {
   // widened to host pages. InvalidArgumentError for host memory or a range that runs past
   // its allocation; GpuError when the driver or device cannot export (the message says why).
   virtual DmabufRange dmabuf_fd(const void* device_ptr, size_t length) = 0;
+  // Checks a dma-buf a caller hands over to be registered as it is (RDMA's
+  // register_dmabuf_memory_region) the way the kernel checks one (dma_buf_get, then the
+  // size): `fd` must be a dma-buf, and [offset, +length) must lie in it. Where the runtime
+  // can tell (the simulated GPU knows its own buffers; CUDA cannot map a dma-buf back to an
+  // address), its byte `offset` must also be the device memory at `iova` in this process.
+  // InvalidArgumentError otherwise, naming what the fd is.
+  virtual void check_dmabuf(int fd, uint64_t offset, size_t length, uintptr_t iova) = 0;
 
   virtual Stream stream_create(int device) = 0;
   virtual void stream_destroy(Stream stream) = 0;  // waits for its queued work
@@ -155,6 +162,11 @@ DLSLIME_API Runtime& sim_runtime();
 // The CUDA runtime, or GpuUnavailableError (no libcudart, no driver, no GPU, or a build
 // without CUDA) naming what is missing.
 DLSLIME_API Runtime& cuda_runtime();
+
+// For the runtimes' check_dmabuf: what /proc/self/fd says `fd` is ("" if it is not open),
+// and the kernel's own checks of a dma-buf (InvalidArgumentError).
+std::string fd_target(int fd);
+void check_kernel_dmabuf(int fd, uint64_t offset, size_t length);
 
 inline constexpr const char* kSimHint = "set DLSLIME_GPU_SIM=1 to use the simulated GPU";
 

@@ -58,6 +58,7 @@ struct Allocation {
   size_t mapped = 0;     // page-rounded
   int device = 0;
   int fd = -1;
+  ino_t ino = 0;  // the memfd's inode: what its dma-bufs (duplicates) are known by
   uint64_t id = 0;
   int owner_pid = 0;
   bool imported = false;
@@ -200,6 +201,9 @@ class SimRuntime final : public Runtime {
     a->fd = memfd_create(memfd_name(a->owner_pid, a->id).c_str(), MFD_CLOEXEC);
     if (a->fd < 0) throw_errno("memfd_create", errno);
     if (ftruncate(a->fd, static_cast<off_t>(a->mapped)) != 0) throw_errno(fmt::format("allocating {} bytes", nbytes), errno);
+    struct stat st {};
+    if (fstat(a->fd, &st) != 0) throw_errno("fstat of device memory", errno);
+    a->ino = st.st_ino;
     map_views(*a);
     std::lock_guard lock(mu_);
     allocations_[a->base] = a;
@@ -336,6 +340,37 @@ class SimRuntime final : public Runtime {
     const int fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) throw_errno("dmabuf_fd: dup", errno);
     return {fd, addr - a->base};
+  }
+
+  void check_dmabuf(int fd, uint64_t offset, size_t length, uintptr_t iova) override {
+    // Only this runtime's buffers are dma-bufs here (its memfds): any other file is refused,
+    // as dma_buf_get refuses a file that is no dma-buf.
+    const std::string target = fd_target(fd);
+    struct stat st {};
+    if (target.rfind("/memfd:dlslime-sim-gpu:", 0) != 0 || fstat(fd, &st) != 0) {
+      throw InvalidArgumentError(fmt::format("fd {} is not a dma-buf of the simulated GPU ({})", fd,
+                                             target.empty() ? "not an open descriptor" : "it is '" + target + "'"));
+    }
+    std::shared_ptr<Allocation> a;
+    {
+      std::lock_guard lock(mu_);
+      for (const auto& [base, candidate] : allocations_) {
+        if (!candidate->imported && candidate->ino == st.st_ino) a = candidate;
+      }
+    }
+    if (!a) {
+      throw InvalidArgumentError(fmt::format(
+          "fd {} is a dma-buf of a simulated GPU allocation this process does not own (freed, or another process's)", fd));
+    }
+    if (length == 0 || offset > a->size || length > a->size - offset) {
+      throw InvalidArgumentError(
+          fmt::format("[{}, +{}) is empty or runs past the {}-byte dma-buf (fd {})", offset, length, a->size, fd));
+    }
+    if (iova != a->base + offset) {
+      throw InvalidArgumentError(fmt::format(
+          "fd {} exports the device allocation at {:#x}: its byte {} is at {:#x} in this process, not at iova {:#x}", fd,
+          a->base, offset, a->base + offset, iova));
+    }
   }
 
   std::optional<sim::NicView> nic_view(uintptr_t addr, size_t length) {

@@ -191,20 +191,18 @@ std::unique_ptr<MemoryRegion> register_memory(ProtectionDomain& pd, uintptr_t ad
 
 void check_dmabuf_region(int fd, uint64_t offset, uint64_t length, uint64_t iova) {
   if (length == 0) throw InvalidArgumentError("register_dmabuf_memory_region: length must be positive");
-  struct stat st {};
-  if (fd < 0 || ::fstat(fd, &st) != 0) {
-    throw InvalidArgumentError(fmt::format("register_dmabuf_memory_region: fd {} is not an open file descriptor", fd));
-  }
-  // A dma-buf's size is its inode's; a descriptor that reports none is not checked here.
-  if (st.st_size > 0 && (offset > static_cast<uint64_t>(st.st_size) || length > static_cast<uint64_t>(st.st_size) - offset)) {
-    throw InvalidArgumentError(fmt::format("register_dmabuf_memory_region: [{}, +{}) runs past the {}-byte dma-buf",
-                                           offset, length, st.st_size));
-  }
   if (memory_place_of(iova).kind != MemoryKind::kDevice) {
     throw InvalidArgumentError(fmt::format(
         "register_dmabuf_memory_region: iova {:#x} is not GPU memory of this process; pass the GPU address the "
         "dma-buf's byte `offset` has here (the pointer it was exported from)",
         iova));
+  }
+  // The fd itself, as the kernel checks it (hostile N11: a pipe, a socket, /dev/null or a
+  // file was taken, and the region was whatever iova named).
+  try {
+    gpu::runtime().check_dmabuf(fd, offset, length, iova);
+  } catch (const InvalidArgumentError& e) {
+    throw InvalidArgumentError(fmt::format("register_dmabuf_memory_region: {}", e.what()));
   }
 }
 
@@ -216,15 +214,27 @@ void RdmaMemoryDomain::region_added(int32_t handle, const LocalRegion& region) {
   // and their writes fail alone at the initiator (review F8). Unmapped memory fails both.
   bool writable = true;
   std::unique_ptr<MemoryRegion> mr;
-  try {
-    mr = register_memory(*device_->pd, region.addr, region.length, region.kind,
-                         kLocalWrite | kRemoteWrite | kRemoteRead);
-  } catch (const VerbsError& e) {
-    if (e.error_number() != EFAULT || region.kind != MemoryKind::kHost) throw;
-    mr = register_memory(*device_->pd, region.addr, region.length, region.kind, kRemoteRead);
-    writable = false;
-    DLSLIME_INFO("RDMA: region [{:#x}, +{}) is read-only memory: registered for remote reads only", region.addr,
-                 region.length);
+  if (region.dmabuf) {
+    // The caller's buffer, as it is: no export of our own, no other way in.
+    const uint32_t access = kLocalWrite | kRemoteWrite | kRemoteRead;
+    try {
+      mr = device_->pd->reg_dmabuf_mr(region.dmabuf->offset(), region.length, region.addr, region.dmabuf->fd(), access);
+    } catch (const VerbsError& e) {
+      throw VerbsError(e.error_number(),
+                       fmt::format("register_dmabuf_memory_region: the NIC did not take the dma-buf: {}", e.what()),
+                       e.code());
+    }
+  } else {
+    try {
+      mr = register_memory(*device_->pd, region.addr, region.length, region.kind,
+                           kLocalWrite | kRemoteWrite | kRemoteRead);
+    } catch (const VerbsError& e) {
+      if (e.error_number() != EFAULT || region.kind != MemoryKind::kHost) throw;
+      mr = register_memory(*device_->pd, region.addr, region.length, region.kind, kRemoteRead);
+      writable = false;
+      DLSLIME_INFO("RDMA: region [{:#x}, +{}) is read-only memory: registered for remote reads only", region.addr,
+                   region.length);
+    }
   }
   std::lock_guard lock(mu_);
   mrs_[handle] = Registered{std::move(mr), region.kind == MemoryKind::kDevice, writable};

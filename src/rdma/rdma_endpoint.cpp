@@ -1004,10 +1004,10 @@ int32_t RDMAEndpoint::register_dmabuf_memory_region(const std::string& name, int
 int32_t RDMAEndpoint::add_dmabuf_region(MemoryRegistry& registry, const std::string& name, int fd, uint64_t offset,
                                         uint64_t length, uint64_t iova) {
   rdma::check_dmabuf_region(fd, offset, length, iova);
-  // The region is the GPU memory at iova; each endpoint's memory domain registers it as it
-  // registers every GPU region (a dma-buf the GPU runtime exports of the same pages, else
-  // peer memory), so endpoints made later on a shared registry register it too.
-  return registry.add(name, static_cast<uintptr_t>(iova), 0, length);  // device memory: checked above
+  // The region is the dma-buf's bytes, addressed at iova (as ibv_reg_dmabuf_mr makes it).
+  // The registry keeps a duplicate of the fd, so endpoints made later on a shared registry
+  // register the same buffer; the caller's fd is only borrowed.
+  return registry.add(name, static_cast<uintptr_t>(iova), 0, length, std::make_shared<RegionDmabuf>(fd, offset));
 }
 int32_t RDMAEndpoint::register_remote_memory_region(const std::string& name, const nlohmann::json& entry) {
   return impl_->register_remote(name, entry);

@@ -2,7 +2,9 @@
 // (bytes that arrived, the status an op ends with and its reason, futures that never hang),
 // including the faults a NIC produces (bad rkey, QP error, dead peer, deadline).
 #include <stdlib.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -1091,6 +1093,51 @@ TEST_F(RdmaGpuTest, DmabufRegistrationTakesUpstreamsArgumentsAndChecksThem) {
   EXPECT_THROW(b_->register_dmabuf_memory_region("h", buf.fd, 0, 4096, addr_of(host)), InvalidArgumentError);
   EXPECT_THROW(b_->register_dmabuf_memory_region("bad", -1, 0, 4096, dev.addr()), InvalidArgumentError);
   EXPECT_THROW(b_->register_dmabuf_memory_region("zero", 0, 0, 0, dev.addr()), InvalidArgumentError);
+}
+
+// Hostile N11: the fd is checked as the kernel checks a dma-buf (dma_buf_get, then the
+// size), and the simulated GPU, which knows its buffers, also checks that iova is where the
+// buffer's byte `offset` lives. Every refusal leaves no region behind.
+TEST_F(RdmaGpuTest, ADmabufRegistrationRefusesEveryFdThatIsNotTheDmabufOfThatMemory) {
+  make();
+  ::setenv("DLSLIME_RDMA_SIM_DEVICE_MEMORY", "dmabuf", 1);
+  DeviceBuffer a(8192), b(8192);
+  const gpu::DmabufRange of_a = gpu::runtime().dmabuf_fd(a.ptr(), 8192);
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe2(pipe_fds, O_CLOEXEC), 0);
+  int sockets[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sockets), 0);
+  const int dev_null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  char file_name[] = "/tmp/dlslime-dmabuf-XXXXXX";
+  const int file = ::mkstemp(file_name);
+  ASSERT_GE(file, 0);
+  ::unlink(file_name);
+  ASSERT_EQ(::ftruncate(file, 8192), 0);
+  const int memfd = ::memfd_create("not-a-gpu", MFD_CLOEXEC);
+  ASSERT_EQ(::ftruncate(memfd, 8192), 0);
+  for (int fd : {pipe_fds[0], sockets[0], dev_null, file, memfd}) {
+    try {
+      b_->register_dmabuf_memory_region("bad", fd, 0, 4096, a.addr());
+      ADD_FAILURE() << "fd " << fd << " was taken as a dma-buf";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("is not a dma-buf"), std::string::npos) << e.what();
+    }
+  }
+  // A's buffer with an address in B, or past A's offset: the region would not be that memory.
+  EXPECT_THROW(b_->register_dmabuf_memory_region("bad", of_a.fd, 0, 4096, b.addr()), InvalidArgumentError);
+  EXPECT_THROW(b_->register_dmabuf_memory_region("bad", of_a.fd, 4096, 4096, a.addr()), InvalidArgumentError);
+  EXPECT_THROW(b_->register_dmabuf_memory_region("bad", of_a.fd, 4096, 8192, a.addr(4096)), InvalidArgumentError);
+  EXPECT_FALSE(b_->mr_info().contains("bad"));
+  // The right pair is taken, and the fd is only borrowed: the registry keeps its own.
+  const int32_t h = b_->register_dmabuf_memory_region("a", of_a.fd, 4096, 4096, a.addr(4096));
+  for (int fd : {of_a.fd, pipe_fds[0], pipe_fds[1], sockets[0], sockets[1], dev_null, file, memfd}) ::close(fd);
+  std::vector<uint8_t> src = pattern(4096, 9);
+  a_->register_memory_region("src", addr_of(src), 0, 4096);
+  connect();
+  auto w = a_->write({{0, remote("a"), 0, 0, 4096}});
+  ASSERT_EQ(status_within(w), 0) << w.message();
+  EXPECT_EQ(a.read(4096, 4096), src);
+  EXPECT_GE(h, 0);
 }
 
 }  // namespace

@@ -150,8 +150,15 @@ def test_register_dmabuf_memory_region_takes_upstreams_arguments(tmp_path):
     # A dma-buf region as the local side of a write.
     ok(initiator.write([(hd, remote(initiator, owner, "kv"), 0, 0, 4096)]))
     assert dev.read(4096, 4096) == dev.read(0, 4096)
-    # Bad arguments are ValueErrors, as upstream's checks are.
-    for args in ((-1, 0, 4096, dev.ptr), (3, 0, 0, dev.ptr), (3, 0, 64, ctypes.addressof(src))):
+    # Bad arguments are ValueErrors, as upstream's checks are; so is an fd that is no
+    # dma-buf of that memory (hostile N11: a pipe, /dev/null, another memfd were taken).
+    r, w = os.pipe()
+    null = os.open("/dev/null", os.O_RDONLY)
+    other = os.memfd_create("not-a-gpu")
+    os.ftruncate(other, 8192)
+    mine = os.open(f"/proc/self/fd/{fds[0]}", os.O_RDWR)
+    for args in ((-1, 0, 4096, dev.ptr), (3, 0, 0, dev.ptr), (3, 0, 64, ctypes.addressof(src)), (r, 0, 64, dev.ptr),
+                 (null, 0, 64, dev.ptr), (other, 0, 64, dev.ptr), (mine, 0, 64, dev.ptr + 64)):
         try:
             owner.register_dmabuf_memory_region(*args)
         except ValueError:
