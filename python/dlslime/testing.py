@@ -21,7 +21,7 @@ GpuUnavailableError = _gpu.GpuUnavailableError
 DeviceBuffer = _gpu.DeviceBuffer
 
 __all__ = ["DeviceBuffer", "GpuUnavailableError", "HostBuffer", "buffer_for", "device_buffer", "gpu_runtime",
-           "gpu_unavailable_reason", "pointer_type", "sim_rdma_objects"]
+           "gpu_unavailable_reason", "pointer_type", "sim_gpu_objects", "sim_rdma_objects"]
 
 
 def device_buffer(nbytes: int, device: int = 0) -> DeviceBuffer:
@@ -50,6 +50,17 @@ def sim_rdma_objects() -> dict:
     if fn is None:
         raise RuntimeError("this dlslime was built without the RDMA transport (-DBUILD_RDMA=ON builds it)")
     return fn()
+
+
+def sim_gpu_objects() -> dict:
+    """The simulated GPU's (``DLSLIME_GPU_SIM=1``) live objects in this process,
+    ``device_allocations``, ``host_allocations`` (pinned), ``streams``, ``events`` and
+    ``ipc_mappings`` (other processes' memory opened here), and ``errors``: calls it refused
+    as misuse a GPU punishes too (freeing what is no allocation, destroying an unknown
+    stream or event, recording an event on another device's stream). Tests compare two
+    snapshots: once every endpoint is shut down and released the counts are back and no
+    error was added."""
+    return _gpu.sim_objects()
 
 
 def pointer_type(ptr: int) -> str:

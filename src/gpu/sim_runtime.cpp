@@ -9,7 +9,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -83,6 +86,39 @@ constexpr char kMagic[8] = {'D', 'L', 'S', 'G', 'S', 'I', 'M', '1'};
 
 std::atomic<bool> g_held{false};
 
+// The calling thread's current device, as the CUDA adapter leaves it: device_alloc,
+// ipc_open, stream_create and event_create make their device current (cudaSetDevice), and
+// the null stream is the current device's default stream.
+thread_local int t_current_device = 0;
+
+// Which device pairs have peer access (DLSLIME_GPU_SIM_PEER_ACCESS, read at each call):
+// unset, empty or "all": every pair (one NVLink switch); "none": no pair; else pairs
+// "A-B,C-D" (each both ways). A device always reaches itself. On a GPU, topology decides.
+bool peer_access_configured(int device, int peer) {
+  if (device == peer) return true;
+  const char* raw = std::getenv("DLSLIME_GPU_SIM_PEER_ACCESS");
+  const std::string value = raw ? raw : "";
+  if (value.empty() || value == "all") return true;
+  if (value == "none") return false;
+  bool found = false;
+  size_t pos = 0;
+  while (pos <= value.size()) {
+    const size_t end = std::min(value.find(',', pos), value.size());
+    const std::string pair = value.substr(pos, end - pos);
+    int a = -1, b = -1;
+    char dash = 0, extra = 0;
+    if (std::sscanf(pair.c_str(), "%d%c%d%c", &a, &dash, &b, &extra) != 3 || dash != '-' || a < 0 || b < 0 ||
+        a >= sim::kDeviceCount || b >= sim::kDeviceCount) {
+      throw InvalidArgumentError(fmt::format(
+          "DLSLIME_GPU_SIM_PEER_ACCESS='{}': expected all, none, or device pairs like 0-1,1-2 (devices 0..{})", value,
+          sim::kDeviceCount - 1));
+    }
+    found = found || (a == device && b == peer) || (a == peer && b == device);
+    pos = end + 1;
+  }
+  return found;
+}
+
 class SimStream {
  public:
   explicit SimStream(int device) : device_(device), worker_([this] { run(); }) {}
@@ -145,11 +181,10 @@ class SimRuntime final : public Runtime {
   const char* name() const override { return "sim"; }
   int device_count() override { return sim::kDeviceCount; }
 
-  // The simulated GPUs sit on one simulated NVLink switch: every one reaches every other.
   bool can_access_peer(int device, int peer_device) override {
     check_device(device);
     check_device(peer_device);
-    return true;
+    return peer_access_configured(device, peer_device);
   }
 
   // Made up, but the same in every process on this host (as a GPU's UUID is), and different
@@ -191,6 +226,7 @@ class SimRuntime final : public Runtime {
 
   void* device_alloc(int device, size_t nbytes) override {
     check_device(device);
+    t_current_device = device;
     if (nbytes == 0) throw InvalidArgumentError("simulated GPU: device_alloc of 0 bytes");
     auto a = std::make_shared<Allocation>();
     a->size = nbytes;
@@ -214,6 +250,7 @@ class SimRuntime final : public Runtime {
     std::lock_guard lock(mu_);
     auto it = allocations_.find(reinterpret_cast<uintptr_t>(device_ptr));
     if (it == allocations_.end() || it->second->imported) {
+      ++errors_;
       throw InvalidArgumentError(fmt::format("device_free({}): not the base of a device allocation of this process", device_ptr));
     }
     allocations_.erase(it);  // queued copies keep their views until they have run
@@ -232,7 +269,10 @@ class SimRuntime final : public Runtime {
   void pinned_free(void* host_ptr) override {
     std::lock_guard lock(mu_);
     auto it = pinned_.find(reinterpret_cast<uintptr_t>(host_ptr));
-    if (it == pinned_.end()) throw InvalidArgumentError(fmt::format("pinned_free({}): not a pinned allocation", host_ptr));
+    if (it == pinned_.end()) {
+      ++errors_;
+      throw InvalidArgumentError(fmt::format("pinned_free({}): not a pinned allocation", host_ptr));
+    }
     munmap(host_ptr, it->second);
     pinned_.erase(it);
   }
@@ -263,6 +303,7 @@ class SimRuntime final : public Runtime {
 
   void* ipc_open(const IpcHandle& handle, int device) override {
     check_device(device);
+    t_current_device = device;
     HandleBytes h;
     std::memcpy(&h, handle.bytes.data(), sizeof h);
     if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) {
@@ -270,6 +311,13 @@ class SimRuntime final : public Runtime {
     }
     if (h.pid == getpid()) {
       throw InvalidArgumentError("ipc_open: a process cannot open its own IPC handle (as in CUDA); use the pointer");
+    }
+    // Another GPU's memory is mapped for this one through peer access (CUDA:
+    // cudaErrorPeerAccessUnsupported without it).
+    if (h.device >= 0 && h.device < sim::kDeviceCount && !peer_access_configured(device, h.device)) {
+      throw GpuError(fmt::format("ipc_open: device {} has no peer access to device {}, whose memory the handle names "
+                                 "(DLSLIME_GPU_SIM_PEER_ACCESS)",
+                                 device, h.device));
     }
     const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, h.pid, 0));
     if (pidfd < 0) {
@@ -316,6 +364,7 @@ class SimRuntime final : public Runtime {
     std::lock_guard lock(mu_);
     auto it = allocations_.find(reinterpret_cast<uintptr_t>(opened_base));
     if (it == allocations_.end() || !it->second->imported) {
+      ++errors_;
       throw InvalidArgumentError(fmt::format("ipc_close({}): not memory opened with ipc_open", opened_base));
     }
     allocations_.erase(it);
@@ -391,6 +440,7 @@ class SimRuntime final : public Runtime {
 
   Stream stream_create(int device) override {
     check_device(device);
+    t_current_device = device;
     auto s = std::make_unique<SimStream>(device);
     Stream handle = reinterpret_cast<Stream>(s.get());
     std::lock_guard lock(mu_);
@@ -403,7 +453,10 @@ class SimRuntime final : public Runtime {
     {
       std::lock_guard lock(mu_);
       auto it = streams_.find(stream);
-      if (stream == nullptr || it == streams_.end()) throw InvalidArgumentError("stream_destroy: unknown stream");
+      if (stream == nullptr || it == streams_.end()) {
+        ++errors_;
+        throw InvalidArgumentError("stream_destroy: unknown stream");
+      }
       s = std::move(it->second);
       streams_.erase(it);
     }
@@ -420,6 +473,7 @@ class SimRuntime final : public Runtime {
 
   Event event_create(int device) override {
     check_device(device);
+    t_current_device = device;
     auto e = std::make_shared<SimEvent>(device);
     Event handle = reinterpret_cast<Event>(e.get());
     std::lock_guard lock(mu_);
@@ -429,12 +483,25 @@ class SimRuntime final : public Runtime {
 
   void event_destroy(Event event) override {
     std::lock_guard lock(mu_);
-    if (events_.erase(event) == 0) throw InvalidArgumentError("event_destroy: unknown event");
+    if (events_.erase(event) == 0) {
+      ++errors_;
+      throw InvalidArgumentError("event_destroy: unknown event");
+    }
   }
 
   void event_record(Event event, Stream stream) override {
     std::shared_ptr<SimEvent> e = event_for(event);
     SimStream& s = stream_for(stream);
+    // Events and streams belong to a device (CUDA: cudaErrorInvalidResourceHandle).
+    if (e->device != s.device()) {
+      ++errors_;
+      throw InvalidArgumentError(fmt::format("event_record: the event belongs to device {} and the stream to device {}{}",
+                                             e->device, s.device(),
+                                             stream == nullptr ? " (the null stream is the current device's default "
+                                                                 "stream; the thread's current device is the one its "
+                                                                 "last stream, event or allocation was made on)"
+                                                               : ""));
+    }
     uint64_t generation;
     {
       std::lock_guard lock(e->mu);
@@ -470,7 +537,20 @@ class SimRuntime final : public Runtime {
   void wake_streams() {
     std::lock_guard lock(mu_);
     for (auto& [handle, s] : streams_) s->wake();
-    if (default_stream_) default_stream_->wake();
+    for (auto& s : default_streams_) {
+      if (s) s->wake();
+    }
+  }
+
+  sim::ObjectCounts object_counts() {
+    std::lock_guard lock(mu_);
+    sim::ObjectCounts c;
+    for (const auto& [base, a] : allocations_) ++(a->imported ? c.ipc_mappings : c.device_allocations);
+    c.host_allocations = static_cast<int64_t>(pinned_.size());
+    c.streams = static_cast<int64_t>(streams_.size());
+    c.events = static_cast<int64_t>(events_.size());
+    c.errors = errors_.load();
+    return c;
   }
 
  private:
@@ -524,19 +604,26 @@ class SimRuntime final : public Runtime {
   SimStream& stream_for(Stream stream) {
     std::lock_guard lock(mu_);
     if (stream == nullptr) {
-      // The default stream: one per process (CUDA's legacy stream of device 0).
-      if (!default_stream_) default_stream_ = std::make_unique<SimStream>(0);
-      return *default_stream_;
+      // The default stream: one per device (CUDA's legacy stream), of the thread's current one.
+      auto& s = default_streams_[static_cast<size_t>(t_current_device)];
+      if (!s) s = std::make_unique<SimStream>(t_current_device);
+      return *s;
     }
     auto it = streams_.find(stream);
-    if (it == streams_.end()) throw InvalidArgumentError("unknown stream");
+    if (it == streams_.end()) {
+      ++errors_;
+      throw InvalidArgumentError("unknown stream");
+    }
     return *it->second;
   }
 
   std::shared_ptr<SimEvent> event_for(Event event) {
     std::lock_guard lock(mu_);
     auto it = events_.find(event);
-    if (it == events_.end()) throw InvalidArgumentError("unknown event");
+    if (it == events_.end()) {
+      ++errors_;
+      throw InvalidArgumentError("unknown event");
+    }
     return it->second;
   }
 
@@ -546,7 +633,8 @@ class SimRuntime final : public Runtime {
   std::map<uintptr_t, size_t> pinned_;                             // base -> mapped length
   std::unordered_map<Stream, std::unique_ptr<SimStream>> streams_;
   std::unordered_map<Event, std::shared_ptr<SimEvent>> events_;
-  std::unique_ptr<SimStream> default_stream_;
+  std::array<std::unique_ptr<SimStream>, sim::kDeviceCount> default_streams_;
+  std::atomic<int64_t> errors_{0};  // calls refused as misuse (sim::ObjectCounts::errors)
 };
 
 SimRuntime& instance() {
@@ -567,6 +655,7 @@ void hold_streams(bool held) {
 }
 
 std::optional<NicView> nic_view(uintptr_t addr, size_t length) { return instance().nic_view(addr, length); }
+ObjectCounts object_counts() { return instance().object_counts(); }
 
 NicView map_dmabuf(int fd, uint64_t offset, size_t length) {
   // Only the simulated GPU's buffers are dma-bufs here: its memfds, known by their name.

@@ -22,9 +22,20 @@
 #include <memory>
 #include <optional>
 
+#include "dlslime/export.h"
+
 namespace dlslime::gpu::sim {
 
 inline constexpr int kDeviceCount = 2;
+
+// The simulated GPU's live objects in this process, and the calls it refused as misuse
+// that a GPU punishes too (a free of memory that is not an allocation, a destroy of an
+// unknown stream or event, an event recorded on another device's stream): a leak, a
+// double free or a cudaErrorInvalidResourceHandle there. dlslime.testing.sim_gpu_objects().
+struct ObjectCounts {
+  int64_t device_allocations = 0, host_allocations = 0, streams = 0, events = 0, ipc_mappings = 0, errors = 0;
+};
+DLSLIME_API ObjectCounts object_counts();
 
 // Test hook: while held, no stream starts queued work (it stays queued, in order), so a
 // test can observe work that has not happened yet. Destroying a stream drains it anyway.

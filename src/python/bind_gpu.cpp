@@ -12,6 +12,7 @@
 
 #include "bindings.h"
 #include "gpu/device_runtime.h"
+#include "gpu/sim_runtime.h"
 
 namespace py = pybind11;
 
@@ -135,6 +136,20 @@ void bind_gpu(py::module_& m) {
       "pointer_type",
       [](uintptr_t ptr) { return std::string(gpu::memory_type_name(gpu::runtime().pointer_info(reinterpret_cast<void*>(ptr)).type)); },
       py::arg("ptr"), "'host', 'pinned host' or 'device': where an address lives.");
+  gpu.def(
+      "sim_objects",
+      [] {
+        const gpu::sim::ObjectCounts c = gpu::sim::object_counts();
+        py::dict d;
+        d["device_allocations"] = c.device_allocations;
+        d["host_allocations"] = c.host_allocations;
+        d["streams"] = c.streams;
+        d["events"] = c.events;
+        d["ipc_mappings"] = c.ipc_mappings;
+        d["errors"] = c.errors;
+        return d;
+      },
+      "The simulated GPU's live objects and refused calls (dlslime.testing.sim_gpu_objects).");
 }
 
 }  // namespace dlslime::py_bind

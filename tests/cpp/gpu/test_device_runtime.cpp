@@ -13,6 +13,7 @@
 #include <mutex>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -244,11 +245,62 @@ void touch_from_host(void* device_ptr, size_t n, bool write) {
   _exit(0);
 }
 
-// The simulated GPUs all reach each other (one NVLink switch), both ways.
-TEST(SimGpu, EveryDeviceCanAccessEveryOther) {
+// The simulated GPUs all reach each other (one NVLink switch), both ways, unless
+// DLSLIME_GPU_SIM_PEER_ACCESS says otherwise (on a GPU, topology decides per pair).
+TEST(SimGpu, PeerAccessIsPerDevicePairAndSetByTheVariable) {
   Runtime& rt = sim_runtime();
+  struct Restore {
+    ~Restore() { unsetenv("DLSLIME_GPU_SIM_PEER_ACCESS"); }
+  } restore;
+  unsetenv("DLSLIME_GPU_SIM_PEER_ACCESS");
   EXPECT_TRUE(rt.can_access_peer(0, 1));
   EXPECT_TRUE(rt.can_access_peer(1, 0));
+  setenv("DLSLIME_GPU_SIM_PEER_ACCESS", "none", 1);
+  EXPECT_FALSE(rt.can_access_peer(0, 1));
+  EXPECT_TRUE(rt.can_access_peer(1, 1));  // a device always reaches itself
+  setenv("DLSLIME_GPU_SIM_PEER_ACCESS", "1-0", 1);
+  EXPECT_TRUE(rt.can_access_peer(0, 1));
+  setenv("DLSLIME_GPU_SIM_PEER_ACCESS", "0-7", 1);
+  EXPECT_THROW(rt.can_access_peer(0, 1), InvalidArgumentError);
+}
+
+// Events and streams belong to a device; the null stream is the current device's default
+// stream, and the current device is per thread (the one its last stream, event or
+// allocation was made on, as the CUDA adapter's cudaSetDevice leaves it). A GPU refuses an
+// event recorded on another device's stream (cudaErrorInvalidResourceHandle); the refusal
+// is counted in the simulated GPU's errors, as is every other misuse.
+TEST(SimGpu, AnEventIsRecordedOnlyOnAStreamOfItsDeviceAndMisuseIsCounted) {
+  Runtime& rt = sim_runtime();
+  const sim::ObjectCounts before = sim::object_counts();
+  Stream s1 = rt.stream_create(1);
+  Event e0 = rt.event_create(0);  // the thread's current device is now 0
+  EXPECT_EQ(sim::object_counts().streams, before.streams + 1);
+  EXPECT_EQ(sim::object_counts().events, before.events + 1);
+  EXPECT_THROW(rt.event_record(e0, s1), InvalidArgumentError);
+  rt.event_record(e0, nullptr);  // device 0's default stream
+  rt.event_synchronize(e0);
+  Event e1 = rt.event_create(1);
+  rt.event_record(e1, s1);
+  rt.event_record(e1, nullptr);  // the current device is 1 now: its default stream
+  rt.event_synchronize(e1);
+  std::thread other([&] { rt.event_destroy(rt.event_create(0)); });  // that thread's current device: 0
+  other.join();
+  rt.event_record(e1, nullptr);  // still 1 on this thread
+  EXPECT_EQ(sim::object_counts().errors, before.errors + 1);
+  void* dev = rt.device_alloc(0, 64);
+  EXPECT_EQ(sim::object_counts().device_allocations, before.device_allocations + 1);
+  EXPECT_THROW(rt.device_free(static_cast<uint8_t*>(dev) + 1), InvalidArgumentError);
+  EXPECT_THROW(rt.event_destroy(reinterpret_cast<Event>(dev)), InvalidArgumentError);
+  EXPECT_EQ(sim::object_counts().errors, before.errors + 3);
+  rt.device_free(dev);
+  rt.event_destroy(e0);
+  rt.event_destroy(e1);
+  rt.stream_destroy(s1);
+  const sim::ObjectCounts after = sim::object_counts();
+  EXPECT_EQ(after.device_allocations, before.device_allocations);
+  EXPECT_EQ(after.streams, before.streams);
+  EXPECT_EQ(after.events, before.events);
+  EXPECT_EQ(after.errors, before.errors + 3);
 }
 
 TEST(SimGpu, HostLoadsAndStoresToDeviceMemoryFault) {
