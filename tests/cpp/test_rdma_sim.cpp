@@ -532,8 +532,18 @@ TEST_F(RdmaSim, RegisteringUnmappedOrReadOnlyMemoryForWritingIsEfault) {
   EXPECT_NE(pd->reg_mr(ro, 4 * page, kRemoteRead), nullptr);
   uint8_t* none = map(PROT_NONE);
   EXPECT_TRUE(efault(none, page, kRemoteRead));
-  uint8_t* rw = map(PROT_READ | PROT_WRITE);
-  ASSERT_EQ(::munmap(rw + 2 * page, page), 0);  // a hole in the middle
+  // A hole in the middle. The mmap area hands out addresses top down, so a fresh hole near its
+  // top is the first gap the next one-page mmap fills (the sanitizers' runtimes map pages of
+  // their own at any time). Placed far below it, the hole stays a hole for the test.
+  uint8_t* rw = nullptr;
+  for (uintptr_t hint = uintptr_t{1} << 28; rw == nullptr && hint < (uintptr_t{1} << 31); hint += uintptr_t{1} << 24) {
+    void* p = ::mmap(reinterpret_cast<void*>(hint), 4 * page, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    if (p == reinterpret_cast<void*>(hint)) rw = static_cast<uint8_t*>(p);
+    else if (p != MAP_FAILED) ::munmap(p, 4 * page);  // a kernel before 4.17 takes the flag as a hint
+  }
+  ASSERT_NE(rw, nullptr) << "no free low address range for the holed mapping";
+  ASSERT_EQ(::munmap(rw + 2 * page, page), 0);
   EXPECT_TRUE(efault(rw, 4 * page, kRemoteRead));
   EXPECT_TRUE(efault(rw + 2 * page, 1, kLocalWrite));
   EXPECT_NE(pd->reg_mr(rw, 2 * page, kLocalWrite | kRemoteWrite), nullptr);  // the mapped part
