@@ -4,6 +4,9 @@ if(SKBUILD)
   # pip install: the library goes next to the extension module inside the package
   # (the module finds it through RPATH $ORIGIN).
   install(TARGETS dlslime LIBRARY DESTINATION dlslime)
+  if(TARGET dlslime_sim_ibverbs)
+    install(TARGETS dlslime_sim_ibverbs LIBRARY DESTINATION dlslime)
+  endif()
   return()
 endif()
 
@@ -12,6 +15,11 @@ install(TARGETS dlslime EXPORT dlslimeTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# The simulated RDMA device's library goes beside libdlslime, where the RDMA adapter
+# looks for it under DLSLIME_RDMA_SIM=1 (other programs may load it as libibverbs).
+if(TARGET dlslime_sim_ibverbs)
+  install(TARGETS dlslime_sim_ibverbs LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+endif()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/dlslime
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
   FILES_MATCHING PATTERN "*.h")

@@ -26,7 +26,7 @@ std::string loader_error() {
 
 }  // namespace
 
-SharedLibrary::SharedLibrary(const char* what, std::initializer_list<const char*> sonames, const char* path_variable)
+SharedLibrary::SharedLibrary(const char* what, const std::vector<std::string>& sonames, const char* path_variable)
     : what_(what), path_variable_(path_variable) {
   const char* chosen = std::getenv(path_variable);
   if (chosen != nullptr && *chosen != '\0') {
@@ -39,10 +39,10 @@ SharedLibrary::SharedLibrary(const char* what, std::initializer_list<const char*
     return;
   }
   std::string tried;
-  for (const char* soname : sonames) {
-    handle_ = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+  for (const std::string& soname : sonames) {
+    handle_ = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (handle_ != nullptr) {
-      path_ = opened_path(handle_, soname);
+      path_ = opened_path(handle_, soname.c_str());
       return;
     }
     tried += fmt::format("{}{}", tried.empty() ? "" : "; ", loader_error());

@@ -1,7 +1,7 @@
 #pragma once
 
-#include <initializer_list>
 #include <string>
+#include <vector>
 
 namespace dlslime {
 
@@ -18,10 +18,10 @@ class SharedLibrary {
  public:
   // Opens `what` (its name in messages, e.g. "libibverbs"): the file named by the
   // environment variable `path_variable` if that is set (a path or a soname; nothing else is
-  // tried then: an explicit choice never silently falls back), else the first of
-  // `sonames` that loads. On failure handle() is null and error() says what was tried,
-  // what the loader said and which variable points at another copy.
-  SharedLibrary(const char* what, std::initializer_list<const char*> sonames, const char* path_variable);
+  // tried then: an explicit choice never silently falls back), else the first of `sonames`
+  // (sonames or paths) that loads. On failure handle() is null and error() says what was
+  // tried, what the loader said and which variable points at another copy.
+  SharedLibrary(const char* what, const std::vector<std::string>& sonames, const char* path_variable);
 
   void* handle() const { return handle_; }
   const std::string& error() const { return error_; }

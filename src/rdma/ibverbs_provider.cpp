@@ -1,7 +1,12 @@
 // The verbs.h interface over libibverbs: a thin translation, no policy. libibverbs is
 // opened at run time (core/shared_library.h), never linked: libdlslime loads on a host
-// without rdma-core, and there the RDMA transport says why it is unavailable. It cannot be
-// exercised without a NIC; tests/hardware/run_rdma_checks.sh runs it where one exists.
+// without rdma-core, and there the RDMA transport says why it is unavailable.
+//
+// The same adapter drives the simulated device: under DLSLIME_RDMA_SIM=1 it opens
+// libdlslime_sim_ibverbs.so, which exports the libibverbs ABI (sim_ibverbs.cpp), instead of
+// libibverbs.so.1. Every test on the simulated device therefore runs this file, and
+// tests/hardware/run_rdma_checks.sh runs it against a NIC where one exists.
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <infiniband/verbs.h>
 
@@ -14,9 +19,11 @@
 #include <string>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/shared_library.h"
 #include "dlslime/errors.h"
+#include "rdma/sim_device.h"
 #include "rdma/verbs.h"
 
 namespace dlslime::rdma {
@@ -33,6 +40,7 @@ struct Ibverbs {
   decltype(&::ibv_get_device_name) get_device_name;
   decltype(&::ibv_open_device) open_device;
   decltype(&::ibv_close_device) close_device;
+  decltype(&::ibv_query_device) query_device;
   decltype(&::ibv_query_port) query_port;  // the exported (compat) one; see query_port_attr()
   decltype(&::_ibv_query_gid_ex) query_gid_ex;
   decltype(&::ibv_alloc_pd) alloc_pd;
@@ -50,22 +58,29 @@ struct Ibverbs {
   decltype(&::ibv_modify_qp) modify_qp;
   decltype(&::ibv_query_qp) query_qp;
   decltype(&::ibv_destroy_qp) destroy_qp;
-};
+  // The simulated device's own exports (sim_device.h); null in libibverbs.
+  decltype(&::dlslime_sim_rdma_last_error) sim_last_error;
+  decltype(&::dlslime_sim_rdma_object_counts) sim_object_counts;
+  decltype(&::dlslime_sim_rdma_set_peer_memory) sim_set_peer_memory;
 
-constexpr const char* kLibraryVariable = "DLSLIME_IBVERBS_LIBRARY";
+  // What the library adds to errno about the last failed call of this thread (the
+  // simulated device's detail), as "; detail", or nothing.
+  std::string detail() const {
+    const char* text = sim_last_error ? sim_last_error() : nullptr;
+    return text && *text ? fmt::format(" ({})", text) : std::string();
+  }
+};
 
 struct LoadedIbverbs {
   Ibverbs api{};
   std::string error;  // why RDMA cannot run here (empty: loaded)
 };
 
-LoadedIbverbs load_ibverbs() {
+// Resolves the table from an opened library; `hint` says what to do when it cannot be.
+LoadedIbverbs resolve_ibverbs(SharedLibrary& lib, const char* hint) {
   LoadedIbverbs out;
-  SharedLibrary lib("libibverbs", {"libibverbs.so.1"}, kLibraryVariable);
   if (!lib.handle()) {
-    out.error = fmt::format("RDMA is unavailable: {} (install rdma-core's libibverbs1, or set DLSLIME_RDMA_SIM=1 for "
-                            "the simulated device)",
-                            lib.error());
+    out.error = fmt::format("RDMA is unavailable: {} ({})", lib.error(), hint);
     return out;
   }
   Ibverbs& a = out.api;
@@ -74,6 +89,7 @@ LoadedIbverbs load_ibverbs() {
   lib.resolve(a.get_device_name, "ibv_get_device_name");
   lib.resolve(a.open_device, "ibv_open_device");
   lib.resolve(a.close_device, "ibv_close_device");
+  lib.resolve(a.query_device, "ibv_query_device");
   lib.resolve(a.query_port, "ibv_query_port");
   lib.resolve(a.query_gid_ex, "_ibv_query_gid_ex");
   lib.resolve(a.alloc_pd, "ibv_alloc_pd");
@@ -91,68 +107,104 @@ LoadedIbverbs load_ibverbs() {
   lib.resolve(a.modify_qp, "ibv_modify_qp");
   lib.resolve(a.query_qp, "ibv_query_qp");
   lib.resolve(a.destroy_qp, "ibv_destroy_qp");
+  lib.resolve_optional(a.sim_last_error, "dlslime_sim_rdma_last_error");
+  lib.resolve_optional(a.sim_object_counts, "dlslime_sim_rdma_object_counts");
+  lib.resolve_optional(a.sim_set_peer_memory, "dlslime_sim_rdma_set_peer_memory");
   if (std::string missing = lib.missing_error(); !missing.empty()) {
     out.error = fmt::format("RDMA is unavailable: {}", missing);
   }
   return out;
 }
 
-// The table, loaded at the first call (never at import); ConnectionError, naming the
-// library, the symbol and the variable, where it cannot be used. Every object below was
-// made through a loaded table, so their own calls always find one.
-const Ibverbs& lib() {
-  static const LoadedIbverbs* loaded = new LoadedIbverbs(load_ibverbs());  // kept for the process
+// The directory holding this code's shared object (libdlslime.so): the simulated device's
+// library is installed beside it.
+std::string own_directory() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&own_directory), &info) == 0 || info.dli_fname == nullptr) return {};
+  std::string path = info.dli_fname;
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? std::string() : path.substr(0, slash + 1);
+}
+
+// The tables, each loaded at its first use (never at import); ConnectionError, naming the
+// library, the symbol and the variable, where one cannot be used. Every object below was
+// made through a loaded table and keeps it, so their own calls always find one.
+const Ibverbs& real_library() {
+  static const LoadedIbverbs* loaded = [] {
+    SharedLibrary lib("libibverbs", {"libibverbs.so.1"}, "DLSLIME_IBVERBS_LIBRARY");
+    return new LoadedIbverbs(resolve_ibverbs(
+        lib, "install rdma-core's libibverbs1, or set DLSLIME_RDMA_SIM=1 for the simulated device"));
+  }();
+  if (!loaded->error.empty()) throw ConnectionError(loaded->error);
+  return loaded->api;
+}
+
+const Ibverbs& sim_library() {
+  static const LoadedIbverbs* loaded = [] {
+    // Beside libdlslime.so (installed, or the build tree), else by soname: a program (the
+    // C++ tests) that links it has it loaded already.
+    SharedLibrary lib("the simulated device's libibverbs",
+                      {own_directory() + "libdlslime_sim_ibverbs.so", "libdlslime_sim_ibverbs.so"},
+                      "DLSLIME_RDMA_SIM_LIBRARY");
+    auto* out = new LoadedIbverbs(resolve_ibverbs(lib, "it is built with the RDMA transport"));
+    if (out->error.empty() && !out->api.sim_object_counts) {
+      out->error = fmt::format("RDMA is unavailable: {} is not the simulated device's library", lib.path());
+    }
+    if (out->error.empty()) attach_simulated_gpu(out->api.sim_set_peer_memory);
+    return out;
+  }();
   if (!loaded->error.empty()) throw ConnectionError(loaded->error);
   return loaded->api;
 }
 
 // ibv_query_port as verbs.h's inline wrapper does it: the provider's extended query where
 // it has one, else the exported compat call into a zeroed attribute.
-int query_port_attr(ibv_context* ctx, uint8_t port, ibv_port_attr* attr) {
+int query_port_attr(const Ibverbs& lib, ibv_context* ctx, uint8_t port, ibv_port_attr* attr) {
   if (verbs_context* vctx = verbs_get_ctx_op(ctx, query_port)) return vctx->query_port(ctx, port, attr, sizeof *attr);
   std::memset(attr, 0, sizeof *attr);
-  return lib().query_port(ctx, port, reinterpret_cast<_compat_ibv_port_attr*>(attr));
+  return lib.query_port(ctx, port, reinterpret_cast<_compat_ibv_port_attr*>(attr));
 }
 
-[[noreturn]] void throw_errno(const std::string& what, int err) {
-  throw VerbsError(err, fmt::format("{}: {}", what, std::strerror(err)));
+[[noreturn]] void throw_errno(const Ibverbs& lib, const std::string& what, int err) {
+  throw VerbsError(err, fmt::format("{}: {}{}", what, std::strerror(err), lib.detail()));
 }
 
 class IbvMemoryRegion final : public MemoryRegion {
  public:
-  explicit IbvMemoryRegion(ibv_mr* mr) : mr_(mr) {}
-  ~IbvMemoryRegion() override { lib().dereg_mr(mr_); }
+  IbvMemoryRegion(const Ibverbs& lib, ibv_mr* mr) : lib_(lib), mr_(mr) {}
+  ~IbvMemoryRegion() override { lib_.dereg_mr(mr_); }
   uint64_t addr() const override { return reinterpret_cast<uint64_t>(mr_->addr); }
   size_t length() const override { return mr_->length; }
   uint32_t lkey() const override { return mr_->lkey; }
   uint32_t rkey() const override { return mr_->rkey; }
 
  private:
+  const Ibverbs& lib_;
   ibv_mr* mr_;
 };
 
 class IbvCompletionQueue final : public CompletionQueue {
  public:
-  IbvCompletionQueue(ibv_context* ctx, int depth) {
-    channel_ = lib().create_comp_channel(ctx);
-    if (!channel_) throw_errno("ibv_create_comp_channel", errno);
+  IbvCompletionQueue(const Ibverbs& lib, ibv_context* ctx, int depth) : lib_(lib) {
+    channel_ = lib_.create_comp_channel(ctx);
+    if (!channel_) throw_errno(lib_, "ibv_create_comp_channel", errno);
     // Non-blocking, so ack_events() never blocks and the fd can sit in an event loop.
     int flags = fcntl(channel_->fd, F_GETFL);
     if (flags < 0 || fcntl(channel_->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
       int err = errno;
-      lib().destroy_comp_channel(channel_);
-      throw_errno("fcntl(O_NONBLOCK) on the completion channel", err);
+      lib_.destroy_comp_channel(channel_);
+      throw_errno(lib_, "fcntl(O_NONBLOCK) on the completion channel", err);
     }
-    cq_ = lib().create_cq(ctx, depth, nullptr, channel_, 0);
+    cq_ = lib_.create_cq(ctx, depth, nullptr, channel_, 0);
     if (!cq_) {
       int err = errno;
-      lib().destroy_comp_channel(channel_);
-      throw_errno(fmt::format("ibv_create_cq(depth {})", depth), err);
+      lib_.destroy_comp_channel(channel_);
+      throw_errno(lib_, fmt::format("ibv_create_cq(depth {})", depth), err);
     }
   }
   ~IbvCompletionQueue() override {
-    lib().destroy_cq(cq_);
-    lib().destroy_comp_channel(channel_);
+    lib_.destroy_cq(cq_);
+    lib_.destroy_comp_channel(channel_);
   }
   int depth() const override { return cq_->cqe; }
   int poll(int max, WorkCompletion* out) override {
@@ -174,8 +226,8 @@ class IbvCompletionQueue final : public CompletionQueue {
     int count = 0;
     ibv_cq* cq = nullptr;
     void* cq_ctx = nullptr;
-    while (lib().get_cq_event(channel_, &cq, &cq_ctx) == 0) ++count;
-    if (count) lib().ack_cq_events(cq_, count);
+    while (lib_.get_cq_event(channel_, &cq, &cq_ctx) == 0) ++count;
+    if (count) lib_.ack_cq_events(cq_, count);
     return count;
   }
   ibv_cq* raw() const { return cq_; }
@@ -211,13 +263,15 @@ class IbvCompletionQueue final : public CompletionQueue {
     return out;
   }
 
+  const Ibverbs& lib_;
   ibv_comp_channel* channel_ = nullptr;
   ibv_cq* cq_ = nullptr;
 };
 
 class IbvQueuePair final : public QueuePair {
  public:
-  IbvQueuePair(ibv_pd* pd, IbvCompletionQueue& scq, IbvCompletionQueue& rcq, const QpCaps& caps) {
+  IbvQueuePair(const Ibverbs& lib, ibv_pd* pd, IbvCompletionQueue& scq, IbvCompletionQueue& rcq, const QpCaps& caps)
+      : lib_(lib) {
     ibv_qp_init_attr attr{};
     attr.send_cq = scq.raw();
     attr.recv_cq = rcq.raw();
@@ -228,18 +282,18 @@ class IbvQueuePair final : public QueuePair {
     attr.cap.max_send_sge = caps.max_send_sge;
     attr.cap.max_recv_sge = caps.max_recv_sge;
     attr.cap.max_inline_data = caps.max_inline_data;
-    qp_ = lib().create_qp(pd, &attr);
-    if (!qp_) throw_errno("ibv_create_qp(RC)", errno);
+    qp_ = lib_.create_qp(pd, &attr);
+    if (!qp_) throw_errno(lib_, "ibv_create_qp(RC)", errno);
     // ibv_create_qp writes back the caps it granted (at least those asked).
     caps_ = QpCaps{attr.cap.max_send_wr, attr.cap.max_recv_wr, attr.cap.max_send_sge, attr.cap.max_recv_sge,
                    attr.cap.max_inline_data};
   }
-  ~IbvQueuePair() override { lib().destroy_qp(qp_); }
+  ~IbvQueuePair() override { lib_.destroy_qp(qp_); }
   uint32_t qp_num() const override { return qp_->qp_num; }
   QpState state() const override {
     ibv_qp_attr attr{};
     ibv_qp_init_attr init{};
-    if (lib().query_qp(qp_, &attr, IBV_QP_STATE, &init) != 0) return QpState::kErr;
+    if (lib_.query_qp(qp_, &attr, IBV_QP_STATE, &init) != 0) return QpState::kErr;
     switch (attr.qp_state) {
       case IBV_QPS_RESET: return QpState::kReset;
       case IBV_QPS_INIT: return QpState::kInit;
@@ -256,7 +310,7 @@ class IbvQueuePair final : public QueuePair {
     attr.pkey_index = a.pkey_index;
     attr.qp_access_flags = a.access;
     port_ = a.port;  // the address vector of RTR names the same port
-    return lib().modify_qp(qp_, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+    return lib_.modify_qp(qp_, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
   }
   int modify_to_rtr(const RcRtrAttr& a) override {
     ibv_qp_attr attr{};
@@ -276,7 +330,7 @@ class IbvQueuePair final : public QueuePair {
       attr.ah_attr.grh.hop_limit = a.hop_limit;
       attr.ah_attr.grh.traffic_class = a.traffic_class;
     }
-    return lib().modify_qp(qp_, &attr,
+    return lib_.modify_qp(qp_, &attr,
                          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                              IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
   }
@@ -288,14 +342,14 @@ class IbvQueuePair final : public QueuePair {
     attr.retry_cnt = a.retry_cnt;
     attr.rnr_retry = a.rnr_retry;
     attr.max_rd_atomic = a.max_rd_atomic;
-    return lib().modify_qp(qp_, &attr,
+    return lib_.modify_qp(qp_, &attr,
                          IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                              IBV_QP_MAX_QP_RD_ATOMIC);
   }
   int modify_to_err() override {
     ibv_qp_attr attr{};
     attr.qp_state = IBV_QPS_ERR;
-    return lib().modify_qp(qp_, &attr, IBV_QP_STATE);
+    return lib_.modify_qp(qp_, &attr, IBV_QP_STATE);
   }
   int post_send(const SendWr* wr, const SendWr** bad_wr) override {
     if (bad_wr) *bad_wr = nullptr;
@@ -361,6 +415,7 @@ class IbvQueuePair final : public QueuePair {
     }
     return IBV_WR_SEND;
   }
+  const Ibverbs& lib_;
   ibv_qp* qp_ = nullptr;
   QpCaps caps_;
   uint8_t port_ = 1;
@@ -371,36 +426,37 @@ static_assert(sizeof(Sge) == sizeof(ibv_sge) && offsetof(Sge, lkey) == offsetof(
 
 class IbvProtectionDomain final : public ProtectionDomain {
  public:
-  explicit IbvProtectionDomain(ibv_context* ctx) : pd_(lib().alloc_pd(ctx)) {
-    if (!pd_) throw_errno("ibv_alloc_pd", errno);
+  IbvProtectionDomain(const Ibverbs& lib, ibv_context* ctx) : lib_(lib), pd_(lib_.alloc_pd(ctx)) {
+    if (!pd_) throw_errno(lib_, "ibv_alloc_pd", errno);
   }
-  ~IbvProtectionDomain() override { lib().dealloc_pd(pd_); }
+  ~IbvProtectionDomain() override { lib_.dealloc_pd(pd_); }
   std::unique_ptr<MemoryRegion> reg_mr(void* addr, size_t length, uint32_t access) override {
-    ibv_mr* mr = lib().reg_mr_iova2(pd_, addr, length, reinterpret_cast<uintptr_t>(addr), access);
-    if (!mr) throw_errno(fmt::format("ibv_reg_mr({}, {} bytes, access {:#x})", addr, length, access), errno);
-    return std::make_unique<IbvMemoryRegion>(mr);
+    ibv_mr* mr = lib_.reg_mr_iova2(pd_, addr, length, reinterpret_cast<uintptr_t>(addr), access);
+    if (!mr) throw_errno(lib_, fmt::format("ibv_reg_mr({}, {} bytes, access {:#x})", addr, length, access), errno);
+    return std::make_unique<IbvMemoryRegion>(lib_, mr);
   }
   std::unique_ptr<MemoryRegion> reg_dmabuf_mr(uint64_t offset, size_t length, uint64_t iova, int fd,
                                               uint32_t access) override {
-    if (!lib().reg_dmabuf_mr) {
+    if (!lib_.reg_dmabuf_mr) {
       throw VerbsError(ENOSYS, "ibv_reg_dmabuf_mr: the libibverbs loaded lacks it (rdma-core 34 or later has it)");
     }
-    ibv_mr* mr = lib().reg_dmabuf_mr(pd_, offset, length, iova, fd, static_cast<int>(access));
+    ibv_mr* mr = lib_.reg_dmabuf_mr(pd_, offset, length, iova, fd, static_cast<int>(access));
     if (!mr) {
-      throw_errno(fmt::format("ibv_reg_dmabuf_mr(fd {}, offset {}, {} bytes, iova {:#x}, access {:#x})", fd, offset,
+      throw_errno(lib_, fmt::format("ibv_reg_dmabuf_mr(fd {}, offset {}, {} bytes, iova {:#x}, access {:#x})", fd, offset,
                               length, iova, access),
                   errno);
     }
-    return std::make_unique<IbvMemoryRegion>(mr);
+    return std::make_unique<IbvMemoryRegion>(lib_, mr);
   }
   std::unique_ptr<QueuePair> create_rc_qp(CompletionQueue& send_cq, CompletionQueue& recv_cq, const QpCaps& caps) override {
     auto* scq = dynamic_cast<IbvCompletionQueue*>(&send_cq);
     auto* rcq = dynamic_cast<IbvCompletionQueue*>(&recv_cq);
     if (!scq || !rcq) throw VerbsError(EINVAL, "ibv create_qp: the CQs are not libibverbs CQs", StatusCode::kInvalidArgument);
-    return std::make_unique<IbvQueuePair>(pd_, *scq, *rcq, caps);
+    return std::make_unique<IbvQueuePair>(lib_, pd_, *scq, *rcq, caps);
   }
 
  private:
+  const Ibverbs& lib_;
   ibv_pd* pd_;
 };
 
@@ -411,13 +467,13 @@ static_assert(static_cast<uint32_t>(IBV_ACCESS_LOCAL_WRITE) == kLocalWrite &&
 
 class IbvContext final : public Context {
  public:
-  IbvContext(ibv_context* ctx, std::string name) : ctx_(ctx), name_(std::move(name)) {}
-  ~IbvContext() override { lib().close_device(ctx_); }
+  IbvContext(const Ibverbs& lib, ibv_context* ctx, std::string name) : lib_(lib), ctx_(ctx), name_(std::move(name)) {}
+  ~IbvContext() override { lib_.close_device(ctx_); }
   const std::string& device_name() const override { return name_; }
   PortAttr query_port(uint8_t port) override {
     ibv_port_attr attr{};
-    int rc = query_port_attr(ctx_, port, &attr);
-    if (rc) throw_errno(fmt::format("ibv_query_port({} port {})", name_, port), rc);
+    int rc = query_port_attr(lib_, ctx_, port, &attr);
+    if (rc) throw_errno(lib_, fmt::format("ibv_query_port({} port {})", name_, port), rc);
     PortAttr out;
     switch (attr.state) {
       case IBV_PORT_DOWN: out.state = PortState::kDown; break;
@@ -436,10 +492,10 @@ class IbvContext final : public Context {
   }
   GidEntry query_gid(uint8_t port, int index) override {
     ibv_gid_entry entry{};
-    int rc = lib().query_gid_ex(ctx_, port, static_cast<uint32_t>(index), &entry, 0, sizeof entry);
+    int rc = lib_.query_gid_ex(ctx_, port, static_cast<uint32_t>(index), &entry, 0, sizeof entry);
     GidEntry out;
     if (rc == ENODATA) return out;  // an unused slot
-    if (rc) throw_errno(fmt::format("ibv_query_gid_ex({} port {} index {})", name_, port, index), rc);
+    if (rc) throw_errno(lib_, fmt::format("ibv_query_gid_ex({} port {} index {})", name_, port, index), rc);
     std::memcpy(out.gid.data(), entry.gid.raw, 16);
     out.type = entry.gid_type == IBV_GID_TYPE_ROCE_V2   ? GidType::kRoceV2
                : entry.gid_type == IBV_GID_TYPE_ROCE_V1 ? GidType::kRoceV1
@@ -447,55 +503,89 @@ class IbvContext final : public Context {
                                                         : GidType::kUnknown;
     return out;
   }
-  std::unique_ptr<ProtectionDomain> alloc_pd() override { return std::make_unique<IbvProtectionDomain>(ctx_); }
+  DeviceCaps query_device() override {
+    ibv_device_attr attr{};
+    if (int rc = lib_.query_device(ctx_, &attr)) throw_errno(lib_, fmt::format("ibv_query_device({})", name_), rc);
+    DeviceCaps out;
+    out.max_qp_wr = static_cast<uint32_t>(std::max(attr.max_qp_wr, 0));
+    out.max_sge = static_cast<uint32_t>(std::max(attr.max_sge, 0));
+    out.max_cqe = attr.max_cqe;
+    return out;
+  }
+  std::unique_ptr<ProtectionDomain> alloc_pd() override { return std::make_unique<IbvProtectionDomain>(lib_, ctx_); }
   std::unique_ptr<CompletionQueue> create_cq(int depth) override {
-    return std::make_unique<IbvCompletionQueue>(ctx_, depth);
+    return std::make_unique<IbvCompletionQueue>(lib_, ctx_, depth);
   }
 
  private:
+  const Ibverbs& lib_;
   ibv_context* ctx_;
   std::string name_;
 };
 
+// A device list and its devices, from one library: libibverbs, or the simulated device's.
 class IbvProvider final : public Provider {
  public:
-  const char* name() const override { return "ibverbs"; }
+  IbvProvider(const char* name, const Ibverbs& (*library)()) : name_(name), library_(library) {}
+  const char* name() const override { return name_; }
   std::vector<std::string> list_devices() override {
+    const Ibverbs& lib = library_();
     std::vector<std::string> names;
     int n = 0;
     // NULL (e.g. ENOSYS: no RDMA subsystem in the kernel) and an empty list both mean "none".
-    ibv_device** list = lib().get_device_list(&n);
+    ibv_device** list = lib.get_device_list(&n);
     if (!list) return names;
-    for (int i = 0; i < n; ++i) names.emplace_back(lib().get_device_name(list[i]));
-    lib().free_device_list(list);
+    for (int i = 0; i < n; ++i) names.emplace_back(lib.get_device_name(list[i]));
+    lib.free_device_list(list);
     return names;
   }
   std::unique_ptr<Context> open(const std::string& device_name) override {
+    const Ibverbs& lib = library_();
     int n = 0;
-    ibv_device** list = lib().get_device_list(&n);
+    ibv_device** list = lib.get_device_list(&n);
     if (!list) throw NotFoundError(fmt::format("no RDMA device '{}' ({})", device_name, kNoDeviceReason));
     ibv_context* ctx = nullptr;
     bool found = false;
     int err = 0;
+    std::vector<std::string> names;
     for (int i = 0; i < n && !found; ++i) {
-      if (device_name == lib().get_device_name(list[i])) {
+      names.emplace_back(lib.get_device_name(list[i]));
+      if (device_name == names.back()) {
         found = true;
-        ctx = lib().open_device(list[i]);
+        ctx = lib.open_device(list[i]);
         if (!ctx) err = errno;
       }
     }
-    lib().free_device_list(list);
-    if (!found) throw NotFoundError(fmt::format("no RDMA device '{}'", device_name));
-    if (!ctx) throw_errno(fmt::format("ibv_open_device({})", device_name), err);
-    return std::make_unique<IbvContext>(ctx, device_name);
+    lib.free_device_list(list);
+    if (!found) {
+      throw NotFoundError(fmt::format("no RDMA device '{}' (the {} devices: {})", device_name, name_,
+                                      names.empty() ? std::string("none") : fmt::format("{}", fmt::join(names, ", "))));
+    }
+    if (!ctx) throw_errno(lib, fmt::format("ibv_open_device({})", device_name), err);
+    return std::make_unique<IbvContext>(lib, ctx, device_name);
   }
+
+ private:
+  const char* name_;
+  const Ibverbs& (*library_)();
 };
 
 }  // namespace
 
 Provider& ibverbs_provider() {
-  static IbvProvider instance;
+  static IbvProvider instance("ibverbs", real_library);
   return instance;
+}
+
+Provider& sim_provider() {
+  static IbvProvider instance("sim", sim_library);
+  return instance;
+}
+
+SimObjectCounts sim_object_counts() {
+  SimObjectCounts out;
+  sim_library().sim_object_counts(&out);
+  return out;
 }
 
 }  // namespace dlslime::rdma

@@ -4,7 +4,6 @@
 // to the error state and its remaining work flushed.
 #include "rdma/sim_device.h"
 
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -92,18 +91,6 @@ FabricSlot& slot() {
 }
 
 }  // namespace
-
-Cq::Cq(int d) : depth(d), event_fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
-  if (event_fd < 0) throw VerbsError(errno, fmt::format("sim: eventfd for the completion channel: {}", std::strerror(errno)));
-}
-
-Cq::~Cq() { ::close(event_fd); }
-
-void Cq::signal() {
-  uint64_t one = 1;
-  // The counter cannot overflow in practice (2^64 - 1 events); EAGAIN would only mean that.
-  [[maybe_unused]] ssize_t n = ::write(event_fd, &one, sizeof(one));
-}
 
 std::shared_ptr<Fabric> Fabric::acquire() {
   FabricSlot& g = slot();

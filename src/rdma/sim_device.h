@@ -1,7 +1,10 @@
 // The simulated RDMA device behind DLSLIME_RDMA_SIM=1 (docs/rdma.md, "The simulated
 // device"): its state (MRs, CQs, QPs), the engine thread that executes posted work like a
-// NIC would, and the fault-injection hooks tests use. sim_provider.cpp wraps it in the
-// verbs.h interface; this header is internal to src/rdma and the tests.
+// NIC would, and the fault-injection hooks tests use. sim_ibverbs.cpp puts it behind the
+// libibverbs ABI, in its own shared library (libdlslime_sim_ibverbs.so), so the library's
+// real verbs adapter (ibverbs_provider.cpp) is the code that drives it. This header is
+// internal to that library, src/rdma and the tests; the functions marked DLSLIME_SIM_API
+// are the ones the shared library exports besides the verbs ABI.
 //
 // One Fabric per process, shared by every open "sim_rdma0" context: two QPs of two
 // contexts connected to each other talk through it, as two ports on one switch would.
@@ -25,7 +28,14 @@
 
 #include <sys/types.h>
 
+#include <functional>
+#include <optional>
+#include <string>
+
 #include "rdma/verbs.h"
+
+// Exported by libdlslime_sim_ibverbs.so (compiled with hidden visibility like the rest).
+#define DLSLIME_SIM_API __attribute__((visibility("default")))
 
 namespace dlslime::rdma::sim {
 
@@ -40,9 +50,9 @@ inline constexpr int kMaxCqe = 65536;
 
 // The one GID of port 1 in this process: ::ffff:127.a.b.c (IPv4-mapped, RoCE v2) where
 // a.b.c is the pid (pids fit in 22 bits), so each process is a separate, addressable host.
-GidBytes device_gid();
+DLSLIME_SIM_API GidBytes device_gid();
 // The pid a simulated GID names, or 0 for a GID no simulated device has.
-pid_t gid_pid(const GidBytes& gid);
+DLSLIME_SIM_API pid_t gid_pid(const GidBytes& gid);
 
 using Clock = std::chrono::steady_clock;
 
@@ -54,7 +64,7 @@ struct Mr {
   uint32_t lkey = 0;
   uint32_t rkey = 0;
   // Device memory (GPUDirect RDMA): where the NIC reads and writes the MR's bytes, its own
-  // view of them (gpu::sim::nic_view or map_dmabuf), never the device address host code
+  // view of them (from the peer-memory client below), never the device address host code
   // cannot touch. Null for host memory, which the NIC reaches at its address.
   uint8_t* nic = nullptr;
   std::shared_ptr<const void> keep;  // holds that view while the MR exists
@@ -71,9 +81,23 @@ struct DeviceMemorySupport {
 };
 DeviceMemorySupport device_memory_support();
 
+// The NIC's own view of device memory it registered (GPUDirect RDMA).
+struct DeviceView {
+  uint8_t* data = nullptr;           // the view of the first byte asked for
+  std::shared_ptr<const void> keep;  // holds the view (and the pages) while the MR exists
+};
+
+// How the simulated NIC reaches a GPU's memory, as nvidia-peermem (peer memory) and the
+// dma-buf importer do for a real one: the GPU side registers itself as this client, and
+// the NIC asks it at registration. Each call returns the view, or nullopt with `error` set
+// (view: empty `error` means "no device memory at all", so the range is host memory).
+struct PeerMemory {
+  std::function<std::optional<DeviceView>(uintptr_t addr, size_t length, std::string& error)> view;
+  std::function<std::optional<DeviceView>(int fd, uint64_t offset, size_t length, std::string& error)> map_dmabuf;
+};
+
 struct Cq {
-  explicit Cq(int depth);
-  ~Cq();
+  explicit Cq(int depth) : depth(depth) {}
   struct Entry {
     WorkCompletion wc;
     uint32_t qpn = 0;
@@ -84,8 +108,11 @@ struct Cq {
   std::deque<Entry> entries;
   bool overrun = false;  // more completions than depth arrived: the CQ is in error
   bool armed = false;
-  int event_fd = -1;
-  void signal();  // make the channel fd readable
+  // Raises a completion event on the CQ's channel (called with the fabric's lock held).
+  std::function<void()> on_event;
+  void signal() {
+    if (on_event) on_event();
+  }
 };
 
 struct PostedSend {
@@ -263,9 +290,26 @@ class Fabric {
 };
 
 // The fault hooks on the current fabric (NotFoundError when no simulated device is open).
-void fail_qp(uint32_t qpn);
-void delay_completions(uint32_t qpn, std::chrono::microseconds delay);
-void drop_completions(uint32_t qpn, int count);
-uint64_t rnr_naks(uint32_t qpn);
+DLSLIME_SIM_API void fail_qp(uint32_t qpn);
+DLSLIME_SIM_API void delay_completions(uint32_t qpn, std::chrono::microseconds delay);
+DLSLIME_SIM_API void drop_completions(uint32_t qpn, int count);
+DLSLIME_SIM_API uint64_t rnr_naks(uint32_t qpn);
 
 }  // namespace dlslime::rdma::sim
+
+namespace dlslime::rdma::sim {
+// Registers the simulated GPU (src/gpu/sim_runtime.h) as the simulated NIC's peer-memory
+// client through `set` (the library's dlslime_sim_rdma_set_peer_memory). Part of
+// libdlslime (sim_peer_memory.cpp), called when it loads the simulated device's library.
+void attach_simulated_gpu(void (*set)(const PeerMemory* client));
+}  // namespace dlslime::rdma::sim
+
+// What the shared library exports besides the verbs ABI, as C symbols so that libdlslime
+// finds them with dlsym: its object accounting, the peer-memory client's registration, and
+// the detail behind the last failed verbs call of this thread (a NIC's driver writes that
+// to the kernel log; libibverbs itself only gives errno).
+extern "C" {
+DLSLIME_SIM_API void dlslime_sim_rdma_object_counts(dlslime::rdma::SimObjectCounts* out);
+DLSLIME_SIM_API void dlslime_sim_rdma_set_peer_memory(const dlslime::rdma::sim::PeerMemory* client);
+DLSLIME_SIM_API const char* dlslime_sim_rdma_last_error();
+}

@@ -7,8 +7,6 @@
 
 namespace dlslime::rdma {
 
-int mtu_bytes(Mtu mtu) noexcept { return 128 << static_cast<int>(mtu); }
-
 const char* port_state_name(PortState state) noexcept {
   switch (state) {
     case PortState::kDown: return "DOWN";

@@ -1,6 +1,8 @@
 // The verbs seam: every libibverbs call the RDMA transport makes goes through this one
 // small interface, so the same transport code runs on a real NIC (ibverbs_provider.cpp)
-// and on the strict simulated device (sim_provider.cpp) that CI uses (docs/rdma.md).
+// and on the strict simulated device that CI uses (docs/rdma.md): the same adapter
+// (ibverbs_provider.cpp) over libibverbs.so.1 or over the simulated device's library,
+// which exports the libibverbs ABI (sim_ibverbs.cpp).
 //
 // The interface mirrors verbs closely (same objects, same state machine, same work
 // request and completion fields, same error codes) so that the real provider stays a thin
@@ -46,7 +48,7 @@ enum class GidType { kUnknown, kIb, kRoceV1, kRoceV2 };
 
 // IB path MTU values (enum ibv_mtu numbering) and their size in bytes.
 enum class Mtu : uint8_t { k256 = 1, k512 = 2, k1024 = 3, k2048 = 4, k4096 = 5 };
-int mtu_bytes(Mtu mtu) noexcept;
+constexpr int mtu_bytes(Mtu mtu) noexcept { return 128 << static_cast<int>(mtu); }
 
 const char* port_state_name(PortState state) noexcept;
 const char* link_layer_name(LinkLayer layer) noexcept;
@@ -233,11 +235,19 @@ class ProtectionDomain {
                                                   const QpCaps& caps) = 0;
 };
 
+// The device's limits (ibv_query_device): a QP or CQ asking for more fails at creation.
+struct DeviceCaps {
+  uint32_t max_qp_wr = 0;
+  uint32_t max_sge = 0;
+  int max_cqe = 0;
+};
+
 // An open device (ibv_context). Objects made from it must be destroyed before it.
 class Context {
  public:
   virtual ~Context() = default;
   virtual const std::string& device_name() const = 0;
+  virtual DeviceCaps query_device() = 0;
   virtual PortAttr query_port(uint8_t port) = 0;
   virtual GidEntry query_gid(uint8_t port, int index) = 0;
   virtual std::unique_ptr<ProtectionDomain> alloc_pd() = 0;
@@ -254,13 +264,17 @@ class Provider {
 
 // The provider this process uses: the simulated device when DLSLIME_RDMA_SIM=1 (read on
 // each call, never at static initialisation), libibverbs otherwise. Never falls back
-// from one to the other.
+// from one to the other. Both are the same adapter (ibverbs_provider.cpp) over a library
+// with the libibverbs ABI: libibverbs.so.1, or libdlslime_sim_ibverbs.so.
 Provider& provider();
 Provider& ibverbs_provider();
 Provider& sim_provider();
 
 // The simulated device's live objects, and the destroys it refused as verbs does (EBUSY: a
-// PD, CQ or context destroyed while children of it still lived; the object leaks on a NIC).
+// PD, CQ, completion channel or context destroyed while children of it still lived, or a
+// CQ with unacknowledged events; the object leaks, on a NIC as on the simulated device).
+// Loads the simulated device's library if it is not loaded yet (ConnectionError if it
+// cannot be).
 struct SimObjectCounts {
   int64_t contexts = 0, pds = 0, mrs = 0, cqs = 0, qps = 0, comp_channels = 0, destroy_failures = 0;
   int64_t cqes = 0, recv_wrs = 0;  // entries the live CQs and QP receive queues hold

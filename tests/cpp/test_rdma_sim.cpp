@@ -263,7 +263,7 @@ TEST_F(RdmaSim, PortIsActiveRoceWithAnIpv4MappedLoopbackGid) {
   EXPECT_EQ(gid_to_string(gid.gid), fmt::format("0000:0000:0000:0000:0000:ffff:7f{:02x}:{:04x}", pid >> 16, pid & 0xffff));
   EXPECT_EQ(sim::gid_pid(gid.gid), static_cast<pid_t>(pid));
   EXPECT_THROW(ctx->query_port(2), VerbsError);
-  EXPECT_THROW(ctx->query_gid(1, 1), VerbsError);
+  EXPECT_THROW(ctx->query_gid(1, 1), VerbsError);  // past the table (gid_tbl_len 1): EINVAL
 }
 
 TEST_F(RdmaSim, TransportProbeListsTheDeviceAndTheFactoryMakesAnEndpoint) {
@@ -475,8 +475,8 @@ TEST_F(RdmaSim, BadLkeyOrLocalRangeIsLocalProtectionError) {
 }
 
 TEST_F(RdmaSim, DestroyingAParentBeforeItsChildrenIsRefusedAndCountedAsVerbsDoes) {
-  // ibv_dealloc_pd / ibv_destroy_cq / ibv_close_device with live children: EBUSY, and the
-  // object leaks on a NIC. The simulated device counts each such destroy.
+  // ibv_dealloc_pd / ibv_destroy_cq / ibv_destroy_comp_channel / ibv_close_device with live
+  // children: EBUSY, and the object leaks. The simulated device counts each such destroy.
   Config cfg;
   const SimObjectCounts before = sim_object_counts();
   {
@@ -488,17 +488,19 @@ TEST_F(RdmaSim, DestroyingAParentBeforeItsChildrenIsRefusedAndCountedAsVerbsDoes
     EXPECT_EQ(live.comp_channels - before.comp_channels, 2);
     EXPECT_EQ(live.qps - before.qps, 1);
     EXPECT_EQ(live.mrs - before.mrs, 1);
-    s.pd.reset();  // its MR and QP still live
+    s.pd.reset();  // its MR and QP still live: ibv_dealloc_pd is refused
     EXPECT_EQ(sim_object_counts().destroy_failures - before.destroy_failures, 1);
-    s.scq.reset();  // the QP still uses it
-    EXPECT_EQ(sim_object_counts().destroy_failures - before.destroy_failures, 2);
-    s.ctx.reset();  // its other CQ still lives
+    s.scq.reset();  // the QP still uses it: ibv_destroy_cq is refused, and then its channel's
     EXPECT_EQ(sim_object_counts().destroy_failures - before.destroy_failures, 3);
+    s.ctx.reset();  // its PD, other CQ and channels still live: ibv_close_device is refused
+    EXPECT_EQ(sim_object_counts().destroy_failures - before.destroy_failures, 4);
   }
+  // What was refused leaks, on a NIC as here; the children, destroyed later, are gone.
   const SimObjectCounts after = sim_object_counts();
-  EXPECT_EQ(after.contexts, before.contexts);
-  EXPECT_EQ(after.pds, before.pds);
-  EXPECT_EQ(after.cqs, before.cqs);
+  EXPECT_EQ(after.contexts, before.contexts + 1);
+  EXPECT_EQ(after.pds, before.pds + 1);
+  EXPECT_EQ(after.cqs, before.cqs + 1);
+  EXPECT_EQ(after.comp_channels, before.comp_channels + 1);
   EXPECT_EQ(after.qps, before.qps);
   EXPECT_EQ(after.mrs, before.mrs);
   // Children first (the declaration order of Side, destroyed in reverse): nothing refused.
@@ -1023,10 +1025,11 @@ TEST_F(RdmaSimGpu, DeviceMemorySupportKnobRefusesEachPathAsTheRealOnesFail) {
   ::setenv("DLSLIME_RDMA_SIM_DEVICE_MEMORY", "dmabuf,peermem", 1);
   EXPECT_EQ(errno_of([&] { s.pd->reg_mr(dev.ptr(), 4097, kAllAccess); }), EFAULT);
   ::setenv("DLSLIME_RDMA_SIM_DEVICE_MEMORY", "yes", 1);
-  try {
+  try {  // through the verbs ABI a refusal is an errno; the device's detail names the variable
     s.pd->reg_mr(dev.ptr(), 4096, kAllAccess);
     ADD_FAILURE() << "DLSLIME_RDMA_SIM_DEVICE_MEMORY=yes was accepted";
-  } catch (const InvalidArgumentError& e) {
+  } catch (const VerbsError& e) {
+    EXPECT_EQ(e.error_number(), EINVAL);
     EXPECT_NE(std::string(e.what()).find("DLSLIME_RDMA_SIM_DEVICE_MEMORY"), std::string::npos) << e.what();
   }
 }
