@@ -116,7 +116,7 @@ class CudaRuntime final : public Runtime {
     const PointerInfo info = pointer_info(device_ptr);
     if (info.type != MemoryType::kDevice) throw InvalidArgumentError(fmt::format("{} is not device memory", device_ptr));
     if (!api_.MemGetAddressRange) throw GpuError("cuMemGetAddressRange is not available (libcuda.so.1 not loaded)");
-    check(api_.SetDevice(info.device), "cudaSetDevice");
+    make_context_current(info.device);  // a driver call: it needs a current context
     unsigned long long base = 0;
     size_t size = 0;
     const int rc = api_.MemGetAddressRange(&base, &size, reinterpret_cast<uintptr_t>(device_ptr));
@@ -243,6 +243,16 @@ class CudaRuntime final : public Runtime {
   void set_device(int device) {
     check_device(device);
     check(api_.SetDevice(device), "cudaSetDevice");
+  }
+
+  // Makes the device's primary context current on this thread, for driver (cu*) calls.
+  // Before CUDA 12 cudaSetDevice only selects the device: the runtime creates and binds the
+  // context at the next call that needs one, and a driver call made first on a thread that
+  // has made none (the agent's threads) fails CUDA_ERROR_INVALID_CONTEXT. cudaFree(0) is
+  // such a call that does nothing else (what NCCL does).
+  void make_context_current(int device) {
+    set_device(device);
+    check(api_.Free(nullptr), "cudaFree(0) (creating the device's primary context)");
   }
 
   void check(cudaError_t err, const std::string& what) {
