@@ -4,8 +4,6 @@
 // give the function types, so every call is type-checked at build time. It cannot run
 // without a GPU; tests/hardware/run_gpu_checks.sh runs it where one exists.
 #include <cuda_runtime_api.h>
-#include <unistd.h>
-
 #include <cstring>
 #include <memory>
 #include <string>
@@ -141,7 +139,11 @@ class CudaRuntime final : public Runtime {
 
   IpcHandle ipc_get_handle(void* device_ptr) override {
     cudaIpcMemHandle_t h{};
-    check(api_.IpcGetMemHandle(&h, device_ptr), "cudaIpcGetMemHandle");
+    // Its error (cudaErrorInvalidValue) does not say why an allocation cannot be exported;
+    // the usual reason does.
+    check(api_.IpcGetMemHandle(&h, device_ptr),
+          "cudaIpcGetMemHandle (CUDA IPC exports cudaMalloc memory only: not VMM memory from cuMemCreate, such as "
+          "PyTorch's expandable_segments, nor cudaMallocAsync pools or managed memory)");
     static_assert(sizeof h == IpcHandle::kSize);
     IpcHandle out;
     std::memcpy(out.bytes.data(), &h, sizeof h);
@@ -159,21 +161,19 @@ class CudaRuntime final : public Runtime {
   void ipc_close(void* opened_base) override { check(api_.IpcCloseMemHandle(opened_base), "cudaIpcCloseMemHandle"); }
 
   DmabufRange dmabuf_fd(const void* device_ptr, size_t length) override {
-    const AddressRange range = allocation_range(device_ptr);  // InvalidArgumentError for host memory
+    // InvalidArgumentError for host memory; leaves the allocation's context current for the
+    // export below.
+    const AddressRange range = allocation_range(device_ptr);
     const auto addr = reinterpret_cast<uintptr_t>(device_ptr);
-    if (length == 0 || length > range.size - (addr - range.base)) {
-      throw InvalidArgumentError(fmt::format("dmabuf_fd: [{:#x}, +{}) is empty or runs past its device allocation [{:#x}, +{})",
-                                             addr, length, range.base, range.size));
-    }
+    // The driver exports host-page-aligned ranges only, of one allocation: small
+    // allocations are not page-aligned, so the widened range is checked against this one's.
+    const PageRange pages = dmabuf_pages(range, addr, length);
     if (!api_.MemGetHandleForAddressRange) {
       throw GpuError("no dma-buf export: the CUDA driver lacks cuMemGetHandleForAddressRange (it needs a driver for "
                      "CUDA 11.7 or later)");
     }
-    // The driver exports whole host pages: widen the range (cudaMalloc allocations are
-    // page-aligned, so the widened range stays inside the allocation).
-    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-    const uintptr_t start = addr / page * page;
-    const uintptr_t end = (addr + length + page - 1) / page * page;
+    const uintptr_t start = pages.start;
+    const uintptr_t end = pages.start + pages.size;
     int fd = -1;
     const int rc = api_.MemGetHandleForAddressRange(&fd, start, end - start, kDmabufHandleType, 0);
     if (rc != 0) {
