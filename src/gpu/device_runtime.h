@@ -169,9 +169,9 @@ DLSLIME_API Runtime& cuda_runtime();
 // The host pages a dma-buf export of [addr, +length) covers, for the runtimes' dmabuf_fd:
 // the range widened to whole host pages (a dma-buf is made of pages, and
 // cuMemGetHandleForAddressRange refuses a range that is not page-aligned), which must lie
-// inside `allocation`. Small cudaMalloc allocations are not page-aligned (the driver packs
-// them at 512-byte granularity, several to a page), and a page holding another allocation's
-// bytes is not this one's to export: then GpuError naming why. InvalidArgumentError when the
+// inside `allocation`. Small cudaMalloc allocations need not be page-aligned (the driver may
+// pack them at 512-byte granularity, several to a page), and a page holding another
+// allocation's bytes is not this one's to export: then GpuError naming why. InvalidArgumentError when the
 // range is empty or runs past the allocation.
 struct PageRange {
   uintptr_t start = 0;
