@@ -4,8 +4,6 @@
 // give the function types, so every call is type-checked at build time. It cannot run
 // without a GPU; tests/hardware/run_gpu_checks.sh runs it where one exists.
 #include <cuda_runtime_api.h>
-#include <unistd.h>
-
 #include <cstring>
 #include <memory>
 #include <string>
@@ -116,7 +114,7 @@ class CudaRuntime final : public Runtime {
     const PointerInfo info = pointer_info(device_ptr);
     if (info.type != MemoryType::kDevice) throw InvalidArgumentError(fmt::format("{} is not device memory", device_ptr));
     if (!api_.MemGetAddressRange) throw GpuError("cuMemGetAddressRange is not available (libcuda.so.1 not loaded)");
-    check(api_.SetDevice(info.device), "cudaSetDevice");
+    make_context_current(info.device);  // a driver call: it needs a current context
     unsigned long long base = 0;
     size_t size = 0;
     const int rc = api_.MemGetAddressRange(&base, &size, reinterpret_cast<uintptr_t>(device_ptr));
@@ -141,7 +139,11 @@ class CudaRuntime final : public Runtime {
 
   IpcHandle ipc_get_handle(void* device_ptr) override {
     cudaIpcMemHandle_t h{};
-    check(api_.IpcGetMemHandle(&h, device_ptr), "cudaIpcGetMemHandle");
+    // Its error (cudaErrorInvalidValue) does not say why an allocation cannot be exported;
+    // the usual reason does.
+    check(api_.IpcGetMemHandle(&h, device_ptr),
+          "cudaIpcGetMemHandle (CUDA IPC exports cudaMalloc memory only: not VMM memory from cuMemCreate, such as "
+          "PyTorch's expandable_segments, nor cudaMallocAsync pools or managed memory)");
     static_assert(sizeof h == IpcHandle::kSize);
     IpcHandle out;
     std::memcpy(out.bytes.data(), &h, sizeof h);
@@ -159,21 +161,19 @@ class CudaRuntime final : public Runtime {
   void ipc_close(void* opened_base) override { check(api_.IpcCloseMemHandle(opened_base), "cudaIpcCloseMemHandle"); }
 
   DmabufRange dmabuf_fd(const void* device_ptr, size_t length) override {
-    const AddressRange range = allocation_range(device_ptr);  // InvalidArgumentError for host memory
+    // InvalidArgumentError for host memory; leaves the allocation's context current for the
+    // export below.
+    const AddressRange range = allocation_range(device_ptr);
     const auto addr = reinterpret_cast<uintptr_t>(device_ptr);
-    if (length == 0 || length > range.size - (addr - range.base)) {
-      throw InvalidArgumentError(fmt::format("dmabuf_fd: [{:#x}, +{}) is empty or runs past its device allocation [{:#x}, +{})",
-                                             addr, length, range.base, range.size));
-    }
+    // The driver exports host-page-aligned ranges only, of one allocation: small
+    // allocations are not page-aligned, so the widened range is checked against this one's.
+    const PageRange pages = dmabuf_pages(range, addr, length);
     if (!api_.MemGetHandleForAddressRange) {
       throw GpuError("no dma-buf export: the CUDA driver lacks cuMemGetHandleForAddressRange (it needs a driver for "
                      "CUDA 11.7 or later)");
     }
-    // The driver exports whole host pages: widen the range (cudaMalloc allocations are
-    // page-aligned, so the widened range stays inside the allocation).
-    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-    const uintptr_t start = addr / page * page;
-    const uintptr_t end = (addr + length + page - 1) / page * page;
+    const uintptr_t start = pages.start;
+    const uintptr_t end = pages.start + pages.size;
     int fd = -1;
     const int rc = api_.MemGetHandleForAddressRange(&fd, start, end - start, kDmabufHandleType, 0);
     if (rc != 0) {
@@ -243,6 +243,16 @@ class CudaRuntime final : public Runtime {
   void set_device(int device) {
     check_device(device);
     check(api_.SetDevice(device), "cudaSetDevice");
+  }
+
+  // Makes the device's primary context current on this thread, for driver (cu*) calls.
+  // Before CUDA 12 cudaSetDevice only selects the device: the runtime creates and binds the
+  // context at the next call that needs one, and a driver call made first on a thread that
+  // has made none (the agent's threads) fails CUDA_ERROR_INVALID_CONTEXT. cudaFree(0) is
+  // such a call that does nothing else (what NCCL does).
+  void make_context_current(int device) {
+    set_device(device);
+    check(api_.Free(nullptr), "cudaFree(0) (creating the device's primary context)");
   }
 
   void check(cudaError_t err, const std::string& what) {

@@ -48,6 +48,25 @@ IpcHandle IpcHandle::from_hex(const std::string& hex) {
   return handle;
 }
 
+PageRange dmabuf_pages(const AddressRange& allocation, uintptr_t addr, size_t length) {
+  const uintptr_t base = allocation.base;
+  if (length == 0 || addr < base || addr - base > allocation.size || length > allocation.size - (addr - base)) {
+    throw InvalidArgumentError(fmt::format("dmabuf_fd: [{:#x}, +{}) is empty or runs past its device allocation [{:#x}, +{})",
+                                           addr, length, base, allocation.size));
+  }
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t start = addr / page * page;
+  const uintptr_t end = (addr + length + page - 1) / page * page;  // addr + length <= base + size: no overflow
+  if (start < base || end - base > allocation.size) {
+    throw GpuError(fmt::format(
+        "no dma-buf export of [{:#x}, +{}): a dma-buf covers whole host pages ({} bytes), and the pages [{:#x}, {:#x}) "
+        "holding it reach outside its device allocation [{:#x}, +{}), whose base or end is not page-aligned (small "
+        "cudaMalloc allocations share pages); allocate whole pages to export it",
+        addr, length, page, start, end, base, allocation.size));
+  }
+  return {start, static_cast<size_t>(end - start)};
+}
+
 std::string fd_target(int fd) {
   char link[512] = {};
   const ssize_t n = fd < 0 ? -1 : ::readlink(fmt::format("/proc/self/fd/{}", fd).c_str(), link, sizeof link - 1);

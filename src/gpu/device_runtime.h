@@ -115,9 +115,12 @@ class DLSLIME_API Runtime {
 
   // A dma-buf that exports [device_ptr, +length) of one device allocation, for a NIC to
   // register (ibv_reg_dmabuf_mr: GPUDirect RDMA without a peer-memory module). CUDA:
-  // cuMemGetHandleForAddressRange(CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD) over the range
-  // widened to host pages. InvalidArgumentError for host memory or a range that runs past
-  // its allocation; GpuError when the driver or device cannot export (the message says why).
+  // cuMemGetHandleForAddressRange(CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD), which takes only
+  // host-page-aligned ranges, over dmabuf_pages(): the range widened to host pages, which
+  // must stay inside the allocation. InvalidArgumentError for host memory or a range that
+  // runs past its allocation; GpuError when the driver or device cannot export, or when the
+  // range's pages are not all the allocation's (the message says why; a caller falls back to
+  // registering by address).
   virtual DmabufRange dmabuf_fd(const void* device_ptr, size_t length) = 0;
   // Checks a dma-buf a caller hands over to be registered as it is (RDMA's
   // register_dmabuf_memory_region) the way the kernel checks one (dma_buf_get, then the
@@ -162,6 +165,19 @@ DLSLIME_API Runtime& sim_runtime();
 // The CUDA runtime, or GpuUnavailableError (no libcudart, no driver, no GPU, or a build
 // without CUDA) naming what is missing.
 DLSLIME_API Runtime& cuda_runtime();
+
+// The host pages a dma-buf export of [addr, +length) covers, for the runtimes' dmabuf_fd:
+// the range widened to whole host pages (a dma-buf is made of pages, and
+// cuMemGetHandleForAddressRange refuses a range that is not page-aligned), which must lie
+// inside `allocation`. Small cudaMalloc allocations need not be page-aligned (the driver may
+// pack them at 512-byte granularity, several to a page), and a page holding another
+// allocation's bytes is not this one's to export: then GpuError naming why. InvalidArgumentError when the
+// range is empty or runs past the allocation.
+struct PageRange {
+  uintptr_t start = 0;
+  size_t size = 0;
+};
+PageRange dmabuf_pages(const AddressRange& allocation, uintptr_t addr, size_t length);
 
 // For the runtimes' check_dmabuf: what /proc/self/fd says `fd` is ("" if it is not open),
 // and the kernel's own checks of a dma-buf (InvalidArgumentError).

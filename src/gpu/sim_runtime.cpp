@@ -65,6 +65,7 @@ struct Allocation {
   uint64_t id = 0;
   int owner_pid = 0;
   bool imported = false;
+  sim::AllocationKind kind = sim::AllocationKind::kCudaMalloc;
   ~Allocation() {
     if (base) munmap(reinterpret_cast<void*>(base), mapped);
     if (rw) munmap(rw, mapped);
@@ -224,7 +225,9 @@ class SimRuntime final : public Runtime {
     return {a->base, a->size};
   }
 
-  void* device_alloc(int device, size_t nbytes) override {
+  void* device_alloc(int device, size_t nbytes) override { return alloc(device, nbytes, sim::AllocationKind::kCudaMalloc); }
+
+  void* alloc(int device, size_t nbytes, sim::AllocationKind kind) {
     check_device(device);
     t_current_device = device;
     if (nbytes == 0) throw InvalidArgumentError("simulated GPU: device_alloc of 0 bytes");
@@ -240,6 +243,7 @@ class SimRuntime final : public Runtime {
     struct stat st {};
     if (fstat(a->fd, &st) != 0) throw_errno("fstat of device memory", errno);
     a->ino = st.st_ino;
+    a->kind = kind;
     map_views(*a);
     std::lock_guard lock(mu_);
     allocations_[a->base] = a;
@@ -285,6 +289,11 @@ class SimRuntime final : public Runtime {
     }
     if (!a) throw InvalidArgumentError(fmt::format("ipc_get_handle({}): not device memory", device_ptr));
     if (a->imported) throw InvalidArgumentError(fmt::format("ipc_get_handle({}): memory opened from another process's handle", device_ptr));
+    // cudaIpcGetMemHandle fails (cudaErrorInvalidValue) on anything but cudaMalloc memory.
+    if (a->kind != sim::AllocationKind::kCudaMalloc) {
+      throw InvalidArgumentError(fmt::format("ipc_get_handle({}): cudaIpcGetMemHandle does not export {}", device_ptr,
+                                             sim::allocation_kind_name(a->kind)));
+    }
     // Under Yama ptrace_scope 1 only ancestors may pidfd_getfd us; let any same-user process
     // open our handles (EINVAL without Yama: nothing to allow).
     static std::once_flag allow_openers;
@@ -381,14 +390,40 @@ class SimRuntime final : public Runtime {
     if (a->imported) {
       throw InvalidArgumentError(fmt::format("dmabuf_fd({}): memory opened from another process's IPC handle cannot be exported", device_ptr));
     }
-    if (length == 0 || length > a->size - (addr - a->base)) {
-      throw InvalidArgumentError(fmt::format("dmabuf_fd: [{:#x}, +{}) is empty or runs past its device allocation [{:#x}, +{})",
-                                             addr, length, a->base, a->size));
+    const PageRange pages = dmabuf_pages({a->base, a->size}, addr, length);  // as the CUDA adapter widens
+    // The buffer is the whole allocation's memfd (a GPU's starts at pages.start), so the
+    // offset counts from the allocation's base; callers use only the offset.
+    return {export_dmabuf(pages.start, pages.size), addr - a->base};
+  }
+
+  int export_dmabuf(uintptr_t start, size_t size) {
+    std::shared_ptr<Allocation> a;
+    {
+      std::lock_guard lock(mu_);
+      a = find_locked(start);
     }
-    // The allocation's memfd is the buffer: a duplicate of it, offset as the pointer is.
+    if (!a || a->imported) {
+      throw InvalidArgumentError(fmt::format("dma-buf export of [{:#x}, +{}): not device memory this process allocated",
+                                             start, size));
+    }
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    if (start % page != 0 || size == 0 || size % page != 0) {
+      throw InvalidArgumentError(fmt::format("dma-buf export of [{:#x}, +{}): the range must be aligned to the {}-byte host "
+                                             "page, at both ends (cuMemGetHandleForAddressRange)",
+                                             start, size, page));
+    }
+    if (size > a->size - (start - a->base)) {
+      throw InvalidArgumentError(fmt::format("dma-buf export of [{:#x}, +{}) runs past its device allocation [{:#x}, +{})",
+                                             start, size, a->base, a->size));
+    }
+    if (a->kind == sim::AllocationKind::kManaged) {
+      throw GpuError(fmt::format("no dma-buf export of [{:#x}, +{}): cuMemGetHandleForAddressRange does not export {}",
+                                 start, size, sim::allocation_kind_name(a->kind)));
+    }
+    // The allocation's memfd is the buffer: a duplicate of it.
     const int fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 0);
-    if (fd < 0) throw_errno("dmabuf_fd: dup", errno);
-    return {fd, addr - a->base};
+    if (fd < 0) throw_errno("dma-buf export: dup", errno);
+    return fd;
   }
 
   void check_dmabuf(int fd, uint64_t offset, size_t length, uintptr_t iova) override {
@@ -649,6 +684,17 @@ SimRuntime& instance() {
 Runtime& sim_runtime() { return instance(); }
 
 namespace sim {
+const char* allocation_kind_name(AllocationKind kind) noexcept {
+  switch (kind) {
+    case AllocationKind::kCudaMalloc: return "cudaMalloc memory";
+    case AllocationKind::kManaged: return "managed memory (cudaMallocManaged)";
+    case AllocationKind::kVmm: return "VMM memory (cuMemCreate, as PyTorch's expandable_segments allocates)";
+  }
+  return "?";
+}
+void* device_alloc(int device, size_t nbytes, AllocationKind kind) { return instance().alloc(device, nbytes, kind); }
+int export_dmabuf(uintptr_t start, size_t size) { return instance().export_dmabuf(start, size); }
+
 void hold_streams(bool held) {
   g_held.store(held);
   if (!held) instance().wake_streams();

@@ -11,7 +11,10 @@
 //    handle sets). A handle of a freed allocation, or one of this process's own, fails.
 //  - dma-bufs (Runtime::dmabuf_fd) are duplicates of the allocation's memfd: a simulated
 //    NIC "imports" one by mapping it (map_dmabuf below), as a NIC's driver maps a dma-buf's
-//    pages for DMA.
+//    pages for DMA. The export takes host-page-aligned ranges of one allocation only, as
+//    cuMemGetHandleForAddressRange does (export_dmabuf below).
+//  - Managed (cudaMallocManaged) and VMM (cuMemCreate) allocations exist (device_alloc
+//    below) and have no IPC handle, as in CUDA.
 //  - Copies are asynchronous: each stream is a worker thread that runs its queue in order;
 //    the host learns of completion only through events. Copies that run past a device
 //    allocation fail when they are queued (InvalidArgumentError).
@@ -36,6 +39,19 @@ struct ObjectCounts {
   int64_t device_allocations = 0, host_allocations = 0, streams = 0, events = 0, ipc_mappings = 0, errors = 0;
 };
 DLSLIME_API ObjectCounts object_counts();
+
+// The kinds of device allocation, which CUDA exports differently: cudaIpcGetMemHandle takes
+// cudaMalloc memory only, and a dma-buf is exported of cudaMalloc and VMM memory, never of
+// managed memory. Runtime::device_alloc makes kCudaMalloc memory.
+enum class AllocationKind { kCudaMalloc, kManaged, kVmm };
+const char* allocation_kind_name(AllocationKind kind) noexcept;
+// Test hook: device memory of `kind` (otherwise as Runtime::device_alloc; device_free frees it).
+void* device_alloc(int device, size_t nbytes, AllocationKind kind);
+
+// The driver's export (cuMemGetHandleForAddressRange) of [start, +size), which must be
+// host-page-aligned and inside one allocation of this process: InvalidArgumentError naming
+// the alignment otherwise. Runtime::dmabuf_fd widens a caller's range to it.
+int export_dmabuf(uintptr_t start, size_t size);
 
 // Test hook: while held, no stream starts queued work (it stays queued, in order), so a
 // test can observe work that has not happened yet. Destroying a stream drains it anyway.

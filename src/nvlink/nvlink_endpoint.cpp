@@ -162,7 +162,20 @@ void NvlinkDomain::region_added(int32_t handle, const LocalRegion& region) {
                                            "[{:#x}, +{})",
                                            region.name, region.addr, region.length, range.base, range.size));
   }
-  Export e{rt.ipc_get_handle(reinterpret_cast<void*>(range.base)), offset, range.size, info.device};
+  gpu::IpcHandle ipc;
+  try {
+    ipc = rt.ipc_get_handle(reinterpret_cast<void*>(range.base));
+  } catch (const Error& e) {
+    // Memory CUDA IPC cannot share: NVLink cannot take this region, but the other transports
+    // of a shared registry (PeerAgent) may, so it is recorded, not thrown (which would veto
+    // the region for all of them). A peer's ops on it fail with this reason.
+    std::string why = fmt::format("memory region '{}' is GPU memory NVLink cannot export: {}", region.name, e.what());
+    DLSLIME_INFO("NVLink: {}", why);
+    std::lock_guard lock(mu_);
+    refused_[handle] = Refused{std::move(why), info.device};
+    return;
+  }
+  Export e{ipc, offset, range.size, info.device};
   std::lock_guard lock(mu_);
   exports_[handle] = e;
 }
@@ -170,6 +183,7 @@ void NvlinkDomain::region_added(int32_t handle, const LocalRegion& region) {
 void NvlinkDomain::region_removed(int32_t handle, const LocalRegion&) {
   std::lock_guard lock(mu_);
   exports_.erase(handle);
+  refused_.erase(handle);
 }
 
 nlohmann::json NvlinkDomain::describe(int32_t handle, const LocalRegion& region) const {
@@ -177,6 +191,12 @@ nlohmann::json NvlinkDomain::describe(int32_t handle, const LocalRegion& region)
                       {"process", process_token()}, {"domain", token_}};
   std::lock_guard lock(mu_);
   auto it = exports_.find(handle);
+  if (auto r = refused_.find(handle); r != refused_.end()) {
+    j["memory"] = "device";
+    j["device"] = r->second.device;
+    j["not_exported"] = r->second.why;
+    return j;
+  }
   if (it == exports_.end()) {
     j["memory"] = "host";
     return j;
@@ -192,6 +212,18 @@ nlohmann::json NvlinkDomain::describe(int32_t handle, const LocalRegion& region)
 bool NvlinkDomain::exported(int32_t handle) const {
   std::lock_guard lock(mu_);
   return exports_.contains(handle);
+}
+
+std::optional<std::string> NvlinkDomain::refusal(int32_t handle) const {
+  std::lock_guard lock(mu_);
+  auto it = refused_.find(handle);
+  if (it == refused_.end()) return std::nullopt;
+  return it->second.why;
+}
+
+std::string NvlinkDomain::unexported_reason(int32_t handle) const {
+  if (auto why = refusal(handle)) return *why;
+  return fmt::format("local region {} is host memory: NVLink moves GPU memory only", handle);
 }
 
 }  // namespace nvlink
@@ -397,6 +429,10 @@ int32_t NVLinkEndpointImpl::add_remote(const std::string& name, const nlohmann::
       return entry[field].get<uint64_t>();
     };
     length = number("length");
+    if (entry.is_object() && entry.contains("not_exported") && entry["not_exported"].is_string()) {
+      throw InvalidArgumentError(fmt::format("remote memory region '{}' was not exported by the peer: {}", name,
+                                             entry["not_exported"].get<std::string>()));
+    }
     if (!entry.contains("ipc_handle")) {
       throw InvalidArgumentError(fmt::format("remote memory region '{}' is not device memory the peer exported "
                                              "(memory: {}); NVLink reaches only GPU memory",
@@ -501,8 +537,7 @@ Future NVLinkEndpointImpl::submit(OpRequest request, std::optional<gpu::Stream> 
     op.uses.hold(cache);
     if (a.local_handle != checked_local) {
       if (!domain_->exported(a.local_handle)) {
-        return lock.unlock(), fail(Status::invalid_argument(fmt::format(
-                                  "local region {} is host memory: NVLink moves GPU memory only", a.local_handle)));
+        return lock.unlock(), fail(Status::invalid_argument(domain_->unexported_reason(a.local_handle)));
       }
       checked_local = a.local_handle;
     }
@@ -738,7 +773,15 @@ int32_t NVLinkEndpoint::register_memory_region(const std::string& name, uintptr_
                                            "memory (use TcpEndpoint or RDMAEndpoint for host memory)",
                                            name, start, gpu::memory_type_name(info.type)));
   }
-  return impl_->regions->add(name, addr, offset, length);
+  const int32_t handle = impl_->regions->add(name, addr, offset, length);
+  // Registered on this endpoint, for NVLink: memory it cannot export is refused here, as
+  // host memory is above (a registry shared with other transports keeps such a region for
+  // them; see NvlinkDomain).
+  if (std::optional<std::string> why = impl_->export_refusal(handle)) {
+    impl_->regions->remove(handle);
+    throw InvalidArgumentError(*why);
+  }
+  return handle;
 }
 int32_t NVLinkEndpoint::register_remote_memory_region(const std::string& name, const nlohmann::json& entry) {
   return impl_->add_remote(name, entry, /*strict=*/true);

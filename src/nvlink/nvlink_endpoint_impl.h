@@ -45,6 +45,10 @@ std::shared_ptr<Mapping> open_mapping(const gpu::IpcHandle& handle, int device);
 
 // Exports each device-memory region: the IPC handle of the allocation holding it and the
 // region's place in that allocation (mr_info: ipc_handle, alloc_offset, alloc_size, device).
+// Device memory that has no IPC handle (VMM memory from cuMemCreate, as PyTorch's
+// expandable_segments allocates; managed memory) is not exported: the domain records why
+// (mr_info: not_exported) and NVLink ops on the region fail with it, but it does not refuse
+// the region, which the registry's other transports (TCP, RDMA) may take (review F10).
 //
 // An endpoint of this process reaches another one's regions without IPC (a process cannot
 // open its own handles): it finds the exporting domain by the token describe() publishes
@@ -58,6 +62,10 @@ class NvlinkDomain final : public MemoryDomain, public std::enable_shared_from_t
   void region_removed(int32_t handle, const LocalRegion& region) override;
   nlohmann::json describe(int32_t handle, const LocalRegion& region) const override;
   bool exported(int32_t handle) const;  // device memory with an IPC handle
+  // Why a device-memory region could not be exported; nullopt if it was, or is host memory.
+  std::optional<std::string> refusal(int32_t handle) const;
+  // Why NVLink cannot move the region's bytes: the refusal, or that it is host memory.
+  std::string unexported_reason(int32_t handle) const;
 
   // Makes the domain findable by its token, resolving in `registry` (the endpoint's).
   void publish(const std::shared_ptr<MemoryRegistry>& registry);
@@ -74,8 +82,13 @@ class NvlinkDomain final : public MemoryDomain, public std::enable_shared_from_t
     uint64_t alloc_size = 0;
     int device = 0;
   };
+  struct Refused {
+    std::string why;
+    int device = 0;
+  };
   mutable std::mutex mu_;
   std::unordered_map<int32_t, Export> exports_;
+  std::unordered_map<int32_t, Refused> refused_;
 };
 
 }  // namespace nvlink
@@ -96,6 +109,7 @@ class NVLinkEndpointImpl final : public RegionRevoker, public std::enable_shared
   Future submit(OpRequest request, std::optional<gpu::Stream> stream);
   void shutdown();
   std::optional<int32_t> remote_handle(const std::string& name) const;
+  std::optional<std::string> export_refusal(int32_t handle) const { return domain_->refusal(handle); }
 
   const NvlinkOptions options;
   const std::shared_ptr<MemoryRegistry> regions;

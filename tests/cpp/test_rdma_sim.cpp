@@ -950,8 +950,8 @@ TEST_F(RdmaSimGpu, SendAndWriteWithImmIntoDeviceMemoryCompleteTheReceive) {
 
 TEST_F(RdmaSimGpu, DmabufMrsRegisterTheGpusExportAndOutliveItsFd) {
   connect();
-  DeviceBuffer dev(10000);
-  const auto init = bytes_of(10000, 0x09);
+  DeviceBuffer dev(12288);  // whole pages: a dma-buf exports whole pages of one allocation
+  const auto init = bytes_of(12288, 0x09);
   dev.write(init);
   // The export covers whole pages: ask at an unaligned address.
   const gpu::DmabufRange buf = gpu::runtime().dmabuf_fd(reinterpret_cast<void*>(dev.addr(100)), 9000);

@@ -435,6 +435,99 @@ TEST(SimGpu, BadIpcHandlesFailClearly) {
   rt.device_free(other);
 }
 
+// Review F10: a dma-buf exports whole host pages of one allocation. The CUDA adapter widens
+// a range with dmabuf_pages too, so these cases are the real path's.
+TEST(DmabufPages, AreTheRangesHostPagesInsideItsAllocationOrAnErrorSayingWhy) {
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const AddressRange aligned{16 * page, 4 * page};
+  PageRange r = dmabuf_pages(aligned, aligned.base + 100, 2 * page);  // widened at both ends
+  EXPECT_EQ(r.start, aligned.base);
+  EXPECT_EQ(r.size, 3 * page);
+  r = dmabuf_pages(aligned, aligned.base + 3 * page, page);  // already whole pages: as it is
+  EXPECT_EQ(r.start, aligned.base + 3 * page);
+  EXPECT_EQ(r.size, page);
+  auto gpu_error = [](const AddressRange& a, uintptr_t addr, size_t n) {
+    try {
+      dmabuf_pages(a, addr, n);
+    } catch (const GpuUnavailableError&) {
+      return std::string("GpuUnavailableError");
+    } catch (const GpuError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  // A small cudaMalloc allocation shares its page with its neighbours (packed at 512 bytes).
+  const AddressRange small{16 * page + 512, 1024};
+  std::string why = gpu_error(small, small.base, 1024);
+  EXPECT_NE(why.find("whole host pages"), std::string::npos) << why;
+  EXPECT_NE(why.find("not page-aligned"), std::string::npos) << why;
+  // An aligned base with an unaligned end: the interior pages export, the last one does not.
+  const AddressRange ragged{16 * page, 2 * page + 100};
+  r = dmabuf_pages(ragged, ragged.base + 10, page - 10);
+  EXPECT_EQ(r.start, ragged.base);
+  EXPECT_EQ(r.size, page);
+  EXPECT_NE(gpu_error(ragged, ragged.base + page, page + 1), "");
+  // Arguments no export could take.
+  EXPECT_THROW(dmabuf_pages(aligned, aligned.base, 0), InvalidArgumentError);
+  EXPECT_THROW(dmabuf_pages(aligned, aligned.base + page, 3 * page + 1), InvalidArgumentError);
+}
+
+// As cuMemGetHandleForAddressRange: host-page-aligned ranges of one allocation only. The
+// runtime's dmabuf_fd widens a caller's range to pages, and the buffer holds the bytes.
+TEST(SimGpu, ADmabufExportNeedsHostPageAlignedRangesInsideOneAllocation) {
+  Runtime& rt = sim_runtime();
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* dev = rt.device_alloc(0, 3 * page);
+  const auto base = reinterpret_cast<uintptr_t>(dev);
+  const auto bytes = patterned(3 * page, 5);
+  copy_and_wait(rt, dev, bytes.data(), bytes.size(), nullptr);
+  for (auto [start, size] : {std::pair{base + 100, page}, std::pair{base, page + 1}, std::pair{base + page, size_t{0}}}) {
+    try {
+      ::close(sim::export_dmabuf(start, size));
+      ADD_FAILURE() << "exported the unaligned range [" << start - base << ", +" << size << ")";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("aligned to the"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(sim::export_dmabuf(base, 4 * page), InvalidArgumentError);  // past the allocation
+  const DmabufRange buf = rt.dmabuf_fd(static_cast<uint8_t*>(dev) + 100, page + 50);
+  EXPECT_EQ(buf.offset, 100u);
+  const sim::NicView view = sim::map_dmabuf(buf.fd, buf.offset, page + 50);
+  ::close(buf.fd);
+  EXPECT_EQ(std::vector<uint8_t>(view.data, view.data + page + 50),
+            std::vector<uint8_t>(bytes.begin() + 100, bytes.begin() + 100 + page + 50));
+  rt.device_free(dev);
+  // The last page of an allocation that does not fill it is not the allocation's to export.
+  void* ragged = rt.device_alloc(0, page + 100);
+  EXPECT_NO_THROW(::close(rt.dmabuf_fd(ragged, page).fd));
+  EXPECT_THROW(rt.dmabuf_fd(static_cast<uint8_t*>(ragged) + page, 100), GpuError);
+  rt.device_free(ragged);
+}
+
+// Review F10: cudaIpcGetMemHandle refuses what cudaMalloc did not allocate. Managed memory
+// is no dma-buf either; VMM memory is.
+TEST(SimGpu, ManagedAndVmmMemoryHaveNoIpcHandle) {
+  Runtime& rt = sim_runtime();
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  for (auto [kind, word] : {std::pair{sim::AllocationKind::kVmm, "VMM"}, std::pair{sim::AllocationKind::kManaged, "managed"}}) {
+    void* p = sim::device_alloc(1, page, kind);
+    EXPECT_EQ(rt.pointer_info(p).type, MemoryType::kDevice);
+    EXPECT_EQ(rt.pointer_info(p).device, 1);
+    try {
+      rt.ipc_get_handle(p);
+      ADD_FAILURE() << word << " memory has an IPC handle";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
+    }
+    if (kind == sim::AllocationKind::kVmm) {
+      EXPECT_NO_THROW(::close(rt.dmabuf_fd(p, page).fd));
+    } else {
+      EXPECT_THROW(rt.dmabuf_fd(p, page), GpuError);
+    }
+    rt.device_free(p);
+  }
+}
+
 TEST(GpuRuntimeSelection, TheVariableSelectsTheSimulatedGpuAndNothingFallsBack) {
   // The variable is read on each call; the test leaves it as it found it.
   const char* was = std::getenv("DLSLIME_GPU_SIM");

@@ -22,9 +22,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/memory_registry.h"
 #include "core/transport_registry.h"
 #include "dlslime/errors.h"
 #include "dlslime/nvlink_endpoint.h"
+#include "dlslime/tcp_endpoint.h"
 #include "gpu/device_runtime.h"
 #include "gpu/sim_runtime.h"
 
@@ -51,8 +53,8 @@ struct DeviceBuffer {
   gpu::Runtime& rt = gpu::runtime();
   void* ptr = nullptr;
   size_t size = 0;
-  DeviceBuffer(size_t n, uint8_t seed) : size(n) {
-    ptr = rt.device_alloc(0, n);
+  DeviceBuffer(size_t n, uint8_t seed, gpu::sim::AllocationKind kind = gpu::sim::AllocationKind::kCudaMalloc) : size(n) {
+    ptr = gpu::sim::device_alloc(0, n, kind);
     auto bytes = patterned(n, seed);
     copy(ptr, bytes.data(), n);
   }
@@ -482,6 +484,65 @@ TEST(Nvlink, HostMemoryIsRefusedClearly) {
   Future f = ep.read({{0, 0, 0, 0, 8}});
   ASSERT_TRUE(f.done());
   EXPECT_EQ(f.result().code(), StatusCode::kNotConnected);
+}
+
+// Review F10: memory CUDA IPC cannot share (VMM memory, as PyTorch's expandable_segments
+// allocates) is not NVLink's to export. A registry shared with other transports (a
+// PeerAgent's) still registers it for them; NVLink's ops on it fail alone, saying why.
+TEST(Nvlink, MemoryWithoutAnIpcHandleFailsOnlyNvlinkAndStillRegistersForTcp) {
+  const size_t n = 64 * 1024;
+  DeviceBuffer vmm(n, 1, gpu::sim::AllocationKind::kVmm);
+  auto shared = std::make_shared<MemoryRegistry>();
+  const TransportRegistry& transports = TransportRegistry::instance();
+  std::shared_ptr<Endpoint> nv_ep = transports.make("nvlink", nlohmann::json::object(), shared);
+  std::shared_ptr<Endpoint> tcp_ep = transports.make("tcp", {{"ip", "127.0.0.1"}}, shared);
+  auto& nv = dynamic_cast<NVLinkEndpoint&>(*nv_ep);
+  auto& tcp = dynamic_cast<TcpEndpoint&>(*tcp_ep);
+  const int32_t h = shared->add("kv", vmm.addr(), 0, n);
+  const nlohmann::json entry = nv.mr_info()["kv"];
+  EXPECT_FALSE(entry.contains("ipc_handle")) << entry.dump();
+  EXPECT_NE(entry.value("not_exported", "").find("VMM"), std::string::npos) << entry.dump();
+
+  // TCP moves its bytes.
+  TcpEndpoint peer{"127.0.0.1", 0, TcpOptions{}};
+  std::vector<uint8_t> src = patterned(n, 9);
+  const int32_t hs = peer.register_memory_region("src", reinterpret_cast<uintptr_t>(src.data()), 0, n);
+  peer.connect(tcp.endpoint_info());
+  tcp.connect(peer.endpoint_info());
+  const int32_t remote_kv = peer.register_remote_memory_region("kv", tcp.endpoint_info()["mr_info"]["kv"]);
+  Future w = peer.write({{hs, remote_kv, 0, 0, n}});
+  ASSERT_TRUE(w.wait_for(30s));
+  ASSERT_TRUE(w.result().is_ok()) << w.result().message();
+  EXPECT_EQ(vmm.read(0, n), src);
+
+  // NVLink: the peer's ops on it, and this side's ops from it, fail naming VMM memory.
+  DeviceBuffer other(n, 2);
+  NVLinkEndpoint y;
+  const int32_t hy = y.register_memory_region("y", other.addr(), 0, n);
+  nv.connect(y.endpoint_info());
+  y.connect(nv.endpoint_info());
+  Future to_kv = y.write({{hy, *y.remote_handle("kv"), 0, 0, 8}});
+  Future from_kv = nv.write({{h, *nv.remote_handle("y"), 0, 0, 8}});
+  for (auto [f, code] : {std::pair{&to_kv, StatusCode::kUnknownHandle}, std::pair{&from_kv, StatusCode::kInvalidArgument}}) {
+    ASSERT_TRUE(f->wait_for(10s));
+    EXPECT_EQ(f->result().code(), code) << f->result().message();
+    EXPECT_NE(f->result().message().find("VMM memory"), std::string::npos) << f->result().message();
+  }
+  EXPECT_EQ(other.read(0, n), patterned(n, 2));
+  EXPECT_EQ(vmm.read(0, n), src);
+
+  // Registered on an NVLinkEndpoint itself, it is refused at once, and nothing stays.
+  try {
+    y.register_memory_region("vmm", vmm.addr(), 0, n);
+    ADD_FAILURE() << "NVLinkEndpoint registered VMM memory";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("expandable_segments"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(y.mr_info().contains("vmm"));
+  peer.shutdown();
+  tcp_ep->shutdown();
+  nv_ep->shutdown();
+  shared->remove(h);
 }
 
 TEST(Nvlink, WithoutAGpuOrTheVariableItSaysSo) {
