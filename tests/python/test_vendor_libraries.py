@@ -123,3 +123,41 @@ def test_the_simulated_device_needs_no_libibverbs(tmp_path):
         DLSLIME_RDMA_SIM="1",
     )
     assert out.strip() == "ok", out
+
+
+def test_the_simulated_device_is_a_libibverbs_the_real_path_can_load():
+    # One adapter, one simulation (docs/rdma.md, "The verbs seam"): the simulated device's
+    # library exports the libibverbs ABI, so pointing the real path at it, with no
+    # DLSLIME_RDMA_SIM, runs RDMA over it, as any program that loads libibverbs could.
+    out = run_child(
+        """
+        import ctypes, pathlib
+        import dlslime
+        maps = pathlib.Path("/proc/self/maps").read_text().split()
+        lib = next(p for p in maps if p.endswith("/libdlslime.so") or "/libdlslime.so." in p)
+        print(pathlib.Path(lib).parent / "libdlslime_sim_ibverbs.so")
+        """
+    )
+    sim_library = out.strip().splitlines()[-1]
+    assert pathlib.Path(sim_library).is_file(), f"the simulated device's library is not beside libdlslime: {sim_library}"
+    out = run_child(
+        """
+        import ctypes
+        import dlslime
+        rdma = [t for t in dlslime.available_transports() if t["name"] == "rdma"][0]
+        assert rdma["available"], rdma
+        a, b = dlslime.RDMAEndpoint(), dlslime.RDMAEndpoint()
+        a.connect(b.endpoint_info()); b.connect(a.endpoint_info())
+        src = ctypes.create_string_buffer(bytes(range(256)) * 16, 4096)
+        dst = ctypes.create_string_buffer(4096)
+        hs = a.register_memory_region("src", ctypes.addressof(src), 0, 4096)
+        b.register_memory_region("dst", ctypes.addressof(dst), 0, 4096)
+        hd = a.register_remote_memory_region("dst", b.endpoint_info()["mr_info"]["dst"])
+        assert a.write([(hs, hd, 0, 0, 4096)]).wait_for(10) == 0
+        assert dst.raw == src.raw
+        a.shutdown(); b.shutdown()
+        print("ok", a.endpoint_info()["device"] if "device" in a.endpoint_info() else "")
+        """,
+        DLSLIME_IBVERBS_LIBRARY=sim_library,
+    )
+    assert out.strip().startswith("ok"), out
