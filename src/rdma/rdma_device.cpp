@@ -150,6 +150,7 @@ std::shared_ptr<Device> open_device(const RdmaOptions& options) {
     dev->port_attr = attr;
     dev->gid_index = index;
     dev->gid = gid;
+    dev->caps = ctx->query_device();
     dev->pd = ctx->alloc_pd();
     dev->ctx = std::move(ctx);
     return dev;

@@ -38,6 +38,7 @@ struct Device {
   std::unique_ptr<ProtectionDomain> pd;
   uint8_t port = 1;
   PortAttr port_attr;
+  DeviceCaps caps;  // ibv_query_device's limits, which every CQ and QP must fit
   int gid_index = 0;
   GidEntry gid;
 };

@@ -84,9 +84,22 @@ RdmaEndpointImpl::RdmaEndpointImpl(RdmaOptions opts, std::shared_ptr<MemoryRegis
   device_ = open_device(options);
   domain_ = std::make_shared<RdmaMemoryDomain>(device_);
   // Enough CQEs for every send and receive WR that can be outstanding: no overrun. Only
-  // lane 0 has receives (below).
-  const int depth = static_cast<int>(options.num_qp * options.max_send_wr + options.max_recv_wr);
-  cq_ = device_->ctx->create_cq(depth);
+  // lane 0 has receives (below). The device's own limits are checked here, so a NIC with
+  // smaller ones gives an error naming the option instead of a bare EINVAL from verbs.
+  const uint64_t depth = uint64_t{options.num_qp} * options.max_send_wr + options.max_recv_wr;
+  const DeviceCaps& caps = device_->caps;
+  if (depth > static_cast<uint64_t>(std::max(caps.max_cqe, 0))) {
+    throw InvalidArgumentError(fmt::format(
+        "RDMA device {}: num_qp {} x max_send_wr {} + max_recv_wr {} = {} completion entries, more than its max_cqe {}",
+        device_->ctx->device_name(), options.num_qp, options.max_send_wr, options.max_recv_wr, depth, caps.max_cqe));
+  }
+  for (const auto& [name, value] : {std::pair{"max_send_wr", options.max_send_wr}, {"max_recv_wr", options.max_recv_wr}}) {
+    if (value > caps.max_qp_wr) {
+      throw InvalidArgumentError(fmt::format("RDMA device {}: {} {} is more than its max_qp_wr {}",
+                                             device_->ctx->device_name(), name, value, caps.max_qp_wr));
+    }
+  }
+  cq_ = device_->ctx->create_cq(static_cast<int>(depth));
   lanes_.resize(options.num_qp);
   for (size_t i = 0; i < lanes_.size(); ++i) {
     lanes_[i].qp = new_qp(i);

@@ -93,6 +93,24 @@ TEST_F(RdmaEndpointTest, EndpointInfoHasEveryQpAndEveryRegionsRkey) {
   EXPECT_TRUE(mr.contains("rkey"));
 }
 
+// The device's limits (ibv_query_device) bound the CQ and the queues: asking for more is an
+// error naming the option and the limit, before verbs would refuse it with a bare EINVAL.
+TEST_F(RdmaEndpointTest, QueuesBeyondTheDevicesCapsAreRefusedNamingTheLimit) {
+  RdmaOptions big;
+  big.num_qp = 8;
+  big.max_send_wr = 16384;  // 8 x 16384 + 128 completion entries > max_cqe 65536
+  try {
+    RDMAEndpoint ep(big);
+    FAIL() << "a CQ beyond max_cqe was accepted";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("max_cqe 65536"), std::string::npos) << e.what();
+  }
+  RdmaOptions fits;
+  fits.num_qp = 3;
+  fits.max_send_wr = 16384;
+  EXPECT_NO_THROW(RDMAEndpoint ep(fits));
+}
+
 TEST_F(RdmaEndpointTest, ConnectRefusesTwiceAMismatchAndBadOptionsWithClearErrors) {
   make();
   RdmaOptions two;
