@@ -145,8 +145,17 @@ class DLSLIME_API Endpoint {
   virtual void shutdown() = 0;
 
  protected:
-  Endpoint() = default;
+  Endpoint();
   virtual Future do_submit(OpRequest request) = 0;
+  // True in a fork() child of the process that made this endpoint: its threads are not
+  // here and its kernel objects are the parent's, so it may be neither used nor torn
+  // down. submit() raises ConnectionError there (require_own_process()); transports
+  // refuse the rest with the same call, and leak instead of shutting down.
+  bool inherited_from_parent() const noexcept;
+  void require_own_process() const;
+
+ private:
+  unsigned long fork_generation_;
 };
 
 }  // namespace dlslime

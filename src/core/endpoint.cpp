@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "core/fork_generation.h"
 #include "dlslime/errors.h"
 
 namespace dlslime {
@@ -23,7 +24,18 @@ Status exact_size_mismatch(uint64_t message_bytes, uint64_t buffer_bytes) {
                                     buffer_bytes));
 }
 
+Endpoint::Endpoint() : fork_generation_(fork_generation()) {}
+
 Endpoint::~Endpoint() = default;
+
+bool Endpoint::inherited_from_parent() const noexcept { return fork_generation_ != fork_generation(); }
+
+void Endpoint::require_own_process() const {
+  if (!inherited_from_parent()) return;
+  throw ConnectionError(fmt::format("this {} endpoint was created before fork() and cannot be used in the child "
+                                    "process; create a new endpoint there",
+                                    capabilities().transport));
+}
 
 bool Capabilities::supports(OpKind kind) const noexcept {
   switch (kind) {
@@ -38,6 +50,7 @@ bool Capabilities::supports(OpKind kind) const noexcept {
 }
 
 Future Endpoint::submit(OpRequest request) {
+  require_own_process();
   const Capabilities caps = capabilities();
   if (!caps.supports(request.kind)) {
     throw NotImplementedError(fmt::format("{} is not supported by the {} transport", op_kind_name(request.kind),

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "core/env.h"
+#include "core/fork_generation.h"
 #include "core/log.h"
 #include "core/op_state.h"
 #include "dlslime/errors.h"
@@ -16,10 +17,6 @@
 namespace dlslime {
 
 namespace {
-
-// Bumped in every fork() child (pthread_atfork), so a runtime can tell that it was made
-// by an ancestor process whose threads are gone.
-std::atomic<unsigned long> g_fork_generation{0};
 
 // Guards shared()'s current runtime. Held across fork() (prepare handler) so the child
 // never inherits it locked by a thread that does not exist there.
@@ -30,10 +27,7 @@ void register_fork_handlers() {
   std::call_once(once, [] {
     pthread_atfork([] { g_shared_mu.lock(); },  // prepare: no shared() half done at the fork
                    [] { g_shared_mu.unlock(); },  // parent
-                   [] {  // child
-                     g_fork_generation.fetch_add(1, std::memory_order_relaxed);
-                     g_shared_mu.unlock();
-                   });
+                   [] { g_shared_mu.unlock(); });  // child
   });
 }
 
@@ -58,7 +52,7 @@ IoRuntimeOptions IoRuntimeOptions::from_env() {
 }
 
 IoRuntime::IoRuntime(const IoRuntimeOptions& options)
-    : generation_(g_fork_generation.load(std::memory_order_relaxed)) {
+    : generation_(fork_generation()) {
   options.validate();
   const unsigned threads = options.threads;
   register_fork_handlers();
@@ -112,7 +106,7 @@ IoRuntime::~IoRuntime() {
 }
 
 bool IoRuntime::usable() const noexcept {
-  return generation_ == g_fork_generation.load(std::memory_order_relaxed);
+  return generation_ == fork_generation();
 }
 
 namespace {

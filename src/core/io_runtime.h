@@ -76,7 +76,7 @@ class IoRuntime {
   };
   std::vector<std::unique_ptr<Worker>> contexts_;
   std::atomic<unsigned> next_{0};
-  // The process's fork generation when this runtime was made (see usable()).
+  // The process's fork generation when this runtime was made (core/fork_generation.h).
   const unsigned long generation_;
 };
 

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <random>
 
 #include <fmt/format.h>
@@ -998,20 +999,25 @@ RDMAEndpoint::RDMAEndpoint(RdmaOptions options, std::shared_ptr<MemoryRegistry> 
   impl_->start();
 }
 
-RDMAEndpoint::~RDMAEndpoint() { impl_->shutdown(); }
+RDMAEndpoint::~RDMAEndpoint() { shutdown(); }
 
 nlohmann::json RDMAEndpoint::endpoint_info() const { return impl_->endpoint_info(); }
-void RDMAEndpoint::connect(const nlohmann::json& peer_info) { impl_->connect(peer_info); }
+void RDMAEndpoint::connect(const nlohmann::json& peer_info) {
+  require_own_process();
+  impl_->connect(peer_info);
+}
 bool RDMAEndpoint::is_connected() const { return impl_->is_connected(); }
 
 int32_t RDMAEndpoint::register_memory_region(const std::string& name, uintptr_t addr, uint64_t offset,
                                              uint64_t length) {
   // The registry asks where the memory lives; the memory domain registers GPU memory for
   // the NIC (docs/rdma.md, "GPU memory").
+  require_own_process();
   return impl_->regions->add(name, addr, offset, length);
 }
 int32_t RDMAEndpoint::register_dmabuf_memory_region(const std::string& name, int fd, uint64_t offset, uint64_t length,
                                                     uint64_t iova) {
+  require_own_process();
   return add_dmabuf_region(*impl_->regions, name, fd, offset, length, iova);
 }
 int32_t RDMAEndpoint::add_dmabuf_region(MemoryRegistry& registry, const std::string& name, int fd, uint64_t offset,
@@ -1023,10 +1029,17 @@ int32_t RDMAEndpoint::add_dmabuf_region(MemoryRegistry& registry, const std::str
   return registry.add(name, static_cast<uintptr_t>(iova), 0, length, std::make_shared<RegionDmabuf>(fd, offset));
 }
 int32_t RDMAEndpoint::register_remote_memory_region(const std::string& name, const nlohmann::json& entry) {
+  require_own_process();
   return impl_->register_remote(name, entry);
 }
-void RDMAEndpoint::unregister_memory_region(const std::string& name) { impl_->regions->remove(name); }
-void RDMAEndpoint::unregister_memory_region(int32_t handle) { impl_->regions->remove(handle); }
+void RDMAEndpoint::unregister_memory_region(const std::string& name) {
+  require_own_process();
+  impl_->regions->remove(name);
+}
+void RDMAEndpoint::unregister_memory_region(int32_t handle) {
+  require_own_process();
+  impl_->regions->remove(handle);
+}
 nlohmann::json RDMAEndpoint::mr_info() const { return impl_->mr_info(); }
 
 Capabilities RDMAEndpoint::capabilities() const {
@@ -1038,7 +1051,19 @@ Capabilities RDMAEndpoint::capabilities() const {
   return caps;
 }
 
-void RDMAEndpoint::shutdown() { impl_->shutdown(); }
+void RDMAEndpoint::shutdown() {
+  if (inherited_from_parent()) {
+    // A fork() child: the completion thread is the parent's, and the QPs, CQ and MRs are
+    // the parent's kernel objects (moving a QP to ERR or saying goodbye from here would do
+    // it to the parent's connection). Nothing is touched; this copy is never destroyed.
+    static auto* kept = new std::vector<std::shared_ptr<RdmaEndpointImpl>>();
+    static std::mutex kept_mu;
+    std::lock_guard lock(kept_mu);
+    if (impl_) kept->push_back(impl_);
+    return;
+  }
+  impl_->shutdown();
+}
 Future RDMAEndpoint::do_submit(OpRequest request) { return impl_->submit(std::move(request)); }
 const RdmaOptions& RDMAEndpoint::options() const { return impl_->options; }
 std::vector<uint32_t> RDMAEndpoint::qp_nums() const { return impl_->qp_nums(); }

@@ -4,6 +4,7 @@
 // to the error state and its remaining work flushed.
 #include "rdma/sim_device.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -85,9 +86,20 @@ struct FabricSlot {
   int live = 0;
   std::condition_variable gone;
 };
+FabricSlot* g_slot = new FabricSlot;
+
+// A fork() child has none of the parent fabric's threads (its engine, its link's), and its
+// mutexes may have been held when the parent forked: the child starts from a fresh slot,
+// so its first context makes a fabric of its own, with its own GID (the child's pid) and
+// its own link socket. What the parent's fabric held is left alone (never destroyed here).
+void register_fork_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] { pthread_atfork(nullptr, nullptr, [] { g_slot = new FabricSlot; }); });
+}
+
 FabricSlot& slot() {
-  static FabricSlot* s = new FabricSlot;
-  return *s;
+  register_fork_handler();
+  return *g_slot;
 }
 
 }  // namespace

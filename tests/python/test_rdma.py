@@ -96,3 +96,58 @@ def test_without_a_device_rdma_endpoint_raises_naming_the_missing_device():
         dlslime.RDMAEndpoint()
     rdma = [t for t in dlslime.available_transports() if t["name"] == "rdma"][0]
     assert not rdma["available"] and "device" in rdma["reason"], rdma
+
+
+FORK_SCRIPT = textwrap.dedent(
+    """
+    import ctypes, os, signal, sys
+    import dlslime
+
+    def pair():
+        a, b = dlslime.RDMAEndpoint(), dlslime.RDMAEndpoint()
+        a.connect(b.endpoint_info()); b.connect(a.endpoint_info())
+        return a, b
+
+    def write(a, b, payload, tag):
+        src = ctypes.create_string_buffer(payload, len(payload))
+        dst = ctypes.create_string_buffer(len(payload))
+        hs = a.register_memory_region("s" + tag, ctypes.addressof(src), 0, len(payload))
+        b.register_memory_region("d" + tag, ctypes.addressof(dst), 0, len(payload))
+        hd = a.register_remote_memory_region("d" + tag, b.endpoint_info()["mr_info"]["d" + tag])
+        assert a.write([(hs, hd, 0, 0, len(payload))]).wait_for(10) == 0
+        return dst.raw
+
+    a, b = pair()
+    assert write(a, b, b"parent" * 500, "p") == b"parent" * 500
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(20)  # a hang in the child ends it with SIGALRM, which the parent sees
+        for call in (lambda: a.write([(0, 0, 0, 0, 8)]), lambda: a.register_memory_region("x", 1, 0, 8),
+                     lambda: a.connect(b.endpoint_info())):
+            try:
+                call()
+            except ConnectionError as e:
+                assert "before fork()" in str(e), e
+            else:
+                raise AssertionError("the parent's endpoint was usable in the child")
+        a.shutdown()  # returns at once and touches nothing of the parent's
+        c, d = pair()  # the child's own device and endpoints work
+        assert write(c, d, b"child" * 900, "c") == b"child" * 900
+        c.shutdown(); d.shutdown()
+        sys.exit(0)  # through interpreter exit: the inherited endpoints' destructors run
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child status {status}"
+    # The parent's connection is untouched by the child.
+    assert write(a, b, b"after" * 800, "q") == b"after" * 800
+    a.shutdown(); b.shutdown()
+    print("OK")
+    """
+)
+
+
+def test_a_forked_child_cannot_use_the_parents_rdma_endpoint_and_makes_its_own():
+    # docs/api.md: an endpoint created before fork() raises ConnectionError in the child,
+    # which makes its own; the child's simulated device is its own (review N8).
+    env = dict(os.environ, DLSLIME_RDMA_SIM="1")
+    proc = subprocess.run([sys.executable, "-c", FORK_SCRIPT], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout + proc.stderr
