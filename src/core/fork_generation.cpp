@@ -3,6 +3,8 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <mutex>
+#include <vector>
 
 namespace dlslime {
 
@@ -18,6 +20,13 @@ unsigned long fork_generation() noexcept {
   }();
   (void)registered;
   return g_generation.load(std::memory_order_relaxed);
+}
+
+void keep_inherited(std::shared_ptr<const void> object) {
+  static std::mutex mu;
+  static auto* kept = new std::vector<std::shared_ptr<const void>>();  // never destroyed
+  std::lock_guard lock(mu);
+  kept->push_back(std::move(object));
 }
 
 }  // namespace dlslime

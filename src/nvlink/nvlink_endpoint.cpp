@@ -34,6 +34,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/fork_generation.h"
 #include "core/log.h"
 #include "core/memory_registry.h"
 #include "core/op_state.h"
@@ -755,14 +756,18 @@ NVLinkEndpoint::NVLinkEndpoint(NvlinkOptions options, std::shared_ptr<MemoryRegi
   impl_->start();
 }
 
-NVLinkEndpoint::~NVLinkEndpoint() { impl_->shutdown(); }
+NVLinkEndpoint::~NVLinkEndpoint() { shutdown(); }
 
 nlohmann::json NVLinkEndpoint::endpoint_info() const { return impl_->endpoint_info(); }
-void NVLinkEndpoint::connect(const nlohmann::json& peer_info) { impl_->connect(peer_info); }
+void NVLinkEndpoint::connect(const nlohmann::json& peer_info) {
+  require_own_process();
+  impl_->connect(peer_info);
+}
 bool NVLinkEndpoint::is_connected() const { return impl_->is_connected(); }
 
 int32_t NVLinkEndpoint::register_memory_region(const std::string& name, uintptr_t addr, uint64_t offset,
                                                uint64_t length) {
+  require_own_process();
   if (offset > UINTPTR_MAX - addr) {
     throw InvalidArgumentError(fmt::format("memory region '{}': address {:#x} + offset {} overflows", name, addr, offset));
   }
@@ -784,10 +789,17 @@ int32_t NVLinkEndpoint::register_memory_region(const std::string& name, uintptr_
   return handle;
 }
 int32_t NVLinkEndpoint::register_remote_memory_region(const std::string& name, const nlohmann::json& entry) {
+  require_own_process();
   return impl_->add_remote(name, entry, /*strict=*/true);
 }
-void NVLinkEndpoint::unregister_memory_region(const std::string& name) { impl_->regions->remove(name); }
-void NVLinkEndpoint::unregister_memory_region(int32_t handle) { impl_->regions->remove(handle); }
+void NVLinkEndpoint::unregister_memory_region(const std::string& name) {
+  require_own_process();
+  impl_->regions->remove(name);
+}
+void NVLinkEndpoint::unregister_memory_region(int32_t handle) {
+  require_own_process();
+  impl_->regions->remove(handle);
+}
 nlohmann::json NVLinkEndpoint::mr_info() const { return impl_->mr_info(); }
 
 Future NVLinkEndpoint::read_on(std::vector<Assignment> assignments, void* stream, std::chrono::milliseconds timeout) {
@@ -810,7 +822,15 @@ Capabilities NVLinkEndpoint::capabilities() const {
   return caps;
 }
 
-void NVLinkEndpoint::shutdown() { impl_->shutdown(); }
+void NVLinkEndpoint::shutdown() {
+  if (inherited_from_parent()) {
+    // A fork() child: the endpoint's threads are the parent's, and its IPC mappings and
+    // streams are the parent's GPU objects. Nothing is touched; this copy is never destroyed.
+    keep_inherited(impl_);
+    return;
+  }
+  impl_->shutdown();
+}
 Future NVLinkEndpoint::do_submit(OpRequest request) {
   std::optional<gpu::Stream> stream = t_stream;
   t_stream.reset();  // this submit's only

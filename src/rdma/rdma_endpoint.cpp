@@ -9,11 +9,11 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <mutex>
 #include <random>
 
 #include <fmt/format.h>
 
+#include "core/fork_generation.h"
 #include "core/log.h"
 #include "dlslime/errors.h"
 
@@ -1056,10 +1056,7 @@ void RDMAEndpoint::shutdown() {
     // A fork() child: the completion thread is the parent's, and the QPs, CQ and MRs are
     // the parent's kernel objects (moving a QP to ERR or saying goodbye from here would do
     // it to the parent's connection). Nothing is touched; this copy is never destroyed.
-    static auto* kept = new std::vector<std::shared_ptr<RdmaEndpointImpl>>();
-    static std::mutex kept_mu;
-    std::lock_guard lock(kept_mu);
-    if (impl_) kept->push_back(impl_);
+    keep_inherited(impl_);
     return;
   }
   impl_->shutdown();

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "core/env.h"
+#include "core/fork_generation.h"
 #include "core/log.h"
 #include "dlslime/errors.h"
 #include "tcp/handshake.h"
@@ -375,10 +376,7 @@ void TcpEndpointImpl::shutdown() {
     // In a fork() child: nothing may run on the parent's I/O thread (it is not here), and
     // closing the sockets would deregister them from the epoll instance the parent still
     // uses. The parent's endpoint is left untouched: this copy is never destroyed.
-    static std::mutex kept_mu;
-    static auto* kept = new std::vector<std::shared_ptr<TcpEndpointImpl>>();
-    std::lock_guard lock(kept_mu);
-    kept->push_back(shared_from_this());
+    keep_inherited(shared_from_this());
     return;
   }
   // A connect() in progress returns now; its dial closes what it opens (shut_down_).
