@@ -369,6 +369,7 @@ void bind_rdma(py::module_& m) {
         d["destroy_failures"] = c.destroy_failures;
         d["cqes"] = c.cqes;
         d["recv_wrs"] = c.recv_wrs;
+        d["fork_init"] = c.fork_init;
         return d;
       },
       "The simulated RDMA device's live objects and refused destroys (dlslime.testing.sim_rdma_objects).");

@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "core/log.h"
 #include "core/shared_library.h"
 #include "dlslime/errors.h"
 #include "rdma/sim_device.h"
@@ -58,6 +59,7 @@ struct Ibverbs {
   decltype(&::ibv_modify_qp) modify_qp;
   decltype(&::ibv_query_qp) query_qp;
   decltype(&::ibv_destroy_qp) destroy_qp;
+  decltype(&::ibv_fork_init) fork_init;  // optional
   // The simulated device's own exports (sim_device.h); null in libibverbs.
   decltype(&::dlslime_sim_rdma_last_error) sim_last_error;
   decltype(&::dlslime_sim_rdma_object_counts) sim_object_counts;
@@ -107,11 +109,25 @@ LoadedIbverbs resolve_ibverbs(SharedLibrary& lib, const char* hint) {
   lib.resolve(a.modify_qp, "ibv_modify_qp");
   lib.resolve(a.query_qp, "ibv_query_qp");
   lib.resolve(a.destroy_qp, "ibv_destroy_qp");
+  lib.resolve_optional(a.fork_init, "ibv_fork_init");
   lib.resolve_optional(a.sim_last_error, "dlslime_sim_rdma_last_error");
   lib.resolve_optional(a.sim_object_counts, "dlslime_sim_rdma_object_counts");
   lib.resolve_optional(a.sim_set_peer_memory, "dlslime_sim_rdma_set_peer_memory");
   if (std::string missing = lib.missing_error(); !missing.empty()) {
     out.error = fmt::format("RDMA is unavailable: {}", missing);
+    return out;
+  }
+  // Fork safety (review F12), before any device is opened, as libibverbs requires: with it,
+  // registered pages are not copied into a fork() child, so the parent's MRs keep pointing
+  // at the parent's pages. On kernels with copy-on-fork for pinned pages (5.13+) it is a
+  // no-op. A failure (too late: another user of libibverbs in this process opened a device
+  // first) is logged, not fatal: RDMA still works, the child then must not touch registered
+  // memory before exec.
+  if (a.fork_init) {
+    if (int rc = a.fork_init(); rc != 0) {
+      DLSLIME_WARN("ibv_fork_init failed ({}){}: a fork() child must not touch RDMA-registered memory before exec",
+                   std::strerror(rc), a.detail());
+    }
   }
   return out;
 }

@@ -114,6 +114,11 @@ class ChildOf {
   Children* parent_;
 };
 
+// Whether ibv_fork_init was called, and how many devices were ever opened (it must come
+// before the first).
+std::atomic<bool> fork_initialized{false};
+std::atomic<int64_t> devices_opened{0};
+
 // --- The peer-memory client ------------------------------------------------------------------
 
 std::mutex peer_memory_mu;
@@ -575,6 +580,7 @@ DLSLIME_SIM_API ibv_context* ibv_open_device(ibv_device* device) {
   pthread_mutex_init(&c.mutex, nullptr);
   c.abi_compat = __VERBS_ABI_IS_EXTENDED;
   obj->state = state.release();
+  ++devices_opened;
   return &c;
 }
 
@@ -1009,7 +1015,14 @@ DLSLIME_SIM_API int ibv_destroy_qp(ibv_qp* qp) {
   return 0;
 }
 
-DLSLIME_SIM_API int ibv_fork_init(void) { return 0; }  // nothing is pinned: fork is always safe here
+// As rdma-core: fork protection (MADV_DONTFORK on registered pages) must be asked for
+// before any device is opened; after that it is too late (EINVAL). Nothing is pinned here,
+// so there is nothing to protect, but the order is checked and recorded.
+DLSLIME_SIM_API int ibv_fork_init(void) {
+  if (devices_opened.load() != 0) return fail(EINVAL, "ibv_fork_init after a device was opened: too late");
+  fork_initialized = true;
+  return 0;
+}
 
 // --- The library's own exports (sim_device.h) ----------------------------------------------------
 
@@ -1017,7 +1030,8 @@ DLSLIME_SIM_API void dlslime_sim_rdma_object_counts(dlslime::rdma::SimObjectCoun
   const Counts& c = counts();
   *out = dlslime::rdma::SimObjectCounts{c.contexts.load(), c.pds.load(),   c.mrs.load(),
                                         c.cqs.load(),      c.qps.load(),   c.comp_channels.load(),
-                                        c.destroy_failures.load(), c.cqes.load(), c.recv_wrs.load()};
+                                        c.destroy_failures.load(), c.cqes.load(), c.recv_wrs.load(),
+                                        fork_initialized.load() ? 1 : 0};
 }
 
 DLSLIME_SIM_API void dlslime_sim_rdma_set_peer_memory(const PeerMemory* client) {

@@ -278,6 +278,7 @@ Provider& sim_provider();
 struct SimObjectCounts {
   int64_t contexts = 0, pds = 0, mrs = 0, cqs = 0, qps = 0, comp_channels = 0, destroy_failures = 0;
   int64_t cqes = 0, recv_wrs = 0;  // entries the live CQs and QP receive queues hold
+  int64_t fork_init = 0;           // 1 once ibv_fork_init was called, before any device was opened
 };
 DLSLIME_API SimObjectCounts sim_object_counts();  // exported for dlslime.testing
 bool sim_selected();  // DLSLIME_RDMA_SIM=1; unset, empty or 0: no; anything else throws InvalidArgumentError

@@ -95,6 +95,12 @@ TEST_F(RdmaEndpointTest, EndpointInfoHasEveryQpAndEveryRegionsRkey) {
 
 // The device's limits (ibv_query_device) bound the CQ and the queues: asking for more is an
 // error naming the option and the limit, before verbs would refuse it with a bare EINVAL.
+// Fork safety (review F12): the adapter asks for it before it opens any device.
+TEST_F(RdmaEndpointTest, TheAdapterCallsForkInitBeforeOpeningADevice) {
+  make();
+  EXPECT_EQ(rdma::sim_object_counts().fork_init, 1);
+}
+
 TEST_F(RdmaEndpointTest, QueuesBeyondTheDevicesCapsAreRefusedNamingTheLimit) {
   RdmaOptions big;
   big.num_qp = 8;
