@@ -19,7 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "gpu/device_runtime.h"
-#include "gpu/sim_runtime.h"
+#include "gpu/sim_cudart.h"
 
 extern char** environ;
 
