@@ -7,6 +7,9 @@ if(SKBUILD)
   if(TARGET dlslime_sim_ibverbs)
     install(TARGETS dlslime_sim_ibverbs LIBRARY DESTINATION dlslime)
   endif()
+  if(TARGET dlslime_sim_cudart)
+    install(TARGETS dlslime_sim_cudart LIBRARY DESTINATION dlslime)
+  endif()
   return()
 endif()
 
@@ -19,6 +22,11 @@ install(TARGETS dlslime EXPORT dlslimeTargets
 # looks for it under DLSLIME_RDMA_SIM=1 (other programs may load it as libibverbs).
 if(TARGET dlslime_sim_ibverbs)
   install(TARGETS dlslime_sim_ibverbs LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+endif()
+# Likewise the simulated GPU's library, where the GPU adapter looks under DLSLIME_GPU_SIM=1
+# (other programs may load it as libcudart).
+if(TARGET dlslime_sim_cudart)
+  install(TARGETS dlslime_sim_cudart LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 endif()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/dlslime
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}

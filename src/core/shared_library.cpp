@@ -26,6 +26,14 @@ std::string loader_error() {
 
 }  // namespace
 
+std::string own_library_directory() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&own_library_directory), &info) == 0 || info.dli_fname == nullptr) return {};
+  std::string path = info.dli_fname;
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? std::string() : path.substr(0, slash + 1);
+}
+
 SharedLibrary::SharedLibrary(const char* what, const std::vector<std::string>& sonames, const char* path_variable)
     : what_(what), path_variable_(path_variable) {
   const char* chosen = std::getenv(path_variable);

@@ -53,4 +53,8 @@ class SharedLibrary {
   std::string missing_;  // required symbols not found, space-separated
 };
 
+// The directory (with a trailing '/') holding the shared object this code is part of
+// (libdlslime.so; "" if unknown): the simulated devices' libraries are installed beside it.
+std::string own_library_directory();
+
 }  // namespace dlslime

@@ -1,10 +1,18 @@
 // The device-runtime seam over the CUDA runtime (device_runtime.h): a thin translation, no
-// policy. libcudart is loaded with dlopen at first use, not linked, so libdlslime and
-// `import dlslime` work on hosts without the toolkit or a driver; the toolkit's headers
-// give the function types, so every call is type-checked at build time. It cannot run
-// without a GPU; tests/hardware/run_gpu_checks.sh runs it where one exists.
+// policy, and the seam's only implementation. libcudart is loaded with dlopen at first use,
+// not linked, so libdlslime and `import dlslime` work on hosts without the toolkit or a
+// driver; the toolkit's headers give the function types, so every call is type-checked at
+// build time. tests/hardware/run_gpu_checks.sh runs it on a GPU.
+//
+// The same adapter drives the simulated GPU: under DLSLIME_GPU_SIM=1 it opens
+// libdlslime_sim_cudart.so, which exports the CUDA runtime and driver entry points below
+// (sim_cudart.cpp), in place of both libcudart and libcuda. Every test on the simulated GPU
+// therefore runs this file.
+#include <cuda.h>
 #include <cuda_runtime_api.h>
+
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -13,6 +21,7 @@
 
 #include "core/shared_library.h"
 #include "gpu/device_runtime.h"
+#include "gpu/sim_cudart.h"
 
 namespace dlslime::gpu {
 namespace {
@@ -49,30 +58,32 @@ struct CudaApi {
   decltype(&::cudaEventSynchronize) EventSynchronize = nullptr;
   decltype(&::cudaLaunchHostFunc) LaunchHostFunc = nullptr;
   // The runtime API has no "allocation that holds this address": the driver's
-  // cuMemGetAddressRange does (libcuda, present wherever a GPU is usable).
-  using GetAddressRangeFn = int (*)(unsigned long long* base, size_t* size, unsigned long long ptr);
-  GetAddressRangeFn MemGetAddressRange = nullptr;
+  // cuMemGetAddressRange does (libcuda, present wherever a GPU is usable; cuda.h maps the
+  // name to cuMemGetAddressRange_v2, the symbol looked up).
+  decltype(&::cuMemGetAddressRange) MemGetAddressRange = nullptr;
   // cuMemGetHandleForAddressRange (CUDA 11.7+ drivers): the dma-buf export of a range.
-  // The enum argument is passed as its int value (CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 1).
-  using GetHandleForAddressRangeFn = int (*)(void* handle, unsigned long long dptr, size_t size, int type,
-                                             unsigned long long flags);
-  GetHandleForAddressRangeFn MemGetHandleForAddressRange = nullptr;
-  using GetErrorNameFn = int (*)(int result, const char** name);
-  GetErrorNameFn DriverGetErrorName = nullptr;
+  decltype(&::cuMemGetHandleForAddressRange) MemGetHandleForAddressRange = nullptr;
+  decltype(&::cuGetErrorName) DriverGetErrorName = nullptr;
+  // The simulated GPU's own exports (sim_cudart.h); null in libcudart.
+  SimGpuExports sim;
+
+  // What the library adds about this thread's last failed call (the simulated GPU's
+  // detail), as " (detail)", or nothing.
+  std::string detail() const {
+    const char* text = sim.last_error ? sim.last_error() : nullptr;
+    return text && *text ? fmt::format(" ({})", text) : std::string();
+  }
 };
 
 #define DLSLIME_CUDA_SYMBOL_NAME(fn) DLSLIME_CUDA_SYMBOL_NAME_(fn)
 #define DLSLIME_CUDA_SYMBOL_NAME_(fn) #fn
 constexpr const char* kGetDevicePropertiesName = DLSLIME_CUDA_SYMBOL_NAME(cudaGetDeviceProperties);
 
-constexpr int kDmabufHandleType = 1;   // CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD
-constexpr int kCudaNotSupported = 801;  // CUDA_ERROR_NOT_SUPPORTED
-
 class CudaRuntime final : public Runtime {
  public:
-  explicit CudaRuntime(const CudaApi& api, int devices) : api_(api), devices_(devices) {}
+  CudaRuntime(const char* name, const CudaApi& api, int devices) : name_(name), api_(api), devices_(devices) {}
 
-  const char* name() const override { return "cuda"; }
+  const char* name() const override { return name_; }
   int device_count() override { return devices_; }
 
   bool can_access_peer(int device, int peer_device) override {
@@ -117,8 +128,10 @@ class CudaRuntime final : public Runtime {
     make_context_current(info.device);  // a driver call: it needs a current context
     unsigned long long base = 0;
     size_t size = 0;
-    const int rc = api_.MemGetAddressRange(&base, &size, reinterpret_cast<uintptr_t>(device_ptr));
-    if (rc != 0) throw GpuError(fmt::format("cuMemGetAddressRange({}) failed: CUresult {}", device_ptr, rc));
+    const CUresult rc = api_.MemGetAddressRange(&base, &size, reinterpret_cast<uintptr_t>(device_ptr));
+    if (rc != CUDA_SUCCESS) {
+      throw GpuError(fmt::format("cuMemGetAddressRange({}) failed: {}{}", device_ptr, driver_error_name(rc), api_.detail()));
+    }
     return {static_cast<uintptr_t>(base), size};
   }
 
@@ -175,13 +188,11 @@ class CudaRuntime final : public Runtime {
     const uintptr_t start = pages.start;
     const uintptr_t end = pages.start + pages.size;
     int fd = -1;
-    const int rc = api_.MemGetHandleForAddressRange(&fd, start, end - start, kDmabufHandleType, 0);
-    if (rc != 0) {
-      const char* name = nullptr;
-      if (api_.DriverGetErrorName) api_.DriverGetErrorName(rc, &name);
-      throw GpuError(fmt::format("no dma-buf export of [{:#x}, +{}): cuMemGetHandleForAddressRange failed: {} ({}){}",
-                                 start, end - start, name ? name : "CUresult", rc,
-                                 rc == kCudaNotSupported
+    const CUresult rc = api_.MemGetHandleForAddressRange(&fd, start, end - start, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+    if (rc != CUDA_SUCCESS) {
+      throw GpuError(fmt::format("no dma-buf export of [{:#x}, +{}): cuMemGetHandleForAddressRange failed: {}{}{}", start,
+                                 end - start, driver_error_name(rc), api_.detail(),
+                                 rc == CUDA_ERROR_NOT_SUPPORTED && !api_.sim.last_error
                                      ? "; the device or driver does not support dma-buf "
                                        "(CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 0; it needs the open kernel modules)"
                                      : ""));
@@ -189,9 +200,11 @@ class CudaRuntime final : public Runtime {
     return {fd, addr - start};
   }
 
-  // CUDA cannot say which allocation a dma-buf exports: the kernel's checks are all there are.
-  void check_dmabuf(int fd, uint64_t offset, size_t length, uintptr_t) override {
-    check_kernel_dmabuf(fd, offset, length);
+  // CUDA cannot say which allocation a dma-buf exports: the kernel's checks are all there
+  // are. The simulated GPU knows its own buffers (which are no kernel dma-bufs) and checks.
+  void check_dmabuf(int fd, uint64_t offset, size_t length, uintptr_t iova) override {
+    if (!api_.sim.check_dmabuf) return check_kernel_dmabuf(fd, offset, length);
+    if (api_.sim.check_dmabuf(fd, offset, length, iova) != 0) throw InvalidArgumentError(api_.sim.last_error());
   }
 
   Stream stream_create(int device) override {
@@ -233,6 +246,8 @@ class CudaRuntime final : public Runtime {
     check(api_.LaunchHostFunc(reinterpret_cast<cudaStream_t>(stream), fn, arg), "cudaLaunchHostFunc");
   }
 
+  const SimGpuExports& sim() const { return api_.sim; }
+
  private:
   void check_device(int device) const {
     if (device < 0 || device >= devices_) {
@@ -255,34 +270,44 @@ class CudaRuntime final : public Runtime {
     check(api_.Free(nullptr), "cudaFree(0) (creating the device's primary context)");
   }
 
+  std::string driver_error_name(CUresult rc) const {
+    const char* name = nullptr;
+    if (api_.DriverGetErrorName) api_.DriverGetErrorName(rc, &name);
+    return name ? fmt::format("{} ({})", name, static_cast<int>(rc)) : fmt::format("CUresult {}", static_cast<int>(rc));
+  }
+
   void check(cudaError_t err, const std::string& what) {
     if (err == cudaSuccess) return;
-    const std::string text = fmt::format("{} failed: {} ({})", what, api_.GetErrorName(err), api_.GetErrorString(err));
+    const std::string text =
+        fmt::format("{} failed: {} ({}){}", what, api_.GetErrorName(err), api_.GetErrorString(err), api_.detail());
     if (err == cudaErrorInvalidValue || err == cudaErrorInvalidDevicePointer || err == cudaErrorInvalidResourceHandle) {
       throw InvalidArgumentError(text);
     }
     throw GpuError(text);
   }
 
+  const char* name_;
   CudaApi api_;
   int devices_;
 };
 
-// Loads libcudart and checks there is a GPU, once; `reason` says why not.
+// A loaded library, or why there is none.
 struct Loaded {
   std::unique_ptr<CudaRuntime> runtime;
   std::string reason;
 };
 
-Loaded load() {
+// Resolves the runtime entry points from `lib` and checks there is a device; `driver`
+// (libcuda, or the same simulated library) gives the optional driver entry points.
+// `hint` ends every reason.
+Loaded load(const char* name, SharedLibrary& lib, const std::function<SharedLibrary&()>& driver, const std::string& hint) {
   Loaded out;
-  SharedLibrary lib("libcudart", {DLSLIME_CUDART_SONAME, "libcudart.so"}, "DLSLIME_CUDART_LIBRARY");
   if (!lib.handle()) {
-    out.reason = fmt::format("no GPU runtime: {}; {}", lib.error(), kSimHint);
+    out.reason = fmt::format("no GPU runtime: {}; {}", lib.error(), hint);
     return out;
   }
   CudaApi api;
-  auto sym = [&](auto& fn, const char* name) { lib.resolve(fn, name); };
+  auto sym = [&](auto& fn, const char* symbol) { lib.resolve(fn, symbol); };
   sym(api.GetErrorName, "cudaGetErrorName");
   sym(api.GetErrorString, "cudaGetErrorString");
   sym(api.GetLastError, "cudaGetLastError");
@@ -307,39 +332,93 @@ Loaded load() {
   sym(api.EventQuery, "cudaEventQuery");
   sym(api.EventSynchronize, "cudaEventSynchronize");
   sym(api.LaunchHostFunc, "cudaLaunchHostFunc");
+  SimGpuExports& sim = api.sim;
+  lib.resolve_optional(sim.last_error, "dlslime_sim_gpu_last_error");
+  lib.resolve_optional(sim.object_counts, "dlslime_sim_gpu_object_counts");
+  lib.resolve_optional(sim.check_dmabuf, "dlslime_sim_gpu_check_dmabuf");
+  lib.resolve_optional(sim.nic_view, "dlslime_sim_gpu_nic_view");
+  lib.resolve_optional(sim.map_dmabuf, "dlslime_sim_gpu_map_dmabuf");
+  lib.resolve_optional(sim.release_view, "dlslime_sim_gpu_release_view");
   if (std::string missing = lib.missing_error(); !missing.empty()) {
-    out.reason = fmt::format("no GPU runtime: {}; {}", missing, kSimHint);
+    out.reason = fmt::format("no GPU runtime: {}; {}", missing, hint);
     return out;
   }
   int count = 0;
   const cudaError_t err = api.GetDeviceCount(&count);
   if (err != cudaSuccess) {
-    out.reason = fmt::format("no GPU: cudaGetDeviceCount failed: {} ({}); {}", api.GetErrorName(err),
-                             api.GetErrorString(err), kSimHint);
+    out.reason = fmt::format("no GPU: cudaGetDeviceCount failed: {} ({}){}; {}", api.GetErrorName(err),
+                             api.GetErrorString(err), api.detail(), hint);
     return out;
   }
   if (count == 0) {
-    out.reason = fmt::format("no GPU: the CUDA runtime sees no device; {}", kSimHint);
+    out.reason = fmt::format("no GPU: the CUDA runtime sees no device; {}", hint);
     return out;
   }
-  // A driver that reported devices is loaded already; this only finds it.
   // Optional: the features that need them say so when they are missing.
-  SharedLibrary driver("libcuda", {"libcuda.so.1"}, "DLSLIME_CUDA_DRIVER_LIBRARY");
-  driver.resolve_optional(api.MemGetAddressRange, "cuMemGetAddressRange_v2");
-  driver.resolve_optional(api.MemGetHandleForAddressRange, "cuMemGetHandleForAddressRange");
-  driver.resolve_optional(api.DriverGetErrorName, "cuGetErrorName");
-  out.runtime = std::make_unique<CudaRuntime>(api, count);
+  SharedLibrary& drv = driver();
+  drv.resolve_optional(api.MemGetAddressRange, "cuMemGetAddressRange_v2");
+  drv.resolve_optional(api.MemGetHandleForAddressRange, "cuMemGetHandleForAddressRange");
+  drv.resolve_optional(api.DriverGetErrorName, "cuGetErrorName");
+  out.runtime = std::make_unique<CudaRuntime>(name, api, count);
   return out;
+}
+
+// The libraries, each loaded once at its first use and kept for the process (a CUDA
+// runtime is never unloaded: its own state outlives any one user).
+const Loaded& real_library() {
+  static const Loaded* loaded = [] {
+    static SharedLibrary lib("libcudart", {DLSLIME_CUDART_SONAME, "libcudart.so"}, "DLSLIME_CUDART_LIBRARY");
+    // A driver that reported devices is loaded already; this only finds it.
+    return new Loaded(load("cuda", lib, [] () -> SharedLibrary& {
+      static SharedLibrary driver("libcuda", {"libcuda.so.1"}, "DLSLIME_CUDA_DRIVER_LIBRARY");
+      return driver;
+    }, kSimHint));
+  }();
+  return *loaded;
+}
+
+const Loaded& sim_library() {
+  static const Loaded* loaded = [] {
+    // Beside libdlslime.so (installed, or the build tree), else by soname: a program (the
+    // C++ tests) that links it has it loaded already. It is the driver library too.
+    static SharedLibrary lib("libdlslime_sim_cudart (the simulated GPU)",
+                             {own_library_directory() + "libdlslime_sim_cudart.so", "libdlslime_sim_cudart.so"},
+                             "DLSLIME_GPU_SIM_LIBRARY");
+    auto* out = new Loaded(load("sim", lib, [] () -> SharedLibrary& { return lib; },
+                                "it is built with BUILD_CUDA, beside libdlslime"));
+    if (out->runtime && !out->runtime->sim().object_counts) {
+      out->runtime.reset();
+      out->reason = fmt::format("no GPU runtime: {} is not the simulated GPU's library", lib.path());
+    }
+    return out;
+  }();
+  return *loaded;
 }
 
 }  // namespace
 
 Runtime& cuda_runtime() {
-  // Loaded once and kept for the process (libcudart is never unloaded: its own state
-  // outlives any one user).
-  static Loaded* loaded = new Loaded(load());
-  if (!loaded->runtime) throw GpuUnavailableError(loaded->reason);
-  return *loaded->runtime;
+  const Loaded& loaded = real_library();
+  if (!loaded.runtime) throw GpuUnavailableError(loaded.reason);
+  return *loaded.runtime;
+}
+
+Runtime& sim_runtime() {
+  const Loaded& loaded = sim_library();
+  if (!loaded.runtime) throw GpuUnavailableError(loaded.reason);
+  return *loaded.runtime;
+}
+
+const SimGpuExports* sim_gpu_exports() {
+  const Loaded& loaded = sim_library();
+  return loaded.runtime ? &loaded.runtime->sim() : nullptr;
+}
+
+SimObjectCounts sim_object_counts() {
+  static_cast<void>(sim_runtime());  // GpuUnavailableError, saying why, without the library
+  DlslimeSimGpuCounts c{};
+  sim_gpu_exports()->object_counts(&c);
+  return {c.device_allocations, c.host_allocations, c.streams, c.events, c.ipc_mappings, c.errors};
 }
 
 }  // namespace dlslime::gpu

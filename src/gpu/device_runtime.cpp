@@ -106,12 +106,19 @@ std::string unavailable_reason() {
 }
 
 #ifndef DLSLIME_WITH_CUDA
-Runtime& cuda_runtime() {
-  throw GpuUnavailableError(fmt::format(
-      "no GPU runtime: DLSlime was built without CUDA (install the CUDA toolkit and configure with "
-      "-DBUILD_CUDA=ON), or {}",
-      kSimHint));
+// Without the toolkit's headers neither CUDA nor the simulated GPU (which is built against
+// them) exists.
+namespace {
+[[noreturn]] void no_gpu_runtime() {
+  throw GpuUnavailableError(
+      "no GPU runtime: DLSlime was built without CUDA, which the simulated GPU (DLSLIME_GPU_SIM=1) needs too (install "
+      "the CUDA toolkit and configure with -DBUILD_CUDA=ON)");
 }
+}  // namespace
+Runtime& cuda_runtime() { no_gpu_runtime(); }
+Runtime& sim_runtime() { no_gpu_runtime(); }
+SimObjectCounts sim_object_counts() { no_gpu_runtime(); }
+const SimGpuExports* sim_gpu_exports() { return nullptr; }
 #endif
 
 }  // namespace dlslime::gpu

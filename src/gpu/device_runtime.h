@@ -1,7 +1,8 @@
 // The device-runtime seam: every CUDA runtime call the library makes goes through this one
-// small interface, so the same code runs on a real GPU (cuda_runtime.cpp, libcudart loaded
-// with dlopen) and on the strict simulated runtime (sim_runtime.cpp) that CI uses
-// (docs/nvlink.md, "The device runtime").
+// small interface, implemented once (cuda_runtime.cpp) over a library loaded with dlopen:
+// libcudart + libcuda on a real GPU, or the strict simulated GPU's library
+// (libdlslime_sim_cudart.so, sim_cudart.h), which exports the same CUDA entry points, on
+// hosts without one (docs/nvlink.md, "The device runtime").
 //
 // The interface mirrors the CUDA runtime (unified addressing, IPC handles of whole
 // allocations, ordered streams, events) so that code that passes on the simulated runtime
@@ -161,10 +162,39 @@ DLSLIME_API bool sim_selected();  // DLSLIME_GPU_SIM=1
 // "" when runtime() would succeed, else why not (for probes: available_transports()).
 DLSLIME_API std::string unavailable_reason();
 
+// The seam over the simulated GPU's library, or GpuUnavailableError (a build without CUDA,
+// or the library missing beside libdlslime) naming what is missing.
 DLSLIME_API Runtime& sim_runtime();
 // The CUDA runtime, or GpuUnavailableError (no libcudart, no driver, no GPU, or a build
 // without CUDA) naming what is missing.
 DLSLIME_API Runtime& cuda_runtime();
+
+// The simulated GPU's live objects and refused calls (DlslimeSimGpuCounts in sim_cudart.h):
+// dlslime.testing.sim_gpu_objects(). GpuUnavailableError without the library.
+struct SimObjectCounts {
+  int64_t device_allocations = 0, host_allocations = 0, streams = 0, events = 0, ipc_mappings = 0, errors = 0;
+};
+DLSLIME_API SimObjectCounts sim_object_counts();
+
+}  // namespace dlslime::gpu
+
+struct DlslimeSimGpuCounts;
+struct DlslimeSimGpuView;
+
+namespace dlslime::gpu {
+
+// The simulated GPU library's own C exports (sim_cudart.h), as the adapter resolved them:
+// all null in libcudart. For the simulated NIC's peer-memory client (sim_peer_memory.cpp).
+struct SimGpuExports {
+  const char* (*last_error)() = nullptr;
+  void (*object_counts)(DlslimeSimGpuCounts* out) = nullptr;
+  int (*check_dmabuf)(int fd, uint64_t offset, size_t length, uintptr_t iova) = nullptr;
+  int (*nic_view)(uintptr_t addr, size_t length, DlslimeSimGpuView* out) = nullptr;
+  int (*map_dmabuf)(int fd, uint64_t offset, size_t length, DlslimeSimGpuView* out) = nullptr;
+  void (*release_view)(void* keep) = nullptr;
+};
+// The simulated GPU library's exports, loading it; null when it cannot be loaded.
+const SimGpuExports* sim_gpu_exports();
 
 // The host pages a dma-buf export of [addr, +length) covers, for the runtimes' dmabuf_fd:
 // the range widened to whole host pages (a dma-buf is made of pages, and

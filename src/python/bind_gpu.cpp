@@ -12,7 +12,6 @@
 
 #include "bindings.h"
 #include "gpu/device_runtime.h"
-#include "gpu/sim_runtime.h"
 
 namespace py = pybind11;
 
@@ -139,7 +138,7 @@ void bind_gpu(py::module_& m) {
   gpu.def(
       "sim_objects",
       [] {
-        const gpu::sim::ObjectCounts c = gpu::sim::object_counts();
+        const gpu::SimObjectCounts c = gpu::sim_object_counts();
         py::dict d;
         d["device_allocations"] = c.device_allocations;
         d["host_allocations"] = c.host_allocations;

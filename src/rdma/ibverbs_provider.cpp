@@ -6,7 +6,6 @@
 // libdlslime_sim_ibverbs.so, which exports the libibverbs ABI (sim_ibverbs.cpp), instead of
 // libibverbs.so.1. Every test on the simulated device therefore runs this file, and
 // tests/hardware/run_rdma_checks.sh runs it against a NIC where one exists.
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <infiniband/verbs.h>
 
@@ -132,16 +131,6 @@ LoadedIbverbs resolve_ibverbs(SharedLibrary& lib, const char* hint) {
   return out;
 }
 
-// The directory holding this code's shared object (libdlslime.so): the simulated device's
-// library is installed beside it.
-std::string own_directory() {
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&own_directory), &info) == 0 || info.dli_fname == nullptr) return {};
-  std::string path = info.dli_fname;
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? std::string() : path.substr(0, slash + 1);
-}
-
 // The tables, each loaded at its first use (never at import); ConnectionError, naming the
 // library, the symbol and the variable, where one cannot be used. Every object below was
 // made through a loaded table and keeps it, so their own calls always find one.
@@ -160,7 +149,7 @@ const Ibverbs& sim_library() {
     // Beside libdlslime.so (installed, or the build tree), else by soname: a program (the
     // C++ tests) that links it has it loaded already.
     SharedLibrary lib("the simulated device's libibverbs",
-                      {own_directory() + "libdlslime_sim_ibverbs.so", "libdlslime_sim_ibverbs.so"},
+                      {own_library_directory() + "libdlslime_sim_ibverbs.so", "libdlslime_sim_ibverbs.so"},
                       "DLSLIME_RDMA_SIM_LIBRARY");
     auto* out = new LoadedIbverbs(resolve_ibverbs(lib, "it is built with the RDMA transport"));
     if (out->error.empty() && !out->api.sim_object_counts) {

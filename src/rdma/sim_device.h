@@ -298,7 +298,7 @@ DLSLIME_SIM_API uint64_t rnr_naks(uint32_t qpn);
 }  // namespace dlslime::rdma::sim
 
 namespace dlslime::rdma::sim {
-// Registers the simulated GPU (src/gpu/sim_runtime.h) as the simulated NIC's peer-memory
+// Registers the simulated GPU (src/gpu/sim_cudart.h) as the simulated NIC's peer-memory
 // client through `set` (the library's dlslime_sim_rdma_set_peer_memory). Part of
 // libdlslime (sim_peer_memory.cpp), called when it loads the simulated device's library.
 void attach_simulated_gpu(void (*set)(const PeerMemory* client));

@@ -1,35 +1,47 @@
 // The simulated GPU as the simulated NIC's peer-memory client (sim_device.h): what
 // nvidia-peermem and the dma-buf importer do between a real GPU's driver and a NIC's.
-// Part of libdlslime, because the simulated GPU lives there; the simulated NIC's library
-// reaches it only through the client registered here.
-#include <exception>
+// Part of libdlslime, which loads both simulated libraries: the NIC's reaches the GPU's
+// only through the client registered here, and this reaches the GPU's through the C
+// functions it exports (sim_cudart.h), as the GPU adapter resolved them.
+#include <string>
 
-#include "gpu/sim_runtime.h"
+#include "gpu/device_runtime.h"
+#include "gpu/sim_cudart.h"
 #include "rdma/sim_device.h"
 
 namespace dlslime::rdma::sim {
+namespace {
+
+// The view the GPU library handed over, held (and released through it) while the MR is.
+DeviceView adopt(const gpu::SimGpuExports& gpu, const DlslimeSimGpuView& view) {
+  auto release = gpu.release_view;
+  return DeviceView{view.data, std::shared_ptr<const void>(view.keep, [release](const void* keep) {
+                      release(const_cast<void*>(keep));
+                    })};
+}
+
+}  // namespace
 
 void attach_simulated_gpu(void (*set)(const PeerMemory* client)) {
-  if (set == nullptr) return;
+  // Without the simulated GPU's library (a build without CUDA) there is no device memory:
+  // the NIC pins everything as host memory.
+  const gpu::SimGpuExports* gpu = gpu::sim_gpu_exports();
+  if (set == nullptr || gpu == nullptr) return;
   PeerMemory client;
-  client.view = [](uintptr_t addr, size_t length, std::string& error) -> std::optional<DeviceView> {
-    try {
-      std::optional<gpu::sim::NicView> view = gpu::sim::nic_view(addr, length);
-      if (!view) return std::nullopt;  // no device memory: the NIC pins it as host memory
-      return DeviceView{view->data, std::move(view->keep)};
-    } catch (const std::exception& e) {
-      error = e.what();
-      return std::nullopt;
-    }
+  client.view = [gpu](uintptr_t addr, size_t length, std::string& error) -> std::optional<DeviceView> {
+    DlslimeSimGpuView view{};
+    const int rc = gpu->nic_view(addr, length, &view);
+    if (rc < 0) error = gpu->last_error();
+    if (rc <= 0) return std::nullopt;  // no device memory: the NIC pins it as host memory
+    return adopt(*gpu, view);
   };
-  client.map_dmabuf = [](int fd, uint64_t offset, size_t length, std::string& error) -> std::optional<DeviceView> {
-    try {
-      gpu::sim::NicView view = gpu::sim::map_dmabuf(fd, offset, length);
-      return DeviceView{view.data, std::move(view.keep)};
-    } catch (const std::exception& e) {
-      error = e.what();
+  client.map_dmabuf = [gpu](int fd, uint64_t offset, size_t length, std::string& error) -> std::optional<DeviceView> {
+    DlslimeSimGpuView view{};
+    if (gpu->map_dmabuf(fd, offset, length, &view) != 0) {
+      error = gpu->last_error();
       return std::nullopt;
     }
+    return adopt(*gpu, view);
   };
   set(&client);
 }

@@ -42,7 +42,6 @@
 #include "dlslime/status.h"
 #include "dlslime/transport.h"
 #include "gpu/device_runtime.h"  // device memory for transports without host_memory (the seam)
-#include "gpu/sim_runtime.h"     // the simulated GPU's object accounting
 #ifdef DLSLIME_TEST_RDMA_SIM_COUNTS
 #include "rdma/verbs.h"  // the simulated device's object accounting
 #endif
@@ -474,7 +473,7 @@ class Conformance : public ::testing::Test {
   }
 
   void SetUp() override {
-    if (gpu::sim_selected()) gpu_before_ = gpu::sim::object_counts();
+    if (gpu::sim_selected()) gpu_before_ = gpu::sim_object_counts();
 #ifdef DLSLIME_TEST_RDMA_SIM_COUNTS
     if (transport_ == "rdma") verbs_before_ = rdma::sim_object_counts();
 #endif
@@ -491,19 +490,19 @@ class Conformance : public ::testing::Test {
       // event recorded on another device's stream).
       a_.reset();
       b_.reset();
-      const gpu::sim::ObjectCounts b = gpu_before_;
+      const gpu::SimObjectCounts b = gpu_before_;
       auto back = [&] {
-        const gpu::sim::ObjectCounts n = gpu::sim::object_counts();
+        const gpu::SimObjectCounts n = gpu::sim_object_counts();
         return n.device_allocations <= b.device_allocations && n.host_allocations <= b.host_allocations &&
                n.streams <= b.streams && n.events <= b.events && n.ipc_mappings <= b.ipc_mappings;
       };
       EXPECT_TRUE(test_support::wait_until(back, std::chrono::seconds(20)))
-          << "GPU objects left behind: allocations " << gpu::sim::object_counts().device_allocations << " (were "
-          << b.device_allocations << "), pinned " << gpu::sim::object_counts().host_allocations << " (were "
-          << b.host_allocations << "), streams " << gpu::sim::object_counts().streams << " (were " << b.streams
-          << "), events " << gpu::sim::object_counts().events << " (were " << b.events << "), ipc mappings "
-          << gpu::sim::object_counts().ipc_mappings << " (were " << b.ipc_mappings << ")";
-      EXPECT_EQ(gpu::sim::object_counts().errors, b.errors) << "the simulated GPU refused a call as misuse";
+          << "GPU objects left behind: allocations " << gpu::sim_object_counts().device_allocations << " (were "
+          << b.device_allocations << "), pinned " << gpu::sim_object_counts().host_allocations << " (were "
+          << b.host_allocations << "), streams " << gpu::sim_object_counts().streams << " (were " << b.streams
+          << "), events " << gpu::sim_object_counts().events << " (were " << b.events << "), ipc mappings "
+          << gpu::sim_object_counts().ipc_mappings << " (were " << b.ipc_mappings << ")";
+      EXPECT_EQ(gpu::sim_object_counts().errors, b.errors) << "the simulated GPU refused a call as misuse";
     }
 #ifdef DLSLIME_TEST_RDMA_SIM_COUNTS
     // Once every endpoint is shut down and released, each verbs object it made is gone,
@@ -548,7 +547,7 @@ class Conformance : public ::testing::Test {
   std::shared_ptr<Endpoint> a_;
   std::unique_ptr<Side> b_;
   Capabilities caps_;
-  gpu::sim::ObjectCounts gpu_before_;
+  gpu::SimObjectCounts gpu_before_;
 #ifdef DLSLIME_TEST_RDMA_SIM_COUNTS
   rdma::SimObjectCounts verbs_before_;
 #endif

@@ -161,3 +161,35 @@ def test_the_simulated_device_is_a_libibverbs_the_real_path_can_load():
         DLSLIME_IBVERBS_LIBRARY=sim_library,
     )
     assert out.strip().startswith("ok"), out
+
+
+def test_the_simulated_gpu_is_a_libcudart_the_real_path_can_load():
+    # One adapter, one simulation (docs/nvlink.md, "The simulated GPU"): the simulated GPU's
+    # library exports the CUDA runtime and driver entry points, so pointing the real path at
+    # it, with no DLSLIME_GPU_SIM, moves bytes through device memory over it.
+    out = run_child(
+        """
+        import pathlib
+        import dlslime
+        maps = pathlib.Path("/proc/self/maps").read_text().split()
+        lib = next(p for p in maps if p.endswith("/libdlslime.so") or "/libdlslime.so." in p)
+        print(pathlib.Path(lib).parent / "libdlslime_sim_cudart.so")
+        """
+    )
+    sim_library = out.strip().splitlines()[-1]
+    assert pathlib.Path(sim_library).is_file(), f"the simulated GPU's library is not beside libdlslime: {sim_library}"
+    out = run_child(
+        """
+        from dlslime import testing
+        assert testing.gpu_runtime() == "cuda", testing.gpu_runtime()
+        data = bytes(range(256)) * 20
+        with testing.DeviceBuffer(len(data), 1) as buf:
+            assert testing.pointer_type(buf.ptr) == "device"
+            buf.write(0, data)
+            assert buf.read(0, len(data)) == data
+        print("ok")
+        """,
+        DLSLIME_CUDART_LIBRARY=sim_library,
+        DLSLIME_CUDA_DRIVER_LIBRARY=sim_library,
+    )
+    assert out.strip().endswith("ok"), out

@@ -19,7 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "gpu/device_runtime.h"
-#include "gpu/sim_runtime.h"
+#include "gpu/sim_cudart.h"
 
 extern char** environ;
 
@@ -265,8 +265,8 @@ TEST(SimGpu, PeerAccessIsPerDevicePairAndSetByTheVariable) {
 }
 
 // Events and streams belong to a device; the null stream is the current device's default
-// stream, and the current device is per thread (the one its last stream, event or
-// allocation was made on, as the CUDA adapter's cudaSetDevice leaves it). A GPU refuses an
+// stream, and the current device is per thread (that of the adapter's last cudaSetDevice on
+// the thread, which it calls before each stream, event or allocation it makes). A GPU refuses an
 // event recorded on another device's stream (cudaErrorInvalidResourceHandle); the refusal
 // is counted in the simulated GPU's errors, as is every other misuse.
 TEST(SimGpu, AnEventIsRecordedOnlyOnAStreamOfItsDeviceAndMisuseIsCounted) {
@@ -496,6 +496,17 @@ TEST(SimGpu, ADmabufExportNeedsHostPageAlignedRangesInsideOneAllocation) {
   ::close(buf.fd);
   EXPECT_EQ(std::vector<uint8_t>(view.data, view.data + page + 50),
             std::vector<uint8_t>(bytes.begin() + 100, bytes.begin() + 100 + page + 50));
+  // A range further in: the buffer starts at the range's first page, as a real export's
+  // does, and covers its pages only.
+  const DmabufRange inner = rt.dmabuf_fd(static_cast<uint8_t*>(dev) + page + 100, 50);
+  EXPECT_EQ(inner.offset, 100u);
+  const sim::NicView inner_view = sim::map_dmabuf(inner.fd, inner.offset, 50);
+  EXPECT_EQ(std::vector<uint8_t>(inner_view.data, inner_view.data + 50),
+            std::vector<uint8_t>(bytes.begin() + page + 100, bytes.begin() + page + 150));
+  EXPECT_NO_THROW(rt.check_dmabuf(inner.fd, inner.offset, 50, base + page + 100));
+  EXPECT_THROW(rt.check_dmabuf(inner.fd, inner.offset, 50, base + 100), InvalidArgumentError);
+  EXPECT_THROW(sim::map_dmabuf(inner.fd, 0, page + 1), InvalidArgumentError);  // past its one page
+  ::close(inner.fd);
   rt.device_free(dev);
   // The last page of an allocation that does not fill it is not the allocation's to export.
   void* ragged = rt.device_alloc(0, page + 100);

@@ -28,7 +28,7 @@
 #include "dlslime/nvlink_endpoint.h"
 #include "dlslime/tcp_endpoint.h"
 #include "gpu/device_runtime.h"
-#include "gpu/sim_runtime.h"
+#include "gpu/sim_cudart.h"
 
 extern char** environ;
 
