@@ -79,10 +79,20 @@ struct Children {
   std::atomic<int64_t> live{0};
 };
 
-// Refuses the destroy of an object that still has children: EBUSY, counted.
-int refuse_if_parent(const Children& children, const char* object, const char* kind) {
+// An object whose destroy was refused stays allocated, as on a NIC, though its caller has
+// let go of it: it is kept here, so it is leaked on purpose, not lost (LeakSanitizer).
+void keep_refused(const void* object) {
+  static std::mutex mu;
+  static auto* kept = new std::vector<const void*>();
+  std::lock_guard<std::mutex> lock(mu);
+  kept->push_back(object);
+}
+
+// Refuses the destroy of `object` while it still has children: EBUSY, counted, kept.
+int refuse_if_parent(const void* object_ptr, const Children& children, const char* object, const char* kind) {
   const int64_t live = children.live.load();
   if (live == 0) return 0;
+  keep_refused(object_ptr);
   ++counts().destroy_failures;
   DLSLIME_WARN("sim_rdma0: {} destroyed with {} live {}: refused with EBUSY, and the {} leaks (as on a NIC)", object,
                live, kind, object);
@@ -586,7 +596,7 @@ DLSLIME_SIM_API ibv_context* ibv_open_device(ibv_device* device) {
 
 DLSLIME_SIM_API int ibv_close_device(ibv_context* ctx) {
   ContextObj* obj = context_of(ctx);
-  if (int rc = refuse_if_parent(obj->state->children, "context", "PDs, CQs or completion channels")) return rc;
+  if (int rc = refuse_if_parent(obj, obj->state->children, "context", "PDs, CQs or completion channels")) return rc;
   pthread_mutex_destroy(&ctx->mutex);
   delete obj->state;
   delete obj;
@@ -655,7 +665,7 @@ DLSLIME_SIM_API ibv_pd* ibv_alloc_pd(ibv_context* ctx) {
 
 DLSLIME_SIM_API int ibv_dealloc_pd(ibv_pd* pd) {
   PdObj* obj = wrapper_of<PdObj>(pd);
-  if (int rc = refuse_if_parent(obj->state->children, "PD", "MRs or QPs")) return rc;
+  if (int rc = refuse_if_parent(obj, obj->state->children, "PD", "MRs or QPs")) return rc;
   delete obj->state;
   delete obj;
   return 0;
@@ -776,7 +786,7 @@ DLSLIME_SIM_API ibv_comp_channel* ibv_create_comp_channel(ibv_context* ctx) {
 
 DLSLIME_SIM_API int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
   ChannelObj* obj = wrapper_of<ChannelObj>(channel);
-  if (int rc = refuse_if_parent(obj->state->cqs, "completion channel", "CQs")) return rc;
+  if (int rc = refuse_if_parent(obj, obj->state->cqs, "completion channel", "CQs")) return rc;
   ::close(obj->state->read_fd);
   ::close(obj->state->write_fd);
   delete obj->state;
@@ -816,10 +826,11 @@ DLSLIME_SIM_API ibv_cq* ibv_create_cq(ibv_context* ctx, int cqe, void* cq_contex
 DLSLIME_SIM_API int ibv_destroy_cq(ibv_cq* cq) {
   CqObj* obj = wrapper_of<CqObj>(cq);
   CqState& c = *obj->state;
-  if (int rc = refuse_if_parent(c.qps, "CQ", "QPs")) return rc;
+  if (int rc = refuse_if_parent(obj, c.qps, "CQ", "QPs")) return rc;
   if (c.events_taken != c.events_acked) {
     // libibverbs waits in ibv_destroy_cq until every event it handed out is acked: with one
     // missing it blocks for ever. Counted and refused here instead of hanging the test.
+    keep_refused(obj);
     ++counts().destroy_failures;
     DLSLIME_WARN("sim_rdma0: CQ destroyed with {} of {} completion events not acked (ibv_destroy_cq blocks for ever "
                  "on a NIC)",
