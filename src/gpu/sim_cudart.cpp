@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -726,10 +727,23 @@ class SimGpu {
   std::atomic<int64_t> errors_{0};  // calls refused as misuse (sim::ObjectCounts::errors)
 };
 
+// CUDA does not survive fork(): in a child of a process that initialized it, every call
+// fails with an initialization error, and nothing of the parent's (streams and their
+// threads, memory, IPC mappings) can be used or freed there. The simulated GPU does the
+// same once it was initialized (its engine made) before the fork: the child's calls fail,
+// and the parent's streams, whose threads are not in the child, are never joined there.
+std::atomic<bool> g_fork_child{false};
+constexpr const char* kForkChild =
+    "CUDA cannot be used in a fork() child of a process that had initialized it (the simulated GPU, as CUDA, fails "
+    "every call there): start the child with spawn or forkserver, or fork before the first GPU call";
+
 SimGpu& gpu() {
   // Never destroyed: streams are threads, and exit-time destruction order against other
   // static objects that still hold streams or events would be a hazard for no gain.
-  static SimGpu* engine = new SimGpu();
+  static SimGpu* engine = [] {
+    pthread_atfork(nullptr, nullptr, [] { g_fork_child.store(true); });
+    return new SimGpu();
+  }();
   return *engine;
 }
 
@@ -769,6 +783,10 @@ cudaError_t code_of(const std::exception& e, cudaError_t other) {
 // A runtime (cuda*) call: as in CUDA, a failure also becomes the thread's last error.
 template <class F>
 cudaError_t runtime_call(cudaError_t other, F&& body) noexcept {
+  if (g_fork_child.load()) {
+    t_detail = kForkChild;
+    return t_last_error = cudaErrorInitializationError;
+  }
   try {
     body();
     return cudaSuccess;
@@ -782,6 +800,10 @@ cudaError_t runtime_call(cudaError_t other, F&& body) noexcept {
 // A driver (cu*) call: its own codes, and no runtime last error.
 template <class F>
 CUresult driver_call(CUresult other, F&& body) noexcept {
+  if (g_fork_child.load()) {
+    t_detail = kForkChild;
+    return CUDA_ERROR_NOT_INITIALIZED;
+  }
   try {
     body();
     return CUDA_SUCCESS;
@@ -795,6 +817,7 @@ CUresult driver_call(CUresult other, F&& body) noexcept {
 #define DLSLIME_SIM_CUDA_ERRORS(X)                                      \
   X(cudaSuccess, "no error")                                            \
   X(cudaErrorInvalidValue, "invalid argument")                          \
+  X(cudaErrorInitializationError, "initialization error")               \
   X(cudaErrorMemoryAllocation, "out of memory")                         \
   X(cudaErrorInvalidDevice, "invalid device ordinal")                   \
   X(cudaErrorMapBufferObjectFailed, "mapping of buffer object failed") \
@@ -803,6 +826,7 @@ CUresult driver_call(CUresult other, F&& body) noexcept {
   X(cudaErrorUnknown, "unknown error")
 #define DLSLIME_SIM_CU_ERRORS(X) \
   X(CUDA_SUCCESS)                \
+  X(CUDA_ERROR_NOT_INITIALIZED)  \
   X(CUDA_ERROR_INVALID_VALUE)    \
   X(CUDA_ERROR_NOT_SUPPORTED)    \
   X(CUDA_ERROR_UNKNOWN)
@@ -811,6 +835,10 @@ CUresult driver_call(CUresult other, F&& body) noexcept {
 // what the body returns, or -1 with the detail set.
 template <class F>
 int c_call(F&& body) noexcept {
+  if (g_fork_child.load()) {
+    t_detail = kForkChild;
+    return -1;
+  }
   try {
     return body();
   } catch (const std::exception& e) {

@@ -130,3 +130,37 @@ def test_device_buffer_on_a_real_gpu_round_trips_bytes():
         pytest.skip(f"no GPU on this host: {reason.stdout.strip()}")
     proc = run_child(ROUND_TRIP_SCRIPT, "cuda", sim=False)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout + proc.stderr
+
+
+FORK_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys
+    from dlslime import testing
+
+    buf = testing.device_buffer(4096)
+    buf.write(0, b"parent")
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(20)  # a hang ends the child with SIGALRM, which the parent sees
+        try:
+            testing.device_buffer(64)
+        except Exception as e:  # CUDA fails every call in such a child, and so does the sim
+            assert "fork()" in str(e), e
+        else:
+            raise AssertionError("the GPU was usable in a fork() child of a process that had initialized it")
+        sys.exit(0)  # interpreter exit frees the inherited buffer: it must not hang
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child status {status}"
+    assert buf.read(0, 6) == b"parent"  # the parent's GPU is untouched
+    print("OK")
+    """
+)
+
+
+def test_a_fork_child_of_a_process_that_used_the_simulated_gpu_fails_its_calls_and_exits():
+    # As CUDA: a child forked after initialization cannot use the GPU; every call fails with
+    # an initialization error naming fork(), and exiting frees nothing of the parent's
+    # (review N8: the child once hung at exit, joining stream threads it does not have).
+    env = dict(os.environ, DLSLIME_GPU_SIM="1")
+    proc = subprocess.run([sys.executable, "-c", FORK_SCRIPT], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout + proc.stderr
