@@ -1054,6 +1054,11 @@ int dlslime_sim_gpu_check_dmabuf(int fd, uint64_t offset, size_t length, uintptr
 }
 
 int dlslime_sim_gpu_nic_view(uintptr_t addr, size_t length, DlslimeSimGpuView* out) {
+  // The NIC asks about every range it pins, host memory included. In a fork() child the GPU
+  // is gone (no device memory of the child's exists), so nothing is device memory to it:
+  // the range is pinned as host memory, and the parent's device mappings there, PROT_NONE,
+  // fail that pinning as they should.
+  if (dlslime::gpu::g_fork_child.load()) return 0;
   return dlslime::gpu::c_call([&] {
     std::optional<dlslime::gpu::sim::NicView> view = gpu().nic_view(addr, length);
     if (!view) return 0;
