@@ -276,10 +276,28 @@ class CudaRuntime final : public Runtime {
     return name ? fmt::format("{} ({})", name, static_cast<int>(rc)) : fmt::format("CUresult {}", static_cast<int>(rc));
   }
 
+  // The errors after which CUDA fails every later call in the context: a kernel or copy
+  // faulted, and only the process's exit clears it.
+  static bool sticky(cudaError_t err) {
+    switch (err) {
+      case cudaErrorIllegalAddress:
+      case cudaErrorLaunchFailure:
+      case cudaErrorHardwareStackError:
+      case cudaErrorIllegalInstruction:
+      case cudaErrorMisalignedAddress:
+      case cudaErrorInvalidAddressSpace:
+      case cudaErrorInvalidPc:
+      case cudaErrorECCUncorrectable: return true;
+      default: return false;
+    }
+  }
+
   void check(cudaError_t err, const std::string& what) {
     if (err == cudaSuccess) return;
     const std::string text =
-        fmt::format("{} failed: {} ({}){}", what, api_.GetErrorName(err), api_.GetErrorString(err), api_.detail());
+        fmt::format("{} failed: {} ({}){}{}", what, api_.GetErrorName(err), api_.GetErrorString(err), api_.detail(),
+                    sticky(err) ? "; the GPU context is unusable from here on (a sticky CUDA error): restart the process"
+                                : "");
     if (err == cudaErrorInvalidValue || err == cudaErrorInvalidDevicePointer || err == cudaErrorInvalidResourceHandle) {
       throw InvalidArgumentError(text);
     }

@@ -58,6 +58,10 @@ struct InvalidHandle : InvalidArgumentError {
 struct InvalidDevice : InvalidArgumentError {
   using InvalidArgumentError::InvalidArgumentError;
 };
+// A call in a device context that has a sticky error (SimGpu::check_context).
+struct ContextFault : GpuError {
+  using GpuError::GpuError;
+};
 
 [[noreturn]] void throw_errno(const std::string& what, int err) {
   throw GpuError(fmt::format("simulated GPU: {}: {}", what, std::strerror(err)));
@@ -562,13 +566,31 @@ class SimGpu {
     s.reset();  // drains and joins, outside the lock (its work may take the lock)
   }
 
+  // Queued, not checked: a copy that runs past its allocation faults the stream's context
+  // when its turn comes (cudaErrorIllegalAddress), and copies after it in that context do
+  // not run.
   void memcpy_async(void* dst, const void* src, size_t n, cudaStream_t stream) {
     SimStream& s = stream_for(stream);
     if (n == 0) return;
     Resolved d = resolve(reinterpret_cast<uintptr_t>(dst), n, "destination");
     Resolved r = resolve(reinterpret_cast<uintptr_t>(src), n, "source");
-    s.push([d, r, n] { std::memmove(d.ptr, r.ptr, n); });
+    const int device = s.device();
+    s.push([this, device, d = std::move(d), r = std::move(r), n] {
+      if (faulted(device)) return;
+      if (!d.fault.empty() || !r.fault.empty()) return fault(device, d.fault.empty() ? r.fault : d.fault);
+      std::memmove(d.ptr, r.ptr, n);
+    });
   }
+
+  // CUDA's sticky errors: once a copy faulted in a device's context, every later call in that
+  // context fails with cudaErrorIllegalAddress, its queued copies and host functions no
+  // longer run, and only the process's exit clears it (cudaDeviceReset does not).
+  void check_context(int device) const {
+    if (device < 0 || device >= sim::kDeviceCount || !faulted(device)) return;
+    throw ContextFault(fmt::format("device {}'s context has a sticky error: {}", device,
+                                   fault_what_[static_cast<size_t>(device)]));
+  }
+  bool faulted(int device) const { return faulted_[static_cast<size_t>(device)].load(std::memory_order_acquire); }
 
   cudaEvent_t event_create(int device) {
     check_device(device);
@@ -581,6 +603,7 @@ class SimGpu {
 
   void event_destroy(cudaEvent_t event) {
     std::lock_guard lock(mu_);
+    if (auto it = events_.find(event); it != events_.end()) check_context(it->second->device);
     if (events_.erase(event) == 0) {
       ++errors_;
       throw InvalidHandle("cudaEventDestroy: unknown event");
@@ -613,22 +636,36 @@ class SimGpu {
     });
   }
 
+  // An event after a faulting copy completes (the stream moves on), and says so by failing.
   bool event_query(cudaEvent_t event) {
     std::shared_ptr<SimEvent> e = event_for(event);
-    std::lock_guard lock(e->mu);
-    return e->completed >= e->recorded;
+    bool done;
+    {
+      std::lock_guard lock(e->mu);
+      done = e->completed >= e->recorded;
+    }
+    check_context(e->device);
+    return done;
   }
 
   void event_synchronize(cudaEvent_t event) {
     std::shared_ptr<SimEvent> e = event_for(event);
-    std::unique_lock lock(e->mu);
-    const uint64_t target = e->recorded;
-    e->cv.wait(lock, [&] { return e->completed >= target; });
+    {
+      std::unique_lock lock(e->mu);
+      const uint64_t target = e->recorded;
+      e->cv.wait(lock, [&] { return e->completed >= target; });
+    }
+    check_context(e->device);
   }
 
+  // As cudaLaunchHostFunc documents: unlike a stream callback, the function is not called
+  // once the context has an error.
   void launch_host_func(cudaStream_t stream, cudaHostFn_t fn, void* arg) {
     if (fn == nullptr) throw InvalidArgumentError("cudaLaunchHostFunc: null function");
-    stream_for(stream).push([fn, arg] { fn(arg); });
+    SimStream& s = stream_for(stream);
+    s.push([this, device = s.device(), fn, arg] {
+      if (!faulted(device)) fn(arg);
+    });
   }
 
   void wake_streams() {
@@ -652,8 +689,9 @@ class SimGpu {
 
  private:
   struct Resolved {
-    uint8_t* ptr;
+    uint8_t* ptr = nullptr;
     std::shared_ptr<Allocation> keep;  // a device side stays mapped until the copy ran
+    std::string fault;                 // what a GPU would fault on when the copy runs (ptr unset)
   };
 
   static void map_views(Allocation& a) {
@@ -675,26 +713,31 @@ class SimGpu {
 
   // What a copy reads or writes: the private view for device memory (which must hold all n
   // bytes), the address itself for host memory (which must not run into device memory).
+  // A range that breaks either rule is no error here: it is what the copy faults on when it
+  // runs, as on a GPU, whose copy engine finds out only when it gets there.
   Resolved resolve(uintptr_t addr, size_t n, const char* side) {
     std::lock_guard lock(mu_);
     if (auto a = find_locked(addr)) {
       if (n > a->size - (addr - a->base)) {
-        throw InvalidArgumentError(fmt::format(
-            "copy {} [{:#x}, +{}) runs past the end of its device allocation [{:#x}, +{})", side, addr, n, a->base, a->size));
+        return {nullptr, nullptr,
+                fmt::format("a copy's {} [{:#x}, +{}) ran past the end of its device allocation [{:#x}, +{})", side,
+                            addr, n, a->base, a->size)};
       }
-      return {a->rw + (addr - a->base), a};
+      return {a->rw + (addr - a->base), a, {}};
     }
     auto next = allocations_.upper_bound(addr);
     if (next != allocations_.end() && next->first - addr < n) {
-      throw InvalidArgumentError(fmt::format("copy {} [{:#x}, +{}) runs from host into device memory", side, addr, n));
+      return {nullptr, nullptr, fmt::format("a copy's {} [{:#x}, +{}) ran from host into device memory", side, addr, n)};
     }
-    return {reinterpret_cast<uint8_t*>(addr), nullptr};
+    return {reinterpret_cast<uint8_t*>(addr), nullptr, {}};
   }
 
+  // A stream or event, in a context that has no sticky error.
   SimStream& stream_for(cudaStream_t stream) {
     std::lock_guard lock(mu_);
     if (stream == nullptr) {
       // The default stream: one per device (CUDA's legacy stream), of the thread's current one.
+      check_context(t_current_device);
       auto& s = default_streams_[static_cast<size_t>(t_current_device)];
       if (!s) s = std::make_unique<SimStream>(t_current_device);
       return *s;
@@ -704,6 +747,7 @@ class SimGpu {
       ++errors_;
       throw InvalidHandle("unknown stream");
     }
+    check_context(it->second->device());
     return *it->second;
   }
 
@@ -714,7 +758,17 @@ class SimGpu {
       ++errors_;
       throw InvalidHandle("unknown event");
     }
+    check_context(it->second->device);
     return it->second;
+  }
+
+  // Sets a device's sticky error (once: the first fault is the one CUDA reports).
+  void fault(int device, std::string what) {
+    std::lock_guard lock(mu_);
+    if (faulted(device)) return;
+    fault_what_[static_cast<size_t>(device)] = std::move(what);
+    ++errors_;
+    faulted_[static_cast<size_t>(device)].store(true, std::memory_order_release);
   }
 
   std::mutex mu_;
@@ -725,6 +779,9 @@ class SimGpu {
   std::unordered_map<cudaEvent_t, std::shared_ptr<SimEvent>> events_;
   std::array<std::unique_ptr<SimStream>, sim::kDeviceCount> default_streams_;
   std::atomic<int64_t> errors_{0};  // calls refused as misuse (sim::ObjectCounts::errors)
+  // Each device context's sticky error: written once, before its flag is set, then only read.
+  std::array<std::atomic<bool>, sim::kDeviceCount> faulted_{};
+  std::array<std::string, sim::kDeviceCount> fault_what_;
 };
 
 // CUDA does not survive fork(): in a child of a process that initialized it, every call
@@ -746,6 +803,9 @@ SimGpu& gpu() {
   }();
   return *engine;
 }
+
+// A call in the calling thread's context: it fails while that context has a sticky error.
+void in_context() { gpu().check_context(t_current_device); }
 
 sim::NicView map_dmabuf_view(int fd, uint64_t offset, size_t length) {
   struct stat st {};
@@ -773,6 +833,7 @@ thread_local cudaError_t t_last_error = cudaSuccess;
 
 // The runtime code for an exception; `other` for a failure that is no bad argument.
 cudaError_t code_of(const std::exception& e, cudaError_t other) {
+  if (dynamic_cast<const ContextFault*>(&e)) return cudaErrorIllegalAddress;
   if (dynamic_cast<const InvalidHandle*>(&e)) return cudaErrorInvalidResourceHandle;
   if (dynamic_cast<const InvalidDevice*>(&e)) return cudaErrorInvalidDevice;
   if (dynamic_cast<const InvalidArgumentError*>(&e)) return cudaErrorInvalidValue;
@@ -809,7 +870,11 @@ CUresult driver_call(CUresult other, F&& body) noexcept {
     return CUDA_SUCCESS;
   } catch (const std::exception& e) {
     t_detail = e.what();
-    return code_of(e, cudaErrorUnknown) == cudaErrorUnknown ? other : CUDA_ERROR_INVALID_VALUE;
+    switch (code_of(e, cudaErrorUnknown)) {
+      case cudaErrorUnknown: return other;
+      case cudaErrorIllegalAddress: return CUDA_ERROR_ILLEGAL_ADDRESS;
+      default: return CUDA_ERROR_INVALID_VALUE;
+    }
   }
 }
 
@@ -823,12 +888,14 @@ CUresult driver_call(CUresult other, F&& body) noexcept {
   X(cudaErrorMapBufferObjectFailed, "mapping of buffer object failed") \
   X(cudaErrorInvalidResourceHandle, "invalid resource handle")          \
   X(cudaErrorNotReady, "device not ready")                              \
+  X(cudaErrorIllegalAddress, "an illegal memory access was encountered") \
   X(cudaErrorUnknown, "unknown error")
 #define DLSLIME_SIM_CU_ERRORS(X) \
   X(CUDA_SUCCESS)                \
   X(CUDA_ERROR_NOT_INITIALIZED)  \
   X(CUDA_ERROR_INVALID_VALUE)    \
   X(CUDA_ERROR_NOT_SUPPORTED)    \
+  X(CUDA_ERROR_ILLEGAL_ADDRESS)  \
   X(CUDA_ERROR_UNKNOWN)
 
 // A C export for libdlslime (no CUDA entry point: it leaves the CUDA last error alone):
@@ -869,6 +936,7 @@ ObjectCounts object_counts() { return gpu().object_counts(); }
 
 using dlslime::gpu::driver_call;
 using dlslime::gpu::gpu;
+using dlslime::gpu::in_context;
 using dlslime::gpu::runtime_call;
 using dlslime::gpu::SimGpu;
 
@@ -893,8 +961,11 @@ const char* cudaGetErrorString(cudaError_t error) {
 }
 
 // Returns the thread's last error and resets it, as CUDA does for errors that are not
-// sticky (the simulated GPU has no sticky context errors: nothing corrupts its context).
+// sticky; a sticky error (SimGpu::check_context) is returned every time.
 cudaError_t cudaGetLastError() {
+  if (!dlslime::gpu::g_fork_child.load() && gpu().faulted(dlslime::gpu::t_current_device)) {
+    return dlslime::gpu::t_last_error = cudaErrorIllegalAddress;
+  }
   const cudaError_t err = dlslime::gpu::t_last_error;
   dlslime::gpu::t_last_error = cudaSuccess;
   return err;
@@ -935,48 +1006,68 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
 }
 
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* ptr) {
-  return runtime_call(cudaErrorUnknown, [&] { gpu().pointer_attributes(ptr, attr); });
+  return runtime_call(cudaErrorUnknown, [&] {
+    in_context();
+    gpu().pointer_attributes(ptr, attr); });
 }
 
 cudaError_t cudaMalloc(void** dev_ptr, size_t size) {
   return runtime_call(cudaErrorMemoryAllocation, [&] {
+    in_context();
     *dev_ptr = gpu().alloc(dlslime::gpu::t_current_device, size, dlslime::gpu::sim::AllocationKind::kCudaMalloc);
   });
 }
 
 cudaError_t cudaFree(void* dev_ptr) {
-  return runtime_call(cudaErrorUnknown, [&] { gpu().device_free(dev_ptr); });
+  return runtime_call(cudaErrorUnknown, [&] {
+    in_context();
+    gpu().device_free(dev_ptr); });
 }
 
 cudaError_t cudaMallocHost(void** ptr, size_t size) {
-  return runtime_call(cudaErrorMemoryAllocation, [&] { *ptr = gpu().pinned_alloc(size); });
+  return runtime_call(cudaErrorMemoryAllocation, [&] {
+    in_context();
+    *ptr = gpu().pinned_alloc(size); });
 }
 
 cudaError_t cudaFreeHost(void* ptr) {
-  return runtime_call(cudaErrorUnknown, [&] { gpu().pinned_free(ptr); });
+  return runtime_call(cudaErrorUnknown, [&] {
+    in_context();
+    gpu().pinned_free(ptr); });
 }
 
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* dev_ptr) {
-  return runtime_call(cudaErrorUnknown, [&] { *handle = gpu().ipc_get_handle(dev_ptr); });
+  return runtime_call(cudaErrorUnknown, [&] {
+    in_context();
+    *handle = gpu().ipc_get_handle(dev_ptr); });
 }
 
 // A handle that cannot be mapped (its allocation freed, its owner gone, no peer access) is
 // cudaErrorMapBufferObjectFailed, as the driver reports a failed IPC mapping.
 cudaError_t cudaIpcOpenMemHandle(void** dev_ptr, cudaIpcMemHandle_t handle, unsigned int) {
   return runtime_call(cudaErrorMapBufferObjectFailed,
-                      [&] { *dev_ptr = gpu().ipc_open(handle, dlslime::gpu::t_current_device); });
+                      [&] {
+                        in_context();
+                        *dev_ptr = gpu().ipc_open(handle, dlslime::gpu::t_current_device);
+                      });
 }
 
 cudaError_t cudaIpcCloseMemHandle(void* dev_ptr) {
-  return runtime_call(cudaErrorUnknown, [&] { gpu().ipc_close(dev_ptr); });
+  return runtime_call(cudaErrorUnknown, [&] {
+    in_context();
+    gpu().ipc_close(dev_ptr); });
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
-  return runtime_call(cudaErrorUnknown, [&] { *stream = gpu().stream_create(dlslime::gpu::t_current_device); });
+  return runtime_call(cudaErrorUnknown, [&] {
+    in_context();
+    *stream = gpu().stream_create(dlslime::gpu::t_current_device); });
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  return runtime_call(cudaErrorUnknown, [&] { gpu().stream_destroy(stream); });
+  return runtime_call(cudaErrorUnknown, [&] {
+    in_context();
+    gpu().stream_destroy(stream); });
 }
 
 // Every kind is cudaMemcpyDefault to the simulated GPU: unified addressing tells the sides.
@@ -985,7 +1076,9 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpy
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
-  return runtime_call(cudaErrorUnknown, [&] { *event = gpu().event_create(dlslime::gpu::t_current_device); });
+  return runtime_call(cudaErrorUnknown, [&] {
+    in_context();
+    *event = gpu().event_create(dlslime::gpu::t_current_device); });
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
@@ -1023,6 +1116,7 @@ CUresult cuGetErrorName(CUresult error, const char** name) {
 // cuda.h maps this name to cuMemGetAddressRange_v2, the symbol the adapter resolves.
 CUresult cuMemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr ptr) {
   return driver_call(CUDA_ERROR_UNKNOWN, [&] {
+    in_context();
     const auto [b, n] = gpu().allocation_range(static_cast<uintptr_t>(ptr));
     if (base) *base = b;
     if (size) *size = n;
@@ -1032,6 +1126,7 @@ CUresult cuMemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr ptr) 
 CUresult cuMemGetHandleForAddressRange(void* handle, CUdeviceptr dptr, size_t size, CUmemRangeHandleType type,
                                        unsigned long long flags) {
   return driver_call(CUDA_ERROR_NOT_SUPPORTED, [&] {
+    in_context();
     if (type != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD || flags != 0) {
       throw dlslime::InvalidArgumentError("cuMemGetHandleForAddressRange: the simulated GPU exports dma-buf fds only");
     }

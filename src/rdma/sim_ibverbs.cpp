@@ -649,6 +649,31 @@ DLSLIME_SIM_API int _ibv_query_gid_ex(ibv_context* /*ctx*/, uint32_t port, uint3
   return 0;
 }
 
+// The plain GID and P_Key queries most programs call (rdma-core implements them over its
+// own context internals, which a preloaded simulation does not have: a program that calls
+// one this library lacks reaches libibverbs with a context it cannot read).
+DLSLIME_SIM_API int ibv_query_gid(ibv_context* ctx, uint8_t port, int index, ibv_gid* gid) {
+  if (index < 0) return fail(EINVAL, fmt::format("GID index {}", index));
+  ibv_gid_entry e{};
+  const int rc = _ibv_query_gid_ex(ctx, port, static_cast<uint32_t>(index), &e, 0, sizeof e);
+  if (rc == 0) *gid = e.gid;
+  return rc;
+}
+
+DLSLIME_SIM_API int ibv_query_pkey(ibv_context* /*ctx*/, uint8_t port, int index, __be16* pkey) {
+  if (port != kPort) return fail(EINVAL, fmt::format("sim_rdma0 has port 1 only, not port {}", port));
+  if (index != 0) return fail(EINVAL, fmt::format("sim_rdma0 port 1 has one P_Key (index 0), not index {}", index));
+  *pkey = htobe16(0xffff);  // the default full-membership key
+  return 0;
+}
+
+DLSLIME_SIM_API __be64 ibv_get_device_guid(ibv_device* /*device*/) {
+  const auto gid = device_gid();
+  uint64_t guid = 0;
+  std::memcpy(&guid, gid.data() + 8, sizeof guid);  // the interface id half, already big-endian
+  return guid;
+}
+
 DLSLIME_SIM_API ibv_pd* ibv_alloc_pd(ibv_context* ctx) {
   ContextState& c = state_of(ctx);
   uint32_t id = 0;

@@ -89,10 +89,11 @@ GpuStaging::Slot* GpuStaging::acquire(Direction dir, uint64_t bytes) {
   }
   if (!pick) {
     if (pool.size() >= slots_per_dir_) return nullptr;
-    pool.push_back(std::make_unique<Slot>());
+    auto made = std::make_unique<Slot>();
+    made->dir = dir;
+    made->event = rt_.event_create(device_);  // first: a slot in the pool always has its event
+    pool.push_back(std::move(made));
     pick = pool.back().get();
-    pick->dir = dir;
-    pick->event = rt_.event_create(device_);
   }
   pick->busy = true;
   pick->used = 0;
@@ -133,6 +134,7 @@ void GpuStaging::ensure(Slot* slot, uint64_t bytes) {
 }
 
 void GpuStaging::release(Slot* slot) {
+  if (slot == nullptr) return;
   {
     std::lock_guard lock(slots_mu_);
     if (!slot->busy) return;
@@ -173,7 +175,7 @@ void GpuStaging::when_copied(Direction dir, std::function<void(Status)> done) {
   try {
     rt_.event_record(event, stream(dir));
   } catch (...) {
-    rt_.event_destroy(event);
+    destroy_event(event);
     throw;
   }
   {
@@ -184,16 +186,29 @@ void GpuStaging::when_copied(Direction dir, std::function<void(Status)> done) {
 }
 
 void GpuStaging::drain() {
+  // A failure here is the device's (a sticky error, such as a faulted copy): its context
+  // runs no more copies, so there is nothing left to wait for. Callers go on to fail their
+  // ops, which must not be skipped by an exception.
   for (gpu::Stream s : streams_) {
     if (!s) continue;
-    gpu::Event e = rt_.event_create(device_);
+    gpu::Event e = nullptr;
     try {
+      e = rt_.event_create(device_);
       rt_.event_record(e, s);
       rt_.event_synchronize(e);
     } catch (const std::exception& ex) {
       DLSLIME_WARN("waiting for GPU staging copies failed: {}", ex.what());
     }
+    destroy_event(e);
+  }
+}
+
+void GpuStaging::destroy_event(gpu::Event e) noexcept {
+  if (e == nullptr) return;
+  try {
     rt_.event_destroy(e);
+  } catch (const std::exception& ex) {  // a context with a sticky error refuses it: leaked
+    DLSLIME_WARN("destroying a GPU staging event failed: {}", ex.what());
   }
 }
 
@@ -214,7 +229,7 @@ void GpuStaging::wait_loop() {
     } catch (const std::exception& e) {
       st = Status::failed(fmt::format("a GPU staging copy failed: {}", e.what()));
     }
-    if (p.owns_event) rt_.event_destroy(p.event);
+    if (p.owns_event) destroy_event(p.event);
     if (!stopping) {
       asio::post(io_, [owner = owner_, done = std::move(p.done), st]() mutable {
         auto keep = owner.lock();
@@ -225,12 +240,12 @@ void GpuStaging::wait_loop() {
   }
 }
 
-RxAction GpuStaging::stage_frame(TcpConnection& conn, uint64_t bytes, const char* what, Slot** slot) {
+RxAction GpuStaging::stage_frame(TcpConnection& conn, uint64_t bytes, const char* what, Slot** slot, Status* error) {
   *slot = nullptr;
   try {
     *slot = acquire(kIn, bytes);
   } catch (const std::exception& e) {
-    conn.close(Status::failed(fmt::format("no GPU staging memory for {}: {}", what, e.what())));
+    *error = Status::failed(fmt::format("no GPU staging memory for {}: {}", what, e.what()));
     return RxAction::kContinue;
   }
   if (!*slot) {

@@ -90,7 +90,7 @@ class GpuStaging {
   Slot* acquire(Direction dir, uint64_t bytes);
   // Grows a held slot to `bytes` (a reservation made before the size was known).
   void ensure(Slot* slot, uint64_t bytes);
-  void release(Slot* slot);
+  void release(Slot* slot);  // nullptr: nothing
   // A handle whose last copy releases the slot (held by the frame that carries its bytes).
   std::shared_ptr<void> lease(Slot* slot);
 
@@ -108,9 +108,10 @@ class GpuStaging {
 
   // An incoming slot for the `bytes` of the frame `conn` is reading (`what` names it),
   // held as its frame slot: kContinue with *slot set; kPause with none free (`conn` resumes
-  // reading once one frees, and its on_header asks again); kContinue with nullptr when no
-  // pinned memory could be had (`conn` is closed).
-  RxAction stage_frame(TcpConnection& conn, uint64_t bytes, const char* what, Slot** slot);
+  // reading once one frees, and its on_header asks again); kContinue with nullptr and
+  // *error set when none could be had (no pinned memory, or a device whose context failed):
+  // the caller fails the frame's op alone and drains its bytes.
+  RxAction stage_frame(TcpConnection& conn, uint64_t bytes, const char* what, Slot** slot, Status* error);
   // A connection that paused reading until a slot of `dir` frees; resumed then.
   void wait_for_slot(Direction dir, const std::shared_ptr<TcpConnection>& conn);
   // The incoming slot that holds the payload of the frame `conn` is reading (nullptr: none).
@@ -127,6 +128,8 @@ class GpuStaging {
 
  private:
   void wait_loop();
+  // Logs and leaks what the runtime refuses to destroy (a context with a sticky error).
+  void destroy_event(gpu::Event e) noexcept;
   gpu::Stream stream(Direction dir);
   void resume_waiters(Direction dir);
 

@@ -287,8 +287,14 @@ RxAction Initiator::on_read_header(TcpConnection& conn, const FrameHeader& h, Pa
     // Local memory on a GPU: the answer lands in a staging slot and is copied to the
     // device when it is complete (on_read_frame). No slot free: read on once one is.
     tcp::GpuStaging::Slot* slot = nullptr;
-    if (const RxAction a = gpu_.staging()->stage_frame(conn, h.length, "a read answer", &slot); !slot) return a;
-    op.read_runs[first] = 0;
+    Status error;
+    const RxAction a = gpu_.staging()->stage_frame(conn, h.length, "a read answer", &slot, &error);
+    if (a == RxAction::kPause) return a;
+    op.read_runs[first] = 0;  // answered: a second answer is refused
+    if (!slot) {  // no staging: the op fails alone, the answer is drained and still counted
+      if (op.error.is_ok()) op.error = std::move(error);
+      return RxAction::kContinue;
+    }
     sink.place(slot->data, h.length);
     sink.op_id = h.op_id;
     return RxAction::kContinue;

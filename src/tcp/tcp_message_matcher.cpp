@@ -73,7 +73,13 @@ RxAction MessageMatcher::on_header(TcpConnection& conn, const FrameHeader& h, Pa
       // GPU memory: the frame lands in a staging slot, copied to the device at its end
       // (on_frame). No slot free: read on once one is (on_header is asked again).
       tcp::GpuStaging::Slot* slot = nullptr;
-      if (const RxAction a = gpu_.staging()->stage_frame(conn, h.length, "a message", &slot); !slot) return a;
+      Status error;
+      const RxAction a = gpu_.staging()->stage_frame(conn, h.length, "a message", &slot, &error);
+      if (a == RxAction::kPause) return a;
+      if (!slot) {  // no staging: the recv fails alone, the frame is drained
+        if (m.copy_error.is_ok()) m.copy_error = std::move(error);
+        return RxAction::kContinue;
+      }
       sink.place(slot->data, h.length);  // not the recv's memory: nothing to release()
       return RxAction::kContinue;
     }

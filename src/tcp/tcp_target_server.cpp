@@ -90,17 +90,28 @@ void TargetServer::on_write_prefix(TcpConnection& conn, const FrameHeader& h, st
     // its places when complete (on_write_frame). The destinations and their regions are
     // kept until the copies have finished.
     StagedFrame& f = staged->second;
-    gpu_.staging()->ensure(f.slot, data);
+    try {
+      gpu_.staging()->ensure(f.slot, data);
+    } catch (const std::exception& e) {
+      gpu_.staging()->release(take_reserved(&conn));
+      conn.segment_uses().clear();
+      record_error(conn, h.op_id, Status::failed(fmt::format("no GPU staging memory for a write: {}", e.what())));
+      return;  // drained
+    }
     f.segments.assign(segments.begin(), segments.end());
     f.uses = conn.segment_uses();
     sink.place(f.slot->data, data);
     return;
   }
   if (device) {
-    // No slot was reserved at its header (the region was registered in between): the bytes
-    // are refused rather than placed by host code.
+    // No slot: none was reserved at its header (the region was registered in between), or
+    // none could be had. The bytes are refused rather than placed by host code, and the op
+    // fails alone.
+    Status why = Status::failed("no GPU staging slot was reserved for the frame; write again");
+    if (staged != staged_.end() && !staged->second.error.is_ok()) why = staged->second.error;
+    take_reserved(&conn);
     conn.segment_uses().clear();
-    record_error(conn, h.op_id, Status::failed("no GPU staging slot was reserved for the frame; write again"));
+    record_error(conn, h.op_id, std::move(why));
     return;
   }
   if (staged != staged_.end()) gpu_.staging()->release(take_reserved(&conn));  // host memory after all
@@ -115,8 +126,8 @@ tcp::RxAction TargetServer::reserve_staging(TcpConnection& conn, const FrameHead
   tcp::GpuStaging::Slot* slot = nullptr;
   try {
     slot = staging->acquire(tcp::GpuStaging::kIn, h.length - list);
-  } catch (const std::exception& e) {
-    conn.close(Status::failed(fmt::format("no GPU staging memory: {}", e.what())));
+  } catch (const std::exception& e) {  // on_write_prefix fails the op and drains its bytes
+    staged_[&conn].error = Status::failed(fmt::format("no GPU staging memory for a write: {}", e.what()));
     return tcp::RxAction::kContinue;
   }
   if (!slot) {
@@ -260,20 +271,21 @@ void TargetServer::answer_device(TcpConnection& conn, const FrameHeader& r, uint
   // peer's writes, whose own outgoing slots free only once we read them, and the peer may
   // be waiting likewise for ours. Pausing here was the deadlock of issue 21 (N3).
   if (deferred_.empty()) {
-    if (tcp::GpuStaging::Slot* slot = acquire_answer_slot(conn, total)) {
+    Status error;
+    if (tcp::GpuStaging::Slot* slot = acquire_answer_slot(total, &error)) {
       return answer_staged(conn, r, slot, total, read_scratch_, std::move(uses));
     }
-    if (!conn.is_open()) return;
+    if (!error.is_ok()) return answer_error(conn, r, error);
   }
   deferred_pieces_ += read_scratch_.size();
   deferred_.push_back({conn.weak_from_this(), r, total, read_scratch_, std::move(uses)});
 }
 
-tcp::GpuStaging::Slot* TargetServer::acquire_answer_slot(TcpConnection& conn, uint64_t total) {
+tcp::GpuStaging::Slot* TargetServer::acquire_answer_slot(uint64_t total, Status* error) {
   try {
     return gpu_.staging()->acquire(tcp::GpuStaging::kOut, total);
-  } catch (const std::exception& e) {  // no pinned memory: the connection fails (its ops with it)
-    conn.close(Status::failed(fmt::format("no GPU staging memory for a read answer: {}", e.what())));
+  } catch (const std::exception& e) {  // no pinned memory, or a failed device: this read fails
+    *error = Status::failed(fmt::format("no GPU staging memory for a read answer: {}", e.what()));
     return nullptr;
   }
 }
@@ -285,14 +297,16 @@ void TargetServer::serve_deferred() {
     DeferredRead& d = deferred_.front();
     std::shared_ptr<TcpConnection> conn = d.conn.lock();
     tcp::GpuStaging::Slot* slot = nullptr;
+    Status error;
     if (conn && conn->is_open()) {
-      slot = acquire_answer_slot(*conn, d.total);
-      if (!slot && conn->is_open()) break;  // none free yet
+      slot = acquire_answer_slot(d.total, &error);
+      if (!slot && error.is_ok()) break;  // none free yet
     }
     DeferredRead taken = std::move(d);
     deferred_.pop_front();
     deferred_pieces_ -= taken.pieces.size();
     if (slot) answer_staged(*conn, taken.header, slot, taken.total, taken.pieces, std::move(taken.uses));
+    if (!error.is_ok()) answer_error(*conn, taken.header, error);
   }
   if (deferred_pieces_ <= kMaxDeferredPieces / 2 && !deferred_waiting_.empty()) {
     auto waiting = std::move(deferred_waiting_);

@@ -81,6 +81,7 @@ class TargetServer {
   // frame into device memory, its destinations.
   struct StagedFrame {
     tcp::GpuStaging::Slot* slot = nullptr;
+    Status error;  // why no slot could be had (the frame's op fails alone)
     std::vector<tcp::PayloadSegment> segments;
     RegionUses uses;
   };
@@ -91,7 +92,9 @@ class TargetServer {
   void record_error(tcp::TcpConnection& conn, uint64_t op_id, Status st);
   void place_staged(tcp::TcpConnection& conn, const tcp::FrameHeader& h, StagedFrame frame);
   void answer_device(tcp::TcpConnection& conn, const tcp::FrameHeader& r, uint64_t total, RegionUses uses);
-  tcp::GpuStaging::Slot* acquire_answer_slot(tcp::TcpConnection& conn, uint64_t total);
+  // An outgoing slot for a read answer; nullptr when none is free, or with *error set when
+  // none can be had (the read then fails alone).
+  tcp::GpuStaging::Slot* acquire_answer_slot(uint64_t total, Status* error);
   void answer_staged(tcp::TcpConnection& conn, const tcp::FrameHeader& r, tcp::GpuStaging::Slot* slot, uint64_t total,
                      const std::vector<tcp::PayloadSegment>& pieces, RegionUses uses);
   static void answer_error(tcp::TcpConnection& conn, const tcp::FrameHeader& r, const Status& st);

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -202,6 +204,76 @@ TEST_F(TcpGpu, SendAndRecvOfGpuMemoryAreByteExactAndKeepTheirOrderWithHostMessag
       std::this_thread::yield();
     }
   }
+}
+
+// A GPU whose context faulted (a sticky CUDA error; here a stray copy past an allocation,
+// made outside the library, as a user's kernel would) fails each op that stages through it,
+// alone, with that error, on either side: no future hangs, the connection lives (host
+// memory still crosses it), and the endpoints shut down. In a process of its own: nothing
+// clears the fault. Prints what broke and exits 1, or exits 0.
+void transfers_after_a_device_fault() {
+  auto require = [](bool ok, const std::string& what) {
+    if (ok) return;
+    std::fprintf(stderr, "FAILED: %s\n", what.c_str());
+    std::_Exit(1);
+  };
+  ::setenv("DLSLIME_GPU_SIM", "1", 1);
+  const size_t n = 2 * kChunk;
+  // Leaked on purpose: freeing device memory in a faulted context fails.
+  auto* src = new DeviceBuffer(n);
+  auto* dst = new DeviceBuffer(n);
+  src->write(pattern(n, 3));
+  {
+    TcpEndpoint a{"127.0.0.1", 0, small_chunks()};
+    TcpEndpoint b{"127.0.0.1", 0, small_chunks()};
+    a.connect(b.endpoint_info());
+    b.connect(a.endpoint_info());
+    const int32_t ha = a.register_memory_region("src", src->addr(), 0, n);
+    b.register_memory_region("dst", dst->addr(), 0, n);
+    const int32_t hb = a.register_remote_memory_region("dst", b.endpoint_info()["mr_info"]["dst"]);
+    Future before = a.write({Assignment{ha, hb, 0, 0, n}});
+    require(before.wait_for(std::chrono::seconds(30)) && before.status() == 0, "the write before the fault");
+
+    gpu::Runtime& rt = gpu::runtime();
+    void* stray = rt.device_alloc(0, 64);
+    std::vector<uint8_t> stray_bytes(128);
+    gpu::Stream s = rt.stream_create(0);
+    gpu::Event e = rt.event_create(0);
+    rt.memcpy_async(stray, stray_bytes.data(), stray_bytes.size(), s);
+    try {
+      rt.event_record(e, s);  // refused already if the stray copy has run
+      rt.event_synchronize(e);
+      require(false, "the stray copy did not fault");
+    } catch (const gpu::GpuError&) {
+    }
+
+    for (int round = 0; round < 2; ++round) {
+      Future w = a.write({Assignment{ha, hb, 0, 0, n}});
+      Future r = a.read({Assignment{ha, hb, 0, 0, n}});
+      for (Future* f : {&w, &r}) {
+        require(f->wait_for(std::chrono::seconds(30)).has_value(), "an op after the fault hung");
+        require(f->status() != 0, "an op through the faulted GPU succeeded");
+        require(std::string(f->message()).find("cudaErrorIllegalAddress") != std::string::npos,
+                "the op's error names the sticky CUDA error: " + f->message());
+      }
+    }
+    std::vector<uint8_t> host_src = pattern(4096, 5), host_dst(4096, 0);
+    const int32_t hs = a.register_memory_region("host_src", reinterpret_cast<uintptr_t>(host_src.data()), 0, 4096);
+    b.register_memory_region("host_dst", reinterpret_cast<uintptr_t>(host_dst.data()), 0, 4096);
+    const int32_t hd = a.register_remote_memory_region("host_dst", b.endpoint_info()["mr_info"]["host_dst"]);
+    Future host = a.write({Assignment{hs, hd, 0, 0, 4096}});
+    require(host.wait_for(std::chrono::seconds(30)).has_value() && host.status() == 0,
+            "host memory crosses the same connection after the fault: " + host.message());
+    require(host_dst == host_src, "the host write's bytes");
+    a.shutdown();
+    b.shutdown();
+  }
+  std::_Exit(0);
+}
+
+TEST(TcpGpuDeathTest, AFaultedGpuFailsItsOpsWithTheCudaErrorAndNothingHangs) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // a fresh process: nothing clears the fault
+  EXPECT_EXIT(transfers_after_a_device_fault(), ::testing::ExitedWithCode(0), "");
 }
 
 TEST(MemoryRegistryGpu, DeviceMemoryMustLieInsideOneAllocation) {

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <cstring>
@@ -399,14 +400,62 @@ TEST(SimGpu, EventsOfOneStreamDoNotWaitForAnother) {
   rt.stream_destroy(b);
 }
 
-TEST(SimGpu, CopiesPastADeviceAllocationAreRefusedWhenQueued) {
+// A copy is checked when it runs, as on a GPU: one past its allocation (either side), or
+// a "host" range that runs into device memory, is queued without complaint and then faults
+// its device's context with CUDA's sticky error. Through the adapter, the failure says so
+// and that the process must restart; every later call on that device fails the same way.
+// Nothing clears it, so each case runs in a process of its own.
+void fault_then_check(int which) {
+  auto require = [](bool ok, const std::string& what) {
+    if (ok) return;
+    std::fprintf(stderr, "FAILED: %s\n", what.c_str());
+    std::_Exit(1);
+  };
   Runtime& rt = sim_runtime();
   void* dev = rt.device_alloc(0, 100);
   std::vector<uint8_t> host(200);
-  EXPECT_THROW(rt.memcpy_async(dev, host.data(), 101, nullptr), InvalidArgumentError);
-  EXPECT_THROW(rt.memcpy_async(host.data(), static_cast<uint8_t*>(dev) + 50, 51, nullptr), InvalidArgumentError);
-  // A "host" range that runs into device memory is no host range.
-  EXPECT_THROW(rt.memcpy_async(host.data(), static_cast<uint8_t*>(dev) - 8, 16, nullptr), InvalidArgumentError);
+  Stream s = rt.stream_create(0);
+  Event done = rt.event_create(0);
+  auto* d = static_cast<uint8_t*>(dev);
+  sim::hold_streams(true);  // queued before it runs: the fault is found at the event
+  if (which == 0) rt.memcpy_async(dev, host.data(), 101, s);
+  if (which == 1) rt.memcpy_async(host.data(), d + 50, 51, s);
+  if (which == 2) rt.memcpy_async(host.data(), d - 8, 16, s);
+  rt.event_record(done, s);
+  sim::hold_streams(false);
+  std::string message;
+  try {
+    rt.event_synchronize(done);
+  } catch (const GpuError& e) {
+    message = e.what();
+  }
+  require(message.find("cudaErrorIllegalAddress") != std::string::npos, "the fault surfaces at the event: " + message);
+  require(message.find(which == 2 ? "ran from host into device memory" : "ran past the end of its device allocation") !=
+              std::string::npos,
+          "the detail names the copy: " + message);
+  require(message.find("restart the process") != std::string::npos, "the adapter says it is sticky: " + message);
+  bool refused = false;
+  try {
+    rt.device_alloc(0, 64);
+  } catch (const GpuError& e) {
+    refused = std::string(e.what()).find("cudaErrorIllegalAddress") != std::string::npos;
+  }
+  require(refused, "a later allocation on the faulted device fails with the sticky error");
+  void* other = rt.device_alloc(1, 64);  // another device's context is fine
+  rt.device_free(other);
+  std::_Exit(0);
+}
+
+TEST(SimGpuDeathTest, ACopyPastItsAllocationFaultsTheDevicesContextWhenItRuns) {
+  for (int which = 0; which < 3; ++which) {
+    EXPECT_EXIT(fault_then_check(which), ::testing::ExitedWithCode(0), "") << "case " << which;
+  }
+}
+
+TEST(SimGpu, BadDevicesAndFreesAreRefusedWhenCalled) {
+  Runtime& rt = sim_runtime();
+  void* dev = rt.device_alloc(0, 100);
+  std::vector<uint8_t> host(200);
   EXPECT_THROW(rt.device_alloc(sim::kDeviceCount, 64), InvalidArgumentError);
   EXPECT_THROW(rt.stream_create(-1), InvalidArgumentError);
   EXPECT_THROW(rt.device_free(static_cast<uint8_t*>(dev) + 1), InvalidArgumentError);

@@ -399,6 +399,59 @@ TEST(Nvlink, OneProcessUsesItsOwnPointersInsteadOfIpcHandles) {
   EXPECT_EQ(a.read(16, 8192), b.read(32, 8192));
 }
 
+// A device whose context faulted (a sticky CUDA error; here a stray copy past an
+// allocation on the op's own stream, as a user's kernel would fault) fails the ops on it
+// with that error and hangs none: the op queued behind the fault (its copies never run,
+// nor its host function, as cudaLaunchHostFunc documents) completes through the completion
+// thread's safety poll; an op submitted after the fault fails at once. Shutdown returns.
+// In a process of its own: nothing clears the fault. Prints what broke and exits 1.
+void ops_after_a_device_fault() {
+  auto require = [](bool ok, const std::string& what) {
+    if (ok) return;
+    std::fprintf(stderr, "FAILED: %s\n", what.c_str());
+    std::_Exit(1);
+  };
+  // Leaked on purpose: freeing device memory in a faulted context fails.
+  auto* a = new DeviceBuffer(kAlloc, 1);
+  auto* b = new DeviceBuffer(kAlloc, 2);
+  gpu::Runtime& rt = gpu::runtime();
+  gpu::Stream s = rt.stream_create(0);
+  void* stray = rt.device_alloc(0, 64);
+  std::vector<uint8_t> stray_bytes(128);
+  {
+    NVLinkEndpoint x, y;
+    const int32_t ha = x.register_memory_region("a", a->addr(), 0, 8192);
+    y.register_memory_region("b", b->addr(), 0, 8192);
+    x.connect(y.endpoint_info());
+    y.connect(x.endpoint_info());
+    const int32_t hb = *x.remote_handle("b");
+    Future before = x.write({{ha, hb, 0, 0, 4096}});
+    require(before.wait_for(10s) && before.result().is_ok(), "the write before the fault");
+
+    gpu::sim::hold_streams(true);  // the fault and the op queue before either runs
+    rt.memcpy_async(stray, stray_bytes.data(), stray_bytes.size(), s);
+    Future queued = x.write_on({{ha, hb, 0, 0, 4096}}, s);
+    gpu::sim::hold_streams(false);
+    require(queued.wait_for(10s).has_value(), "the op queued behind the fault hung");
+    require(!queued.result().is_ok() &&
+                queued.result().message().find("cudaErrorIllegalAddress") != std::string::npos,
+            "the queued op fails with the sticky error: " + queued.result().message());
+
+    Future after = x.read({{ha, hb, 0, 0, 4096}});
+    require(after.wait_for(10s).has_value(), "an op after the fault hung");
+    require(!after.result().is_ok() && after.result().message().find("cudaErrorIllegalAddress") != std::string::npos,
+            "an op after the fault fails with the sticky error: " + after.result().message());
+    x.shutdown();
+    y.shutdown();
+  }
+  std::_Exit(0);
+}
+
+TEST(NvlinkDeathTest, AFaultedDeviceFailsItsOpsWithTheCudaErrorAndNothingHangs) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // a fresh process: nothing clears the fault
+  EXPECT_EXIT(ops_after_a_device_fault(), ::testing::ExitedWithCode(0), "");
+}
+
 TEST(Nvlink, ARecordNamingThisProcessNeverChoosesWhereCopiesLand) {
   // Issue 21, N1: a peer copies our public process token into its records, with an address
   // of its choosing (here: an allocation this process never registered, and host memory).
