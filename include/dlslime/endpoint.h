@@ -153,6 +153,10 @@ class DLSLIME_API Endpoint {
   // refuse the rest with the same call, and leak instead of shutting down.
   bool inherited_from_parent() const noexcept;
   void require_own_process() const;
+  // shutdown()'s first step: in a fork() child, holds `impl` (the parent's threads and
+  // kernel objects) for the rest of the process, never destroyed, and returns true, so
+  // nothing is touched; false in the process that made the endpoint.
+  bool leave_if_inherited(std::shared_ptr<const void> impl) const;
 
  private:
   unsigned long fork_generation_;

@@ -30,6 +30,12 @@ Endpoint::~Endpoint() = default;
 
 bool Endpoint::inherited_from_parent() const noexcept { return fork_generation_ != fork_generation(); }
 
+bool Endpoint::leave_if_inherited(std::shared_ptr<const void> impl) const {
+  if (!inherited_from_parent()) return false;
+  keep_inherited(std::move(impl));
+  return true;
+}
+
 void Endpoint::require_own_process() const {
   if (!inherited_from_parent()) return;
   throw ConnectionError(fmt::format("this {} endpoint was created before fork() and cannot be used in the child "

@@ -34,7 +34,6 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "core/fork_generation.h"
 #include "core/log.h"
 #include "core/memory_registry.h"
 #include "core/op_state.h"
@@ -823,12 +822,9 @@ Capabilities NVLinkEndpoint::capabilities() const {
 }
 
 void NVLinkEndpoint::shutdown() {
-  if (inherited_from_parent()) {
-    // A fork() child: the endpoint's threads are the parent's, and its IPC mappings and
-    // streams are the parent's GPU objects. Nothing is touched; this copy is never destroyed.
-    keep_inherited(impl_);
-    return;
-  }
+  // In a fork() child the endpoint's threads are the parent's, and its IPC mappings and
+  // streams are the parent's GPU objects.
+  if (leave_if_inherited(impl_)) return;
   impl_->shutdown();
 }
 Future NVLinkEndpoint::do_submit(OpRequest request) {

@@ -13,7 +13,6 @@
 
 #include <fmt/format.h>
 
-#include "core/fork_generation.h"
 #include "core/log.h"
 #include "dlslime/errors.h"
 
@@ -1052,13 +1051,10 @@ Capabilities RDMAEndpoint::capabilities() const {
 }
 
 void RDMAEndpoint::shutdown() {
-  if (inherited_from_parent()) {
-    // A fork() child: the completion thread is the parent's, and the QPs, CQ and MRs are
-    // the parent's kernel objects (moving a QP to ERR or saying goodbye from here would do
-    // it to the parent's connection). Nothing is touched; this copy is never destroyed.
-    keep_inherited(impl_);
-    return;
-  }
+  // In a fork() child the completion thread is the parent's, and the QPs, CQ and MRs are
+  // the parent's kernel objects: moving a QP to ERR or saying goodbye from here would do it
+  // to the parent's connection.
+  if (leave_if_inherited(impl_)) return;
   impl_->shutdown();
 }
 Future RDMAEndpoint::do_submit(OpRequest request) { return impl_->submit(std::move(request)); }

@@ -30,6 +30,7 @@
 #include <mutex>
 #include <optional>
 #include <type_traits>
+#include <unordered_set>
 #include <vector>
 
 #include <fmt/format.h>
@@ -80,12 +81,23 @@ struct Children {
 };
 
 // An object whose destroy was refused stays allocated, as on a NIC, though its caller has
-// let go of it: it is kept here, so it is leaked on purpose, not lost (LeakSanitizer).
+// let go of it: it is kept here, so it is leaked on purpose, not lost (LeakSanitizer). A
+// caller that tries again once its children are gone destroys it, and it leaves the list.
+struct Refused {
+  std::mutex mu;
+  std::unordered_set<const void*> kept;
+};
+Refused& refused() {
+  static auto* r = new Refused();
+  return *r;
+}
 void keep_refused(const void* object) {
-  static std::mutex mu;
-  static auto* kept = new std::vector<const void*>();
-  std::lock_guard<std::mutex> lock(mu);
-  kept->push_back(object);
+  std::lock_guard<std::mutex> lock(refused().mu);
+  refused().kept.insert(object);
+}
+void forget_refused(const void* object) {
+  std::lock_guard<std::mutex> lock(refused().mu);
+  refused().kept.erase(object);
 }
 
 // Refuses the destroy of `object` while it still has children: EBUSY, counted, kept.
@@ -597,6 +609,7 @@ DLSLIME_SIM_API ibv_context* ibv_open_device(ibv_device* device) {
 DLSLIME_SIM_API int ibv_close_device(ibv_context* ctx) {
   ContextObj* obj = context_of(ctx);
   if (int rc = refuse_if_parent(obj, obj->state->children, "context", "PDs, CQs or completion channels")) return rc;
+  forget_refused(obj);
   pthread_mutex_destroy(&ctx->mutex);
   delete obj->state;
   delete obj;
@@ -691,6 +704,7 @@ DLSLIME_SIM_API ibv_pd* ibv_alloc_pd(ibv_context* ctx) {
 DLSLIME_SIM_API int ibv_dealloc_pd(ibv_pd* pd) {
   PdObj* obj = wrapper_of<PdObj>(pd);
   if (int rc = refuse_if_parent(obj, obj->state->children, "PD", "MRs or QPs")) return rc;
+  forget_refused(obj);
   delete obj->state;
   delete obj;
   return 0;
@@ -812,6 +826,7 @@ DLSLIME_SIM_API ibv_comp_channel* ibv_create_comp_channel(ibv_context* ctx) {
 DLSLIME_SIM_API int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
   ChannelObj* obj = wrapper_of<ChannelObj>(channel);
   if (int rc = refuse_if_parent(obj, obj->state->cqs, "completion channel", "CQs")) return rc;
+  forget_refused(obj);
   ::close(obj->state->read_fd);
   ::close(obj->state->write_fd);
   delete obj->state;
@@ -866,6 +881,7 @@ DLSLIME_SIM_API int ibv_destroy_cq(ibv_cq* cq) {
     std::lock_guard<std::mutex> lock(c.context.fabric->mu);
     c.cq->on_event = nullptr;  // the engine may hold the Cq a little longer
   }
+  forget_refused(obj);
   if (c.channel) c.channel->forget(cq);
   pthread_cond_destroy(&cq->cond);
   pthread_mutex_destroy(&cq->mutex);
