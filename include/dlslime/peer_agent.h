@@ -36,6 +36,12 @@ struct DLSLIME_API PeerAgentOptions {
   std::chrono::milliseconds heartbeat_interval{0};
   // Deadline of each control-plane request.
   std::chrono::milliseconds ctrl_timeout{10000};
+  // At most this many connect_to() attempts in progress at once: connections still
+  // "connecting", each holding an endpoint (sockets, and for TCP an I/O thread) while its
+  // peer has not registered or answered. One more fails at once with ConnectionError
+  // (Python: ConnectionError) instead of growing without bound; an attempt that ends (connected,
+  // failed, replaced, or the agent shut down) frees its place. Must be >= 1.
+  size_t max_connecting = 64;
   // NanoCtrl's bearer token. Empty: DLSLIME_NANOCTRL_TOKEN (none when that is unset too).
   std::string ctrl_token;
   // Options of the TCP endpoints the agent makes (the bind address comes per connection,

@@ -120,6 +120,10 @@ class PeerConnectionState {
     if (state == "connecting") return true;
     return state == "connected" && endpoint && endpoint->is_connected();
   }
+  bool connecting() const {
+    std::lock_guard lock(mu);
+    return state == "connecting";
+  }
   std::shared_ptr<Endpoint> ep() const {
     std::lock_guard lock(mu);
     return endpoint;
@@ -498,24 +502,44 @@ json available_here(int nvlink_device) {
   return out;
 }
 
+// A peer's record is anyone's to write (NanoCtrl without a token): its fields are read by
+// type, and a field of the wrong type reads as absent, never as an exception.
+std::string text_field(const json& entry, const char* key) {
+  return entry.is_object() && entry.contains(key) && entry[key].is_string() ? entry[key].get<std::string>()
+                                                                             : std::string();
+}
+std::optional<int64_t> int_field(const json& entry, const char* key) {
+  if (!entry.is_object() || !entry.contains(key) || !entry[key].is_number_integer()) return std::nullopt;
+  return entry[key].get<int64_t>();
+}
+
 // The entry of transport `name` in a published transports list; null when there is none.
 json transport_entry(const json& transports, const std::string& name) {
   if (!transports.is_array()) return nullptr;
   for (const auto& t : transports) {
-    if (t.is_object() && t.value("name", "") == name) return t;
+    if (t.is_object() && text_field(t, "name") == name) return t;
   }
   return nullptr;
 }
 
 // The "ports" of the rdma entry of a published transports list; empty when there is none.
 json rdma_ports_of(const json& transports) {
-  if (!transports.is_array()) return json::array();
-  for (const auto& t : transports) {
-    if (t.is_object() && t.value("name", "") == "rdma" && t.contains("ports") && t["ports"].is_array()) {
-      return t["ports"];
-    }
-  }
-  return json::array();
+  const json entry = transport_entry(transports, "rdma");
+  return entry.is_object() && entry.contains("ports") && entry["ports"].is_array() ? entry["ports"] : json::array();
+}
+
+// A published RDMA port as auto compares it: a device, a port number and a link layer, each
+// of its type; nullopt for an entry that lacks one (a malformed record).
+struct RdmaPort {
+  std::string device;
+  int64_t ib_port = 0;
+  std::string link_layer;
+};
+std::optional<RdmaPort> rdma_port(const json& p) {
+  const std::optional<int64_t> port = int_field(p, "ib_port");
+  RdmaPort out{text_field(p, "device"), port.value_or(0), text_field(p, "link_layer")};
+  if (!port || out.device.empty() || out.link_layer.empty()) return std::nullopt;
+  return out;
 }
 
 std::string layer_label(const std::string& layer) {
@@ -544,10 +568,7 @@ struct NvlinkPath {
 };
 
 NvlinkPath nvlink_path(const json& served, const json& record, const std::string& peer, const std::string& host) {
-  // A record's fields are anyone's to write (NanoCtrl without a token): read them by type.
-  auto text_of = [](const json& entry, const char* key) {
-    return entry.contains(key) && entry[key].is_string() ? entry[key].get<std::string>() : std::string();
-  };
+  const auto& text_of = text_field;
   const json mine = transport_entry(served, "nvlink");
   if (mine.is_null()) return {false, false, "this agent serves none"};
   const json meta = record.is_object() && record.contains("metadata") ? record["metadata"] : json();
@@ -606,10 +627,11 @@ NvlinkPath nvlink_path(const json& served, const json& record, const std::string
 Choice choose_rdma_or_tcp(const json& served, const std::string& served_reason, const json& record,
                           const std::string& peer, const RdmaConnectOptions& o) {
   Choice c{"tcp", "", o};
-  std::vector<json> local;
+  std::vector<RdmaPort> local;
   for (const auto& p : rdma_ports_of(served)) {
-    if ((o.local_device.empty() || p.value("device", "") == o.local_device) && p.value("ib_port", 0) == o.ib_port) {
-      local.push_back(p);
+    const std::optional<RdmaPort> port = rdma_port(p);  // ours: always well formed
+    if (port && (o.local_device.empty() || port->device == o.local_device) && port->ib_port == o.ib_port) {
+      local.push_back(*port);
     }
   }
   if (local.empty()) {
@@ -624,15 +646,26 @@ Choice choose_rdma_or_tcp(const json& served, const std::string& served_reason, 
     c.reason = fmt::format("tcp: the peer agent '{}' publishes no transports (another implementation?)", peer);
     return c;
   }
-  std::vector<json> remote;
+  std::vector<RdmaPort> remote;
+  size_t malformed = 0;
   for (const auto& p : rdma_ports_of(meta["transports"])) {
+    const std::optional<RdmaPort> port = rdma_port(p);
+    if (!port) {
+      ++malformed;
+      continue;
+    }
     // ib_port is both sides' (as upstream DLSlime's): the passive side opens that port too.
-    if ((o.peer_device.empty() || p.value("device", "") == o.peer_device) && p.value("ib_port", 0) == o.ib_port) {
-      remote.push_back(p);
+    if ((o.peer_device.empty() || port->device == o.peer_device) && port->ib_port == o.ib_port) {
+      remote.push_back(*port);
     }
   }
   if (remote.empty()) {
-    if (rdma_ports_of(meta["transports"]).empty()) {
+    if (malformed > 0) {
+      c.reason = fmt::format(
+          "tcp: the peer agent '{}' publishes {} malformed RDMA port(s) (each needs a string device and link_layer "
+          "and an integer ib_port){}",
+          peer, malformed, rdma_ports_of(meta["transports"]).size() > malformed ? " and no usable one" : "");
+    } else if (rdma_ports_of(meta["transports"]).empty()) {
       c.reason = fmt::format("tcp: the peer agent '{}' publishes no RDMA device", peer);
     } else {
       c.reason = o.peer_device.empty()
@@ -644,19 +677,19 @@ Choice choose_rdma_or_tcp(const json& served, const std::string& served_reason, 
   }
   for (const auto& l : local) {
     for (const auto& r : remote) {
-      const std::string layer = l.value("link_layer", "");
-      if (layer.empty() || layer != r.value("link_layer", "")) continue;
+      const std::string& layer = l.link_layer;
+      if (layer != r.link_layer) continue;
       c.transport = "rdma";
-      c.rdma.local_device = l.value("device", "");
-      c.rdma.peer_device = r.value("device", "");
+      c.rdma.local_device = l.device;
+      c.rdma.peer_device = r.device;
       c.reason = fmt::format("rdma: both agents serve {} ({} here, {} on '{}')", layer_label(layer),
                              c.rdma.local_device, c.rdma.peer_device, peer);
       return c;
     }
   }
-  auto layers = [](const std::vector<json>& ports) {
+  auto layers = [](const std::vector<RdmaPort>& ports) {
     std::vector<std::string> out;
-    for (const auto& p : ports) out.push_back(p.value("device", "") + " " + layer_label(p.value("link_layer", "")));
+    for (const auto& p : ports) out.push_back(p.device + " " + layer_label(p.link_layer));
     return fmt::format("{}", fmt::join(out, ", "));
   };
   c.reason = fmt::format("tcp: no RDMA link layer in common (this agent: {}; '{}': {})", layers(local), peer,
@@ -715,6 +748,7 @@ PeerAgentImpl::PeerAgentImpl(PeerAgentOptions opts)
       served_(available_here(options.nvlink_device)) {
   options.tcp.validate();
   if (options.heartbeat_interval.count() < 0) throw InvalidArgumentError("heartbeat_interval must be >= 0");
+  if (options.max_connecting == 0) throw InvalidArgumentError("max_connecting must be >= 1");
   if (const json nv = transport_entry(served_, "nvlink"); !nv.is_null() || options.nvlink_device < 0) {
     const size_t count = nv.is_null() ? 0 : nv["devices"].size();
     if (options.nvlink_device < 0 || static_cast<size_t>(options.nvlink_device) >= count) {
@@ -1380,6 +1414,18 @@ PeerConnection PeerAgentImpl::connect_to(const std::string& peer, const ConnectO
       if (it->second->alive() || it->second->failed_on_auth()) return PeerConnection(it->second);
       stale.push_back(it->second);
       it = conns_.erase(it);
+    }
+    // Each attempt holds an endpoint until its peer answers, which a peer that registered
+    // and never runs never does (hostile review N10): the attempts are bounded.
+    size_t connecting = 0;
+    for (const auto& [name, other] : conns_) {
+      if (!other->passive && other->connecting()) ++connecting;
+    }
+    if (connecting >= options.max_connecting) {
+      throw ConnectionError(fmt::format("PeerAgent '{}' has {} connect_to() attempts in progress, the most it allows "
+                                        "(max_connecting): wait for some to connect or fail, or raise the bound",
+                                        alias_, connecting),
+                            StatusCode::kFailed);
     }
   }
   for (const auto& c : stale) retire(c, "replaced by a new connect_to()");

@@ -197,7 +197,7 @@ void bind_agent(py::module_& m) {
                                                      "Finds peers and connects them through NanoCtrl.")
       .def(py::init([](py::handle ctrl_url, py::handle alias, py::handle device, py::handle scope,
                        py::handle nanoctrl_url, py::handle heartbeat_interval, py::handle nvlink_device,
-                       const py::kwargs& kwargs) {
+                       py::handle max_connecting, const py::kwargs& kwargs) {
              PeerAgentOptions o;
              const std::string url = optional_str_arg(ctrl_url, "ctrl_url");
              const std::string url2 = optional_str_arg(nanoctrl_url, "nanoctrl_url");
@@ -218,6 +218,14 @@ void bind_agent(py::module_& m) {
                  throw py::type_error("nvlink_device must be an int (a GPU device ordinal) or None");
                }
                o.nvlink_device = nvlink_device.cast<int>();
+             }
+             if (!max_connecting.is_none()) {
+               if (!py::isinstance<py::int_>(max_connecting) || py::isinstance<py::bool_>(max_connecting)) {
+                 throw py::type_error("max_connecting must be an int or None");
+               }
+               const auto n = max_connecting.cast<int64_t>();
+               if (n < 1) throw py::value_error("max_connecting must be >= 1");
+               o.max_connecting = static_cast<size_t>(n);
              }
              // token= is the one secret for both planes; ctrl_token= (or nanoctrl_token=) and
              // tcp_token= set one of them alone. None keeps the environment's default.
@@ -256,7 +264,8 @@ void bind_agent(py::module_& m) {
            // Upstream DLSlime's positional order: (nanoctrl_url, alias, device, scope).
            py::arg("ctrl_url") = py::none(), py::arg("alias") = py::none(), py::arg("device") = py::none(),
            py::arg("scope") = py::none(), py::kw_only(), py::arg("nanoctrl_url") = py::none(),
-           py::arg("heartbeat_interval") = py::none(), py::arg("nvlink_device") = py::none())
+           py::arg("heartbeat_interval") = py::none(), py::arg("nvlink_device") = py::none(),
+           py::arg("max_connecting") = py::none())
       .def_property_readonly("alias", &PeerAgent::alias)
       .def_property_readonly("scope", &PeerAgent::scope)
       .def_property_readonly("ctrl_url", &PeerAgent::ctrl_url)

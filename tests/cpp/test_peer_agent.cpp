@@ -1015,6 +1015,88 @@ TEST(PeerAgentCpp, AutoTakesNvlinkOnlyBetweenGpusThatReachEachOther) {
 
 // An explicit transport="nvlink" to a peer that cannot take it fails at once, saying why,
 // instead of waiting for an answer that never comes.
+// Hostile review N9: a record anyone may write (NanoCtrl without a token) with fields of the
+// wrong type makes that transport unusable for that peer, with the reason in
+// selection_reason, never a raw JSON error from connect_to.
+TEST(PeerAgentCpp, MalformedPeerRecordsMakeATransportUnusableWithAReason) {
+  StartedCtrl ctrl;
+  SimRdmaDevice sim;
+  SimGpu gpu;
+  const std::string url = ctrl.server.url();
+  PeerAgent a(agent(url, "mf_a"));
+  const nlohmann::json tcp_entry = {{"name", "tcp"}, {"devices", nlohmann::json::array()}};
+  NanoCtrlClient(url).start_peer_agent(
+      {{"alias", "mf_port"},
+       {"address", "127.0.0.1"},
+       {"metadata",
+        {{"transports",
+          {tcp_entry,
+           {{"name", "rdma"},
+            {"devices", {"sim_rdma0"}},
+            {"ports", {{{"device", "sim_rdma0"}, {"ib_port", "x"}, {"link_layer", "Ethernet"}}, 5}}}}}}}});
+  NanoCtrlClient(url).start_peer_agent(
+      {{"alias", "mf_names"},
+       {"address", "127.0.0.1"},
+       {"metadata", {{"transports", {5, nullptr, {{"name", 7}}, {{"name", "nvlink"}, {"host", 9}}, tcp_entry}}}}});
+  for (const std::string peer : {"mf_port", "mf_names"}) {
+    PeerConnection c = a.connect_to(peer, with_transport("auto"));  // used to throw a JSON type_error
+    EXPECT_EQ(c.transport(), "tcp") << peer;
+    if (rdma_built() && peer == "mf_port") {
+      EXPECT_EQ(c.selection_reason().rfind("tcp: the peer agent 'mf_port' publishes 2 malformed RDMA port(s) (each "
+                                           "needs a string device and link_layer and an integer ib_port)",
+                                           0),
+                0u)
+          << c.selection_reason();
+    }
+  }
+  if (nvlink_built()) {
+    PeerConnection c = a.connect_to("mf_names", with_transport("nvlink"));
+    try {
+      c.wait(5s);
+      ADD_FAILURE() << "nvlink to a malformed record connected";
+    } catch (const ConnectionError& e) {
+      EXPECT_NE(std::string(e.what()).find("NVLink cannot reach the peer agent 'mf_names': the peer agent 'mf_names' "
+                                           "is on another host"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+// Hostile review N10: each connect_to() towards a registered agent that never answers holds
+// an endpoint while "connecting". The attempts are bounded (max_connecting): the one past
+// the bound fails at once and holds nothing, and an attempt that ends frees its place.
+TEST(PeerAgentCpp, ConnectAttemptsInProgressAreBoundedAndFreeTheirPlaceWhenTheyEnd) {
+  StartedCtrl ctrl;
+  const std::string url = ctrl.server.url();
+  PeerAgentOptions options = agent(url, "mc_a");
+  options.max_connecting = 3;
+  PeerAgent a(options);
+  PeerAgent b(agent(url, "mc_real"));
+  for (int i = 0; i < 3; ++i) fake_peer(url, "mc_ghost" + std::to_string(i), nullptr);
+  std::vector<PeerConnection> held;
+  for (const char* peer : {"mc_ghost0", "mc_ghost1", "mc_real"}) held.push_back(a.connect_to(peer, tcp()));
+  for (const auto& c : held) EXPECT_EQ(c.state(), "connecting");
+  const size_t fds = fd_count();
+  try {
+    a.connect_to("mc_ghost2", tcp());
+    ADD_FAILURE() << "a fourth attempt was taken";
+  } catch (const ConnectionError& e) {
+    EXPECT_NE(std::string(e.what()).find("3 connect_to() attempts in progress, the most it allows (max_connecting)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(fd_count(), fds) << "the refused attempt holds nothing";
+  // The attempt to the real agent ends (connected): its place is free again.
+  b.connect_to("mc_a", tcp()).wait(10s);
+  held[2].wait(10s);
+  PeerConnection fourth = a.connect_to("mc_ghost2", tcp());
+  EXPECT_EQ(fourth.state(), "connecting");
+  PeerAgentOptions none = agent(url, "mc_zero");
+  none.max_connecting = 0;
+  EXPECT_THROW(PeerAgent{none}, InvalidArgumentError);
+}
+
 TEST(PeerAgentCpp, ExplicitNvlinkToAPeerThatCannotTakeItFailsAtOnce) {
   StartedCtrl ctrl;
   SimGpu gpu;

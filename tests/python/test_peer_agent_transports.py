@@ -115,3 +115,38 @@ def test_connect_messages_without_a_valid_incarnation_are_rejected(agent, ctrl_u
     assert real.write(victim.alias, [("src", "dst", 0, 0, 4096)]).wait_for(10) == OK
     assert dst.bytes() == src.bytes()
     target.shutdown()
+
+
+def test_connect_attempts_in_progress_are_bounded(agent, ctrl_url, unique):
+    """Hostile review N10: attempts towards registered agents that never answer each hold an
+    endpoint; past max_connecting one fails at once with ConnectionError."""
+    with pytest.raises(ValueError, match="max_connecting must be >= 1"):
+        PeerAgent(ctrl_url=ctrl_url, alias=f"tb_zero_{unique}", max_connecting=0)
+    with pytest.raises(TypeError, match="max_connecting must be an int"):
+        PeerAgent(ctrl_url=ctrl_url, alias=f"tb_type_{unique}", max_connecting="2")
+    a = agent(ctrl_url=ctrl_url, alias=f"tb_a_{unique}", max_connecting=2)
+    ghosts = [f"tb_ghost{i}_{unique}" for i in range(3)]
+    for g in ghosts:
+        status, body = http(ctrl_url, "/start_peer_agent", {"alias": g, "address": "127.0.0.1"})
+        assert status == 200, body
+    held = [a.connect_to(g, transport="tcp") for g in ghosts[:2]]
+    assert [c.state for c in held] == ["connecting", "connecting"]
+    with pytest.raises(ConnectionError, match=r"2 connect_to\(\) attempts in progress, the most it allows"):
+        a.connect_to(ghosts[2], transport="tcp")
+    assert sorted(a.peers()) == sorted(ghosts[:2])
+
+
+def test_a_malformed_peer_record_leaves_auto_on_tcp_with_no_json_error(agent, ctrl_url, unique):
+    """Hostile review N9: transports entries of the wrong types are skipped, never a raw JSON
+    type error from connect_to."""
+    a = agent(ctrl_url=ctrl_url, alias=f"tm_a_{unique}")
+    peer = f"tm_bad_{unique}"
+    status, body = http(ctrl_url, "/start_peer_agent", {
+        "alias": peer, "address": "127.0.0.1",
+        "metadata": {"transports": [5, None, {"name": 7}, {"name": "tcp", "devices": []},
+                                    {"name": "rdma", "devices": ["x"], "ports": [{"device": "x", "ib_port": "1",
+                                                                                 "link_layer": "Ethernet"}]}]}})
+    assert status == 200, body
+    conn = a.connect_to(peer, transport="auto")
+    assert conn.transport == "tcp"
+    assert conn.state == "connecting"
