@@ -118,6 +118,10 @@ class DLSLIME_API Endpoint {
   virtual void unregister_memory_region(const std::string& name) = 0;
   virtual void unregister_memory_region(int32_t handle) = 0;
   virtual nlohmann::json mr_info() const = 0;
+  // mr_info()'s entry for one region, or null when there is none. The default takes the
+  // whole table; the built-in transports look the one name up (a PeerAgent publishing one
+  // region asks every connection's endpoint).
+  virtual nlohmann::json mr_info_of(const std::string& name) const;
 
   // Starts one operation. Malformed requests throw InvalidArgumentError; failures while
   // the op runs (bounds, handles, peer loss, deadline) complete the future with a status.

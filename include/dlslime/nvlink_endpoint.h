@@ -60,6 +60,7 @@ class DLSLIME_API NVLinkEndpoint final : public Endpoint {
   void unregister_memory_region(const std::string& name) override;
   void unregister_memory_region(int32_t handle) override;
   nlohmann::json mr_info() const override;
+  nlohmann::json mr_info_of(const std::string& name) const override;
 
   // read/write with their copies queued on `stream` (a cudaStream_t; nullptr: the device's
   // default stream) instead of the endpoint's own, so they run after the work already on it.

@@ -92,6 +92,7 @@ class DLSLIME_API RDMAEndpoint final : public Endpoint {
   void unregister_memory_region(const std::string& name) override;
   void unregister_memory_region(int32_t handle) override;
   nlohmann::json mr_info() const override;
+  nlohmann::json mr_info_of(const std::string& name) const override;
 
   Capabilities capabilities() const override;
   void shutdown() override;

@@ -1774,7 +1774,8 @@ void PeerAgentImpl::publish_regions() {
 }
 
 json PeerAgentImpl::region_record(const std::string& name) const {
-  json record = regions_->mr_info()[name];
+  // One name's entries only (O(connections x log regions)): publishing is per region.
+  json record = regions_->mr_info_of(name);
   std::vector<std::shared_ptr<PeerConnectionState>> conns;
   {
     std::lock_guard lock(mu_);
@@ -1784,8 +1785,8 @@ json PeerAgentImpl::region_record(const std::string& name) const {
   for (const auto& c : conns) {
     auto ep = c->ep();
     if (!ep) continue;
-    json info = ep->mr_info();
-    if (info.contains(name) && info[name] != record) own[c->incarnation] = info[name];
+    json entry = ep->mr_info_of(name);
+    if (!entry.is_null() && entry != record) own[c->incarnation] = std::move(entry);
   }
   if (!own.empty()) record["endpoints"] = std::move(own);
   return record;

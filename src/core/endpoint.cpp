@@ -1,6 +1,7 @@
 #include "dlslime/endpoint.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "core/fork_generation.h"
 #include "dlslime/errors.h"
@@ -29,6 +30,11 @@ Endpoint::Endpoint() : fork_generation_(fork_generation()) {}
 Endpoint::~Endpoint() = default;
 
 bool Endpoint::inherited_from_parent() const noexcept { return fork_generation_ != fork_generation(); }
+
+nlohmann::json Endpoint::mr_info_of(const std::string& name) const {
+  const nlohmann::json all = mr_info();
+  return all.is_object() && all.contains(name) ? all[name] : nlohmann::json();
+}
 
 bool Endpoint::leave_if_inherited(std::shared_ptr<const void> impl) const {
   if (!inherited_from_parent()) return false;

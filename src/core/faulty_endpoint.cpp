@@ -263,6 +263,7 @@ void FaultyEndpoint::unregister_memory_region(const std::string& name) { inner_-
 void FaultyEndpoint::unregister_memory_region(int32_t handle) { inner_->unregister_memory_region(handle); }
 
 nlohmann::json FaultyEndpoint::mr_info() const { return inner_->mr_info(); }
+nlohmann::json FaultyEndpoint::mr_info_of(const std::string& name) const { return inner_->mr_info_of(name); }
 
 Capabilities FaultyEndpoint::capabilities() const { return inner_->capabilities(); }
 

@@ -338,6 +338,14 @@ size_t MemoryRegistry::size() const {
   return regions_.size();
 }
 
+nlohmann::json MemoryRegistry::mr_info_of(const std::string& name, const MemoryDomain& domain) const {
+  std::lock_guard lock(mu_);
+  auto named = by_name_.find(name);
+  if (named == by_name_.end()) return nullptr;
+  auto it = regions_.find(named->second);
+  return it == regions_.end() ? nlohmann::json() : domain.describe(it->first, it->second);
+}
+
 nlohmann::json MemoryRegistry::mr_info(const MemoryDomain& domain) const {
   std::lock_guard lock(mu_);
   nlohmann::json info = nlohmann::json::object();

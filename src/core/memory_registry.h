@@ -252,6 +252,9 @@ class DLSLIME_API MemoryRegistry {
   // {name: domain.describe(...)}: what a peer of that domain's transport needs to build
   // remote handles.
   nlohmann::json mr_info(const MemoryDomain& domain = OwnerResolvedDomain::instance()) const;
+  // mr_info()'s entry for region `name` alone (null when there is none): O(log n).
+  nlohmann::json mr_info_of(const std::string& name,
+                            const MemoryDomain& domain = OwnerResolvedDomain::instance()) const;
 
  private:
   void drain(const std::shared_ptr<RegionLifetime>& lifetime);

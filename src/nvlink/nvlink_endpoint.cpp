@@ -324,6 +324,9 @@ nlohmann::json NVLinkEndpointImpl::endpoint_info() const {
 }
 
 nlohmann::json NVLinkEndpointImpl::mr_info() const { return regions->mr_info(*domain_); }
+nlohmann::json NVLinkEndpointImpl::mr_info_of(const std::string& name) const {
+  return regions->mr_info_of(name, *domain_);
+}
 
 void NVLinkEndpointImpl::connect(const nlohmann::json& peer) {
   if (!peer.is_object()) throw ConnectionError(fmt::format("peer endpoint_info must be an object, not {}", peer.dump()));
@@ -800,6 +803,7 @@ void NVLinkEndpoint::unregister_memory_region(int32_t handle) {
   impl_->regions->remove(handle);
 }
 nlohmann::json NVLinkEndpoint::mr_info() const { return impl_->mr_info(); }
+nlohmann::json NVLinkEndpoint::mr_info_of(const std::string& name) const { return impl_->mr_info_of(name); }
 
 Future NVLinkEndpoint::read_on(std::vector<Assignment> assignments, void* stream, std::chrono::milliseconds timeout) {
   StreamScope scope(stream);

@@ -105,6 +105,7 @@ class NVLinkEndpointImpl final : public RegionRevoker, public std::enable_shared
   // strict: throw on an unusable entry; else keep it, so that its ops fail with the reason.
   int32_t add_remote(const std::string& name, const nlohmann::json& entry, bool strict);
   nlohmann::json mr_info() const;
+  nlohmann::json mr_info_of(const std::string& name) const;
   // stream: nullopt = the endpoint's own stream.
   Future submit(OpRequest request, std::optional<gpu::Stream> stream);
   void shutdown();

@@ -195,6 +195,7 @@ nlohmann::json RdmaEndpointImpl::endpoint_info() {
 }
 
 nlohmann::json RdmaEndpointImpl::mr_info() const { return regions->mr_info(*domain_); }
+nlohmann::json RdmaEndpointImpl::mr_info_of(const std::string& name) const { return regions->mr_info_of(name, *domain_); }
 
 void RdmaEndpointImpl::connect(const nlohmann::json& peer) {
   std::unique_lock lock(mu_);
@@ -1040,6 +1041,7 @@ void RDMAEndpoint::unregister_memory_region(int32_t handle) {
   impl_->regions->remove(handle);
 }
 nlohmann::json RDMAEndpoint::mr_info() const { return impl_->mr_info(); }
+nlohmann::json RDMAEndpoint::mr_info_of(const std::string& name) const { return impl_->mr_info_of(name); }
 
 Capabilities RDMAEndpoint::capabilities() const {
   Capabilities caps;

@@ -51,6 +51,7 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
   bool is_connected() const;
   int32_t register_remote(const std::string& name, const nlohmann::json& entry);
   nlohmann::json mr_info() const;
+  nlohmann::json mr_info_of(const std::string& name) const;
   Future submit(OpRequest request);
   void shutdown();
   std::vector<uint32_t> qp_nums() const;

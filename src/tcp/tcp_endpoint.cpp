@@ -36,6 +36,7 @@ int32_t TcpEndpoint::register_remote_memory_region(const std::string& name, cons
 void TcpEndpoint::unregister_memory_region(const std::string& name) { impl_->local_regions->remove(name); }
 void TcpEndpoint::unregister_memory_region(int32_t handle) { impl_->local_regions->remove(handle); }
 nlohmann::json TcpEndpoint::mr_info() const { return impl_->local_regions->mr_info(); }
+nlohmann::json TcpEndpoint::mr_info_of(const std::string& name) const { return impl_->local_regions->mr_info_of(name); }
 
 Capabilities TcpEndpoint::capabilities() const {
   Capabilities caps;

@@ -639,6 +639,21 @@ CONFORMANCE_TEST(WriteAndReadAreByteExactWithOffsetsOnBothSides, always, OpKind:
   EXPECT_EQ(dst->bytes(), before);
 }
 
+// mr_info_of(name) is mr_info()'s entry for that region (what a PeerAgent publishes per
+// region), null for a name with none, and follows a registration again and an unregister.
+CONFORMANCE_TEST(MrInfoOfOneRegionIsItsEntryOfTheWholeTable, always) {
+  auto first = buffer(4096);
+  auto second = buffer(8192);
+  a_->register_memory_region("one", first->addr(), 0, 4096);
+  a_->register_memory_region("two", second->addr(), 128, 4096);
+  for (const char* name : {"one", "two"}) EXPECT_EQ(a_->mr_info_of(name), a_->mr_info()[name]) << name;
+  EXPECT_TRUE(a_->mr_info_of("three").is_null());
+  a_->register_memory_region("one", second->addr(), 0, 8192);  // the name, for other bytes
+  EXPECT_EQ(a_->mr_info_of("one"), a_->mr_info()["one"]);
+  a_->unregister_memory_region("two");
+  EXPECT_TRUE(a_->mr_info_of("two").is_null());
+}
+
 CONFORMANCE_TEST(BatchesOf1000ItemsWriteAndReadBack, always, OpKind::kWrite, OpKind::kRead) {
   constexpr size_t n = 1000, item = 64;
   const auto src_bytes = pattern(n * item, 3);
