@@ -110,7 +110,10 @@ class CudaRuntime final : public Runtime {
     cudaPointerAttributes attr{};
     const cudaError_t err = api_.PointerGetAttributes(&attr, ptr);
     if (err != cudaSuccess) {
-      api_.GetLastError();  // older runtimes fail (and set the sticky last error) for plain host memory
+      // A context with a sticky error cannot say where memory lives, and "host" would let
+      // host code touch device memory (a crash): refuse, saying why.
+      if (sticky(err)) check(err, "cudaPointerGetAttributes");
+      api_.GetLastError();  // older runtimes fail (and set the last error) for plain host memory
       return {MemoryType::kHost, -1};
     }
     switch (attr.type) {

@@ -234,6 +234,12 @@ void transfers_after_a_device_fault() {
     Future before = a.write({Assignment{ha, hb, 0, 0, n}});
     require(before.wait_for(std::chrono::seconds(30)) && before.status() == 0, "the write before the fault");
 
+    // Host regions, registered while the GPU can still say where memory lives (after the
+    // fault it cannot, and registration refuses: see test_device_runtime.cpp).
+    std::vector<uint8_t> host_src = pattern(4096, 5), host_dst(4096, 0);
+    const int32_t hs = a.register_memory_region("host_src", reinterpret_cast<uintptr_t>(host_src.data()), 0, 4096);
+    b.register_memory_region("host_dst", reinterpret_cast<uintptr_t>(host_dst.data()), 0, 4096);
+    const int32_t hd = a.register_remote_memory_region("host_dst", b.endpoint_info()["mr_info"]["host_dst"]);
     gpu::Runtime& rt = gpu::runtime();
     void* stray = rt.device_alloc(0, 64);
     std::vector<uint8_t> stray_bytes(128);
@@ -257,10 +263,6 @@ void transfers_after_a_device_fault() {
                 "the op's error names the sticky CUDA error: " + f->message());
       }
     }
-    std::vector<uint8_t> host_src = pattern(4096, 5), host_dst(4096, 0);
-    const int32_t hs = a.register_memory_region("host_src", reinterpret_cast<uintptr_t>(host_src.data()), 0, 4096);
-    b.register_memory_region("host_dst", reinterpret_cast<uintptr_t>(host_dst.data()), 0, 4096);
-    const int32_t hd = a.register_remote_memory_region("host_dst", b.endpoint_info()["mr_info"]["host_dst"]);
     Future host = a.write({Assignment{hs, hd, 0, 0, 4096}});
     require(host.wait_for(std::chrono::seconds(30)).has_value() && host.status() == 0,
             "host memory crosses the same connection after the fault: " + host.message());

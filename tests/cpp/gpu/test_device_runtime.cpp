@@ -441,6 +441,15 @@ void fault_then_check(int which) {
     refused = std::string(e.what()).find("cudaErrorIllegalAddress") != std::string::npos;
   }
   require(refused, "a later allocation on the faulted device fails with the sticky error");
+  // Where memory lives cannot be told any more: asked, the runtime refuses rather than
+  // calling device memory host memory (which host code would then touch).
+  bool unknown = false;
+  try {
+    rt.pointer_info(dev);
+  } catch (const GpuError& e) {
+    unknown = std::string(e.what()).find("cudaErrorIllegalAddress") != std::string::npos;
+  }
+  require(unknown, "pointer_info in the faulted context fails with the sticky error");
   void* other = rt.device_alloc(1, 64);  // another device's context is fine
   rt.device_free(other);
   std::_Exit(0);
