@@ -296,17 +296,11 @@ void NVLinkEndpointImpl::start() {
   regions->attach(domain_);
   regions->watch(std::static_pointer_cast<RegionRevoker>(shared_from_this()));
   // The thread holds the endpoint alive until its last op's copies have run.
-  thread_ = std::thread([self = shared_from_this()] { self->run(); });
+  thread_.start([self = shared_from_this()] { self->run(); });
 }
 
 NVLinkEndpointImpl::~NVLinkEndpointImpl() {
-  if (thread_.joinable()) {
-    if (thread_.get_id() == std::this_thread::get_id()) {
-      thread_.detach();
-    } else {
-      thread_.join();
-    }
-  }
+  thread_.join();
   remote_.clear();  // drops the mappings (ipc_close once no endpoint uses them)
   try {
     for (gpu::Event e : free_events_) rt_.event_destroy(e);
@@ -734,7 +728,7 @@ void NVLinkEndpointImpl::revoke_region(const RegionLifetime& lifetime) {
   });
 }
 
-bool NVLinkEndpointImpl::on_own_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
+bool NVLinkEndpointImpl::on_own_thread() const { return thread_.is_current(); }
 
 std::optional<int32_t> NVLinkEndpointImpl::remote_handle(const std::string& name) const { return remote_.find(name); }
 
@@ -758,7 +752,12 @@ NVLinkEndpoint::NVLinkEndpoint(NvlinkOptions options, std::shared_ptr<MemoryRegi
   impl_->start();
 }
 
-NVLinkEndpoint::~NVLinkEndpoint() { shutdown(); }
+NVLinkEndpoint::~NVLinkEndpoint() {
+  shutdown();
+  // The completion thread ends with the endpoint, once its queued copies have run
+  // (core/completion_thread.h).
+  if (!inherited_from_parent()) impl_->join_thread();
+}
 
 nlohmann::json NVLinkEndpoint::endpoint_info() const { return impl_->endpoint_info(); }
 void NVLinkEndpoint::connect(const nlohmann::json& peer_info) {

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/completion_thread.h"
 #include "core/memory_registry.h"
 #include "core/op_limit.h"
 #include "core/op_state.h"
@@ -109,6 +110,7 @@ class NVLinkEndpointImpl final : public RegionRevoker, public std::enable_shared
   // stream: nullopt = the endpoint's own stream.
   Future submit(OpRequest request, std::optional<gpu::Stream> stream);
   void shutdown();
+  void join_thread() { thread_.join(); }  // after shutdown(): the completion thread ends
   std::optional<int32_t> remote_handle(const std::string& name) const;
   std::optional<std::string> export_refusal(int32_t handle) const { return domain_->refusal(handle); }
 
@@ -171,7 +173,7 @@ class NVLinkEndpointImpl final : public RegionRevoker, public std::enable_shared
   std::condition_variable drained_cv_;  // an op finished (revoke_region waits on it)
 
   RemoteRegions<RemoteKey> remote_;
-  std::thread thread_;
+  CompletionThread thread_;
 };
 
 }  // namespace dlslime

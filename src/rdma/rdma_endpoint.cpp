@@ -138,19 +138,13 @@ void RdmaEndpointImpl::start() {
   regions->watch(std::static_pointer_cast<RegionRevoker>(shared_from_this()));
   // The thread holds the endpoint alive: if a continuation drops the last reference on it,
   // the destructor detaches instead of joining itself.
-  thread_ = std::thread([self = shared_from_this()] { self->run(); });
+  thread_.start([self = shared_from_this()] { self->run(); });
 }
 
 RdmaEndpointImpl::~RdmaEndpointImpl() {
   stop_ = true;
   wake();
-  if (thread_.joinable()) {
-    if (thread_.get_id() == std::this_thread::get_id()) {
-      thread_.detach();
-    } else {
-      thread_.join();
-    }
-  }
+  thread_.join();
   // Children before their parents, as verbs requires (a PD or CQ with live children is
   // EBUSY and leaks; a child destroyed after its context is a call through freed memory):
   // the QPs, then the message pools' MRs (declared before device_, which holds the PD and
@@ -988,7 +982,7 @@ void RdmaEndpointImpl::revoke_region(const RegionLifetime& lifetime) {
   complete_all(done);
 }
 
-bool RdmaEndpointImpl::on_own_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
+bool RdmaEndpointImpl::on_own_thread() const { return thread_.is_current(); }
 
 // --- RDMAEndpoint ------------------------------------------------------------------------
 
@@ -999,7 +993,11 @@ RDMAEndpoint::RDMAEndpoint(RdmaOptions options, std::shared_ptr<MemoryRegistry> 
   impl_->start();
 }
 
-RDMAEndpoint::~RDMAEndpoint() { shutdown(); }
+RDMAEndpoint::~RDMAEndpoint() {
+  shutdown();
+  // The completion thread ends with the endpoint, not after it (core/completion_thread.h).
+  if (!inherited_from_parent()) impl_->join_thread();
+}
 
 nlohmann::json RDMAEndpoint::endpoint_info() const { return impl_->endpoint_info(); }
 void RDMAEndpoint::connect(const nlohmann::json& peer_info) {

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/batch_planner.h"
+#include "core/completion_thread.h"
 #include "core/memory_registry.h"
 #include "core/op_limit.h"
 #include "core/op_state.h"
@@ -54,6 +55,7 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
   nlohmann::json mr_info_of(const std::string& name) const;
   Future submit(OpRequest request);
   void shutdown();
+  void join_thread() { thread_.join(); }  // after shutdown(): the completion thread ends
   std::vector<uint32_t> qp_nums() const;
 
   const RdmaOptions options;
@@ -284,7 +286,7 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
 
   RemoteRegions<RdmaRemoteKey> remote_;
   std::atomic<bool> stop_{false};
-  std::thread thread_;
+  CompletionThread thread_;
 };
 
 }  // namespace dlslime
