@@ -4,8 +4,11 @@
 #pragma once
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -22,6 +25,15 @@ inline bool wait_until(const std::function<bool()>& pred,
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   return true;
+}
+
+// A check in a death test's child (a process of its own, for what nothing in the parent
+// can undo, such as a sticky GPU error): a failure prints what broke and exits 1, which the
+// parent's EXPECT_EXIT(..., ExitedWithCode(0), "") reports with the output.
+inline void require_in_child(bool ok, const std::string& what) {
+  if (ok) return;
+  std::fprintf(stderr, "FAILED: %s\n", what.c_str());
+  std::_Exit(1);
 }
 
 inline uintptr_t addr_of(std::vector<uint8_t>& v) { return reinterpret_cast<uintptr_t>(v.data()); }

@@ -20,6 +20,7 @@
 #include "dlslime/dlslime.h"
 #include "device_buffer.h"
 #include "gpu/device_runtime.h"
+#include "test_support.h"
 
 using namespace dlslime;
 
@@ -212,11 +213,7 @@ TEST_F(TcpGpu, SendAndRecvOfGpuMemoryAreByteExactAndKeepTheirOrderWithHostMessag
 // memory still crosses it), and the endpoints shut down. In a process of its own: nothing
 // clears the fault. Prints what broke and exits 1, or exits 0.
 void transfers_after_a_device_fault() {
-  auto require = [](bool ok, const std::string& what) {
-    if (ok) return;
-    std::fprintf(stderr, "FAILED: %s\n", what.c_str());
-    std::_Exit(1);
-  };
+  const auto require = test_support::require_in_child;
   ::setenv("DLSLIME_GPU_SIM", "1", 1);
   const size_t n = 2 * kChunk;
   // Leaked on purpose: freeing device memory in a faulted context fails.

@@ -21,6 +21,7 @@
 
 #include "gpu/device_runtime.h"
 #include "gpu/sim_cudart.h"
+#include "../test_support.h"
 
 extern char** environ;
 
@@ -406,11 +407,7 @@ TEST(SimGpu, EventsOfOneStreamDoNotWaitForAnother) {
 // and that the process must restart; every later call on that device fails the same way.
 // Nothing clears it, so each case runs in a process of its own.
 void fault_then_check(int which) {
-  auto require = [](bool ok, const std::string& what) {
-    if (ok) return;
-    std::fprintf(stderr, "FAILED: %s\n", what.c_str());
-    std::_Exit(1);
-  };
+  const auto require = test_support::require_in_child;
   Runtime& rt = sim_runtime();
   void* dev = rt.device_alloc(0, 100);
   std::vector<uint8_t> host(200);

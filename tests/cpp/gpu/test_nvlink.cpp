@@ -29,6 +29,7 @@
 #include "dlslime/tcp_endpoint.h"
 #include "gpu/device_runtime.h"
 #include "gpu/sim_cudart.h"
+#include "../test_support.h"
 
 extern char** environ;
 
@@ -406,11 +407,7 @@ TEST(Nvlink, OneProcessUsesItsOwnPointersInsteadOfIpcHandles) {
 // thread's safety poll; an op submitted after the fault fails at once. Shutdown returns.
 // In a process of its own: nothing clears the fault. Prints what broke and exits 1.
 void ops_after_a_device_fault() {
-  auto require = [](bool ok, const std::string& what) {
-    if (ok) return;
-    std::fprintf(stderr, "FAILED: %s\n", what.c_str());
-    std::_Exit(1);
-  };
+  const auto require = test_support::require_in_child;
   // Leaked on purpose: freeing device memory in a faulted context fails.
   auto* a = new DeviceBuffer(kAlloc, 1);
   auto* b = new DeviceBuffer(kAlloc, 2);
