@@ -8,12 +8,11 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
+#include <nlohmann/json.hpp>
 
 #include "dlslime/endpoint.h"
 #include "dlslime/export.h"
 #include "dlslime/future.h"
-#include "dlslime/tcp_endpoint.h"
 
 namespace dlslime {
 
@@ -23,15 +22,11 @@ struct DLSLIME_API PeerAgentOptions {
   std::string alias;
   // Agents see only agents of the same scope.
   std::string scope;
-  // The RDMA device this agent's connections use where connect_to (or a peer's handshake)
-  // names none (upstream DLSlime's `device`); empty: the first with an active port. Must be
-  // one available_transports() lists for rdma (InvalidArgumentError otherwise).
+  // The device (NIC) this agent's connections use where connect_to (or a peer's handshake)
+  // names none (upstream DLSlime's `device`); empty: each transport's first usable one. Must
+  // be a device available_transports() lists for a transport the agent serves
+  // (InvalidArgumentError otherwise).
   std::string device;
-  // The GPU (device ordinal of this process's GPU runtime) this agent's NVLink endpoints copy
-  // with and map peers' memory on: NVLinkEndpoint's `device`, for connect_to's and the passive
-  // side's alike. Published in the agent's record, where transport="auto" reads it. Where the
-  // agent serves nvlink it must be one of the runtime's devices (InvalidArgumentError).
-  int nvlink_device = 0;
   // How often the agent heartbeats; 0 = what NanoCtrl suggests at registration (ttl / 4).
   std::chrono::milliseconds heartbeat_interval{0};
   // Deadline of each control-plane request.
@@ -44,35 +39,46 @@ struct DLSLIME_API PeerAgentOptions {
   size_t max_connecting = 64;
   // NanoCtrl's bearer token. Empty: DLSLIME_NANOCTRL_TOKEN (none when that is unset too).
   std::string ctrl_token;
-  // Options of the TCP endpoints the agent makes (the bind address comes per connection,
-  // ConnectOptions::local_host/local_port); tcp.token is the shared secret every TCP
-  // connection of the agent authenticates with. It never leaves this process.
-  TcpOptions tcp = TcpOptions::from_env();
+  // Each transport's agent-wide options, keyed by its name; each transport checks its own
+  // (InvalidArgumentError for an unknown key or a bad value), and a name that is no
+  // transport is refused too. What the built-in ones take (docs/peer-agent.md):
+  //   "tcp":    TcpEndpoint's option keys over DLSLIME_TCP_* (TcpOptions::from_json), with
+  //             "token", the shared secret every TCP connection authenticates with (it never
+  //             leaves this process); the bind address comes per connection (ConnectOptions).
+  //   "rdma":   {"device"}: overrides `device` above for RDMA.
+  //   "nvlink": {"device": GPU ordinal of this process's runtime, 0 by default}: the GPU its
+  //             endpoints copy with; published for transport="auto".
+  nlohmann::json transport_options = nlohmann::json::object();
   // For fault-injection tests: called with every endpoint the agent makes (connect_to's and
   // the ones made for a peer's connect message), and the agent uses the endpoint it returns
   // instead (a decorator that delays, drops or fails ops). Empty: endpoints are used as made.
   std::function<std::shared_ptr<Endpoint>(std::shared_ptr<Endpoint>)> wrap_endpoint;
 };
 
-// RDMA's per-connection parameters (DLSlime's connect_to keywords).
-struct DLSLIME_API RdmaConnectOptions {
-  int ib_port = 1;
-  int qp_num = 1;
+// connect_to()'s options: DLSlime's connect_to keywords. Each transport reads the ones it
+// knows and ignores the rest (docs/peer-agent.md, "Transport options").
+struct DLSLIME_API ConnectOptions {
+  // A name from available_transports(), or "auto": the highest-ranked transport both agents
+  // serve that reaches the peer (NVLink on one host and GPU runtime; RDMA with a common link
+  // layer; TCP anywhere). PeerConnection::selection_reason() says which, and why each one
+  // ranked above it was passed over. "rdma" is DLSlime's default; "tcp" works on every
+  // host. NVLink moves GPU memory only (docs/peer-agent.md).
+  std::string transport = "rdma";
+  // The NIC pair (RDMA's devices here and on the peer); empty: any.
   std::string local_device;
   std::string peer_device;
-};
-
-struct DLSLIME_API ConnectOptions {
-  // A name from available_transports(), or "auto": NVLink when both agents serve it on one
-  // host with the same GPU runtime; else RDMA when both agents publish a usable RDMA port of
-  // the same link layer (within local_device/peer_device when set); else TCP
-  // (PeerConnection::selection_reason() says which and why). "rdma" is DLSlime's default;
-  // "tcp" works on every host. NVLink moves GPU memory only (docs/peer-agent.md).
-  std::string transport = "rdma";
   // TCP's bind address for this connection's endpoint (port 0: the OS picks one).
   std::string local_host = "0.0.0.0";
   uint16_t local_port = 0;
-  RdmaConnectOptions rdma;
+  // RDMA's port and queue pairs per connection.
+  int ib_port = 1;
+  int qp_num = 1;
+  // More keys for a transport that takes others (a plug-in's own); they override the above.
+  nlohmann::json extra = nlohmann::json::object();
+
+  // {"local_host", "local_port", "ib_port", "qp_num", "local_device", "peer_device"} and
+  // `extra`: what the transports' hooks read.
+  nlohmann::json to_json() const;
 };
 
 // One item of a named batch: regions by name instead of handle. Offsets are in PeerAgent

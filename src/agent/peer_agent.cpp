@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -20,10 +19,10 @@
 #include "core/log.h"
 #include "core/memory_registry.h"
 #include "core/op_state.h"
+#include "core/record_fields.h"
 #include "core/transport_registry.h"
 #include "dlslime/errors.h"
 #include "dlslime/nanoctrl_client.h"
-#include "gpu/device_runtime.h"
 
 namespace dlslime {
 
@@ -57,13 +56,18 @@ class PeerAgentImpl;
 class PeerConnectionState {
  public:
   PeerConnectionState(std::string peer, std::string conn_id, ConnectOptions requested, bool passive)
-      : peer_alias(std::move(peer)), conn_id(std::move(conn_id)), requested(std::move(requested)), passive(passive) {}
+      : peer_alias(std::move(peer)),
+        conn_id(std::move(conn_id)),
+        requested(std::move(requested)),
+        request(this->requested.to_json()),
+        passive(passive) {}
 
   const std::string peer_alias;
   const std::string conn_id;
   // What connect_to() asked for (a passive side's: the defaults, with the transport the
   // peer's message names). transport "auto" is decided once the peer's record is known.
   const ConnectOptions requested;
+  const json request;  // requested.to_json(): what the transports' hooks read
   // Random per endpoint made here, sent in every connect message: the peer tells a new
   // endpoint of ours (a reconnect) from a repeat of the same handshake by it.
   const std::string incarnation = random_id();
@@ -150,6 +154,13 @@ class PeerConnectionState {
     return (local.empty() || local == local_nic) && (remote.empty() || remote == remote_nic);
   }
 };
+
+json ConnectOptions::to_json() const {
+  json j = {{"local_host", local_host}, {"local_port", local_port}, {"ib_port", ib_port},
+            {"qp_num", qp_num}, {"local_device", local_device}, {"peer_device", peer_device}};
+  if (extra.is_object()) j.update(extra);
+  return j;
+}
 
 void PeerConnection::wait(std::chrono::milliseconds timeout) const {
   std::unique_lock lock(state_->mu);
@@ -282,6 +293,13 @@ class TaskThreads {
   std::vector<uint64_t> finished_;
 };
 
+// A transport's answer to "does it reach the peer?", with the transport's name and rank.
+struct Considered {
+  std::string transport;
+  int rank = 0;
+  TransportReach reach;
+};
+
 class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
  public:
   explicit PeerAgentImpl(PeerAgentOptions options);
@@ -328,13 +346,18 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   // POSTs an agent route naming our registration (alias and, when NanoCtrl issued one,
   // its incarnation), so NanoCtrl applies it to that registration only.
   json agent_call(const std::string& path, json body);
-  // This agent's factory options for an endpoint of `transport`, and what a peer is told
-  // to make its side with (docs/peer-agent.md, "Transport options").
-  json own_options(const std::string& transport, const ConnectOptions& o) const;
-  json options_for_peer(const std::string& transport, const ConnectOptions& o) const;
-  // The options of a passive side's endpoint: its own, with the peer's `from_peer` (only
-  // the keys options_for_peer() sends) applied.
+  // The transport's agent-wide settings (configured at construction); {} for one not served.
+  json settings_of(const std::string& transport) const;
+  // Through the transport's hooks (core/transport_registry.h): the factory options of
+  // connect_to's endpoint for `request` (ConnectOptions::to_json()), what the peer is told
+  // to make its side with, and the options of a passive side's endpoint from what the peer
+  // sent (docs/peer-agent.md, "Transport options").
+  json own_options(const std::string& transport, const json& request) const;
+  json options_for_peer(const std::string& transport, const json& request) const;
   json passive_options(const std::string& transport, const json& from_peer) const;
+  // Every built transport, highest rank first, with whether it reaches the peer whose record
+  // is `record` for `request`, and why (not).
+  std::vector<Considered> consider(const json& record, const std::string& peer, const json& request) const;
   // Whether this agent serves `transport` (published at registration).
   bool serves(const std::string& transport) const;
   // A connection to `peer` for `requested`. Its transport and endpoint are made at once,
@@ -395,9 +418,13 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   bool sleep_for(std::chrono::milliseconds d);
 
   std::string alias_;
-  // The transports available here at construction, with their devices: what the agent
-  // serves and publishes ([{"name", "devices"}], in the registry's order).
-  const json served_;
+  // The transports available here at construction, with their devices and what each
+  // advertises: what the agent serves and publishes ([{"name", "devices", ...}], in the
+  // registry's order). Set by the constructor, read-only after, like settings_ (transport
+  // name -> its configured agent settings) and address_ (published in the record).
+  json served_;
+  json settings_ = json::object();
+  std::string address_;
   std::shared_ptr<MemoryRegistry> regions_ = std::make_shared<MemoryRegistry>();
   // Our registration: whether NanoCtrl holds one made by this agent now, and the
   // incarnation it returned for it ("" from a NanoCtrl that issues none). shutdown()
@@ -443,74 +470,17 @@ constexpr auto kRepost = std::chrono::milliseconds(1000);
 // message is dropped; a real peer posts again every kRepost while unanswered.
 constexpr int kMaxPassiveHandshakes = 8;
 
-std::string local_address(const TcpOptions& tcp) {
-  if (!tcp.advertise_host.empty()) return tcp.advertise_host;
+// The host name, for an agent whose transports publish no address of their own.
+std::string host_name() {
   char name[256] = {};
   if (::gethostname(name, sizeof name - 1) == 0 && name[0]) return name;
   return "127.0.0.1";
 }
 
-// Every active RDMA port here, as transport="auto" compares them: [{"device", "ib_port",
-// "link_layer"}], from the registry's port listing (the device layer; no endpoint is made).
-json rdma_ports() {
-  json out = json::array();
-  for (const auto& p : TransportRegistry::instance().ports("rdma")) {
-    out.push_back({{"device", p.device}, {"ib_port", p.port}, {"link_layer", p.link_layer}});
-  }
-  return out;
-}
-
-// This host's boot id: the one NVLinkEndpoint::connect compares ("the same host"; it reads
-// the same file, nvlink::boot_id()). "" where the file cannot be read.
-std::string host_boot_id() {
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(in, id);
-  return id;
-}
-
-// The transports available here, as published: [{"name", "devices"}], for rdma "ports"
-// (rdma_ports()), and for nvlink what transport="auto" compares: the host's boot id, the GPU
-// runtime ("cuda" or "sim": the two cannot open each other's handles), the agent's GPU, its
-// UUID and the UUIDs of the GPUs it can access (peer access; itself included). UUIDs, not
-// device numbers, because two processes may number one GPU differently
-// (CUDA_VISIBLE_DEVICES); a GPU this process cannot see is not in `reaches`, as CUDA IPC
-// cannot open its memory here either.
-json available_here(int nvlink_device) {
-  json out = json::array();
-  for (const auto& t : TransportRegistry::instance().list()) {
-    if (!t.available) continue;
-    json entry = {{"name", t.name}, {"devices", t.devices}};
-    if (t.name == "rdma") entry["ports"] = rdma_ports();
-    if (t.name == "nvlink") {
-      gpu::Runtime& rt = gpu::runtime();  // available: the probe found a runtime
-      entry["host"] = host_boot_id();
-      entry["runtime"] = rt.name();
-      entry["device"] = nvlink_device;
-      // A GPU the runtime does not have publishes nothing more: the constructor refuses it.
-      if (nvlink_device >= 0 && nvlink_device < rt.device_count()) {
-        entry["uuid"] = rt.device_uuid(nvlink_device);
-        json reaches = json::array();
-        for (int d = 0; d < rt.device_count(); ++d) {
-          if (rt.can_access_peer(nvlink_device, d)) reaches.push_back(rt.device_uuid(d));
-        }
-        entry["reaches"] = std::move(reaches);
-      }
-    }
-    out.push_back(std::move(entry));
-  }
-  return out;
-}
-
-// A peer's record is anyone's to write (NanoCtrl without a token): its fields are read by
-// type, and a field of the wrong type reads as absent, never as an exception.
-std::string text_field(const json& entry, const char* key) {
-  return entry.is_object() && entry.contains(key) && entry[key].is_string() ? entry[key].get<std::string>()
-                                                                             : std::string();
-}
-std::optional<int64_t> int_field(const json& entry, const char* key) {
-  if (!entry.is_object() || !entry.contains(key) || !entry[key].is_number_integer()) return std::nullopt;
-  return entry[key].get<int64_t>();
+// The agent hooks of transport `name` (core/transport_registry.h); null for one not built.
+const AgentHooks* hooks_of(const std::string& name) {
+  const TransportEntry* e = TransportRegistry::instance().find(name);
+  return e ? &e->agent : nullptr;
 }
 
 // The entry of transport `name` in a published transports list; null when there is none.
@@ -522,199 +492,24 @@ json transport_entry(const json& transports, const std::string& name) {
   return nullptr;
 }
 
-// The "ports" of the rdma entry of a published transports list; empty when there is none.
-json rdma_ports_of(const json& transports) {
-  const json entry = transport_entry(transports, "rdma");
-  return entry.is_object() && entry.contains("ports") && entry["ports"].is_array() ? entry["ports"] : json::array();
+// The transports list of a peer's NanoCtrl record; null when the record has none (another
+// implementation, or an agent from before they were published).
+json published_transports(const json& record) {
+  if (!record.is_object() || !record.contains("metadata") || !record["metadata"].is_object()) return nullptr;
+  const json& meta = record["metadata"];
+  return meta.contains("transports") && meta["transports"].is_array() ? meta["transports"] : json(nullptr);
 }
 
-// A published RDMA port as auto compares it: a device, a port number and a link layer, each
-// of its type; nullopt for an entry that lacks one (a malformed record).
-struct RdmaPort {
-  std::string device;
-  int64_t ib_port = 0;
-  std::string link_layer;
-};
-std::optional<RdmaPort> rdma_port(const json& p) {
-  const std::optional<int64_t> port = int_field(p, "ib_port");
-  RdmaPort out{text_field(p, "device"), port.value_or(0), text_field(p, "link_layer")};
-  if (!port || out.device.empty() || out.link_layer.empty()) return std::nullopt;
-  return out;
-}
-
-std::string layer_label(const std::string& layer) {
-  if (layer == "Ethernet") return "RoCE";
-  if (layer == "InfiniBand") return "IB";
-  return layer;
-}
-
-struct Choice {
-  std::string transport;
-  std::string reason;
-  RdmaConnectOptions rdma;
-};
-
-// Whether NVLink can connect this agent (its published transports `served`) and the peer
-// whose NanoCtrl record is `record`: both serve nvlink, on one host (the boot id), with the
-// same GPU runtime, and each GPU's UUID is in the other's `reaches` (peer access both ways:
-// each side opens the other's memory). Both sides compare the same two entries, so they
-// agree. A peer entry without `uuid` and `reaches` (an agent from before they were
-// published) is taken to reach us, and the reason says it was not checked. `text` says how,
-// or why not (for "auto"'s reason and an explicit connect_to's error).
-struct NvlinkPath {
-  bool ok = false;
-  bool peer_serves = false;  // the peer's record has an nvlink entry
-  std::string text;          // ok: "both agents on host h, GPU 0 -> GPU 1 ... via CUDA IPC"; else why not
-};
-
-NvlinkPath nvlink_path(const json& served, const json& record, const std::string& peer, const std::string& host) {
-  const auto& text_of = text_field;
-  const json mine = transport_entry(served, "nvlink");
-  if (mine.is_null()) return {false, false, "this agent serves none"};
-  const json meta = record.is_object() && record.contains("metadata") ? record["metadata"] : json();
-  const json theirs = meta.is_object() && meta.contains("transports") ? transport_entry(meta["transports"], "nvlink")
-                                                                       : json();
-  if (!theirs.is_object()) return {false, false, fmt::format("the peer agent '{}' does not serve it", peer)};
-  const std::string boot = text_of(mine, "host");
-  if (boot.empty() || text_of(theirs, "host") != boot) {
-    return {false, true, fmt::format("the peer agent '{}' is on another host", peer)};
+// The peer's published entry for `name`, as a transport's reach() reads it: its object
+// ({"name"} alone for a bare name, as earlier agents listed them); null when none.
+json peer_entry(const json& record, const std::string& name) {
+  const json transports = published_transports(record);
+  if (transports.is_null()) return nullptr;
+  for (const auto& t : transports) {
+    if (t.is_string() && t.get<std::string>() == name) return json{{"name", name}};
+    if (t.is_object() && text_field(t, "name") == name) return t;
   }
-  const std::string runtime = text_of(mine, "runtime");
-  if (text_of(theirs, "runtime") != runtime) {
-    const std::string other = text_of(theirs, "runtime");
-    return {false, true,
-            fmt::format("the peer agent '{}' uses the {} GPU runtime, this agent the {} one", peer,
-                        other.empty() ? "unknown" : other, runtime)};
-  }
-  const bool checked = theirs.contains("uuid") || theirs.contains("reaches");
-  if (checked) {
-    auto reaches = [](const json& entry, const std::string& uuid) {
-      if (!entry.contains("reaches") || !entry["reaches"].is_array()) return false;
-      for (const auto& u : entry["reaches"]) {
-        if (u.is_string() && u.get<std::string>() == uuid) return true;
-      }
-      return false;
-    };
-    const std::string my_uuid = text_of(mine, "uuid");
-    const std::string their_uuid = text_of(theirs, "uuid");
-    if (their_uuid.empty() || !theirs.contains("reaches") || !theirs["reaches"].is_array()) {
-      return {false, true, fmt::format("the peer agent '{}' publishes no valid GPU uuid and reaches", peer)};
-    }
-    auto short_id = [](const std::string& uuid) { return uuid.substr(0, 8); };
-    if (!reaches(mine, their_uuid)) {
-      return {false, true,
-              fmt::format("GPU {} cannot access GPU {} of '{}'", short_id(my_uuid), short_id(their_uuid), peer)};
-    }
-    if (!reaches(theirs, my_uuid)) {
-      return {false, true,
-              fmt::format("GPU {} of '{}' cannot access GPU {}", short_id(their_uuid), peer, short_id(my_uuid))};
-    }
-  }
-  const int here = mine["device"].get<int>();  // ours: available_here() wrote it
-  const bool known = theirs.contains("device") && theirs["device"].is_number_integer();
-  const std::string there = known ? std::to_string(theirs["device"].get<int64_t>()) : "?";
-  const bool same = known && theirs["device"].get<int64_t>() == here;
-  return {true, true,
-          fmt::format("both agents on host {}, GPU {} -> GPU {} via {}{}", host, here, there,
-                      runtime == "sim" ? "the simulated GPU's IPC" : "CUDA IPC",
-                      checked || same ? "" : " (peer access between the GPUs is not checked)")};
-}
-
-// RDMA when a usable port of this agent (within local_device/ib_port when
-// set) and one the peer publishes (within peer_device) have the same link layer, TCP
-// otherwise. `record` is the peer's NanoCtrl record. Both sides of a connection come to the
-// same answer from the same records, so a peer that also asks for "auto" agrees.
-Choice choose_rdma_or_tcp(const json& served, const std::string& served_reason, const json& record,
-                          const std::string& peer, const RdmaConnectOptions& o) {
-  Choice c{"tcp", "", o};
-  std::vector<RdmaPort> local;
-  for (const auto& p : rdma_ports_of(served)) {
-    const std::optional<RdmaPort> port = rdma_port(p);  // ours: always well formed
-    if (port && (o.local_device.empty() || port->device == o.local_device) && port->ib_port == o.ib_port) {
-      local.push_back(*port);
-    }
-  }
-  if (local.empty()) {
-    c.reason = rdma_ports_of(served).empty()
-                   ? "tcp: this agent serves no RDMA device (" + served_reason + ")"
-                   : fmt::format("tcp: this agent has no usable RDMA port {}{}", o.local_device.empty() ? "" : o.local_device + " ",
-                                 o.ib_port);
-    return c;
-  }
-  const json meta = record.is_object() && record.contains("metadata") ? record["metadata"] : json();
-  if (!meta.is_object() || !meta.contains("transports")) {
-    c.reason = fmt::format("tcp: the peer agent '{}' publishes no transports (another implementation?)", peer);
-    return c;
-  }
-  std::vector<RdmaPort> remote;
-  size_t malformed = 0;
-  for (const auto& p : rdma_ports_of(meta["transports"])) {
-    const std::optional<RdmaPort> port = rdma_port(p);
-    if (!port) {
-      ++malformed;
-      continue;
-    }
-    // ib_port is both sides' (as upstream DLSlime's): the passive side opens that port too.
-    if ((o.peer_device.empty() || port->device == o.peer_device) && port->ib_port == o.ib_port) {
-      remote.push_back(*port);
-    }
-  }
-  if (remote.empty()) {
-    if (malformed > 0) {
-      c.reason = fmt::format(
-          "tcp: the peer agent '{}' publishes {} malformed RDMA port(s) (each needs a string device and link_layer "
-          "and an integer ib_port){}",
-          peer, malformed, rdma_ports_of(meta["transports"]).size() > malformed ? " and no usable one" : "");
-    } else if (rdma_ports_of(meta["transports"]).empty()) {
-      c.reason = fmt::format("tcp: the peer agent '{}' publishes no RDMA device", peer);
-    } else {
-      c.reason = o.peer_device.empty()
-                     ? fmt::format("tcp: the peer agent '{}' publishes no RDMA port {}", peer, o.ib_port)
-                     : fmt::format("tcp: the peer agent '{}' publishes no RDMA device '{}' port {}", peer,
-                                   o.peer_device, o.ib_port);
-    }
-    return c;
-  }
-  for (const auto& l : local) {
-    for (const auto& r : remote) {
-      const std::string& layer = l.link_layer;
-      if (layer != r.link_layer) continue;
-      c.transport = "rdma";
-      c.rdma.local_device = l.device;
-      c.rdma.peer_device = r.device;
-      c.reason = fmt::format("rdma: both agents serve {} ({} here, {} on '{}')", layer_label(layer),
-                             c.rdma.local_device, c.rdma.peer_device, peer);
-      return c;
-    }
-  }
-  auto layers = [](const std::vector<RdmaPort>& ports) {
-    std::vector<std::string> out;
-    for (const auto& p : ports) out.push_back(p.device + " " + layer_label(p.link_layer));
-    return fmt::format("{}", fmt::join(out, ", "));
-  };
-  c.reason = fmt::format("tcp: no RDMA link layer in common (this agent: {}; '{}': {})", layers(local), peer,
-                         layers(remote));
-  return c;
-}
-
-// transport="auto": NVLink when nvlink_path() finds one, else RDMA or TCP as above; where
-// this agent serves nvlink, the reason also says why NVLink was not taken. `host` names this
-// host in the reason.
-Choice choose_auto(const json& served, const std::string& served_reason, const json& record, const std::string& peer,
-                   const RdmaConnectOptions& o, const std::string& host) {
-  const NvlinkPath nv = nvlink_path(served, record, peer, host);
-  if (nv.ok) return {"nvlink", "nvlink: " + nv.text, o};
-  Choice c = choose_rdma_or_tcp(served, served_reason, record, peer, o);
-  if (!transport_entry(served, "nvlink").is_null()) c.reason += " (nvlink: " + nv.text + ")";
-  return c;
-}
-
-// Why rdma is not served here, for a selection reason ("" when it is).
-std::string rdma_unavailable_reason() {
-  for (const auto& t : TransportRegistry::instance().list()) {
-    if (t.name == "rdma") return t.available ? "" : t.reason;
-  }
-  return "not built";
+  return nullptr;
 }
 
 std::string names_of(const json& transports) {
@@ -727,11 +522,10 @@ std::string names_of(const json& transports) {
 // `transport`; nullopt if it can, or if its record does not say (another implementation).
 // Names are accepted as strings too (the metadata of earlier agents: ["tcp"]).
 std::optional<std::string> not_served_by(const json& record, const std::string& peer, const std::string& transport) {
-  if (!record.is_object() || !record.contains("metadata") || !record["metadata"].is_object()) return std::nullopt;
-  const json& meta = record["metadata"];
-  if (!meta.contains("transports") || !meta["transports"].is_array()) return std::nullopt;
+  const json transports = published_transports(record);
+  if (transports.is_null()) return std::nullopt;
   std::vector<std::string> names;
-  for (const auto& t : meta["transports"]) {
+  for (const auto& t : transports) {
     if (t.is_string()) names.push_back(t.get<std::string>());
     if (t.is_object() && t.contains("name") && t["name"].is_string()) names.push_back(t["name"].get<std::string>());
   }
@@ -740,39 +534,118 @@ std::optional<std::string> not_served_by(const json& record, const std::string& 
                      names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", ")));
 }
 
+struct Choice {
+  std::string transport;  // "" when none reaches
+  std::string reason;
+  json request;           // connect_to's request with what the transport chose in it
+};
+
+}  // namespace
+
+// Every transport built here, each asked whether it reaches the peer whose NanoCtrl record
+// is `record`: one this agent does not serve or the peer's record rules out is passed over
+// with that reason; the others answer through their reach() hook (a transport without one
+// reaches every peer that serves it).
+std::vector<Considered> PeerAgentImpl::consider(const json& record, const std::string& peer,
+                                                const json& request) const {
+  std::vector<Considered> out;
+  for (const TransportInfo& t : TransportRegistry::instance().list()) {
+    const AgentHooks* hooks = hooks_of(t.name);
+    if (!hooks) continue;  // not built
+    Considered c{t.name, hooks->rank, {false, "", true, request}};
+    const json mine = transport_entry(served_, t.name);
+    if (mine.is_null()) {
+      c.reach.reason = t.available ? "this agent does not serve it" : "not available here (" + t.reason + ")";
+    } else if (not_served_by(record, peer, t.name)) {
+      c.reach.reason = fmt::format("the peer agent '{}' does not serve it", peer);
+    } else if (hooks->reach) {
+      const json settings = settings_of(t.name);
+      const json theirs = peer_entry(record, t.name);
+      c.reach = hooks->reach(ReachQuery{settings, mine, theirs, request, peer, address_});
+    } else {
+      c.reach = {true, "both agents serve it", true, request};
+    }
+    out.push_back(std::move(c));
+  }
+  std::stable_sort(out.begin(), out.end(), [](const Considered& a, const Considered& b) { return a.rank > b.rank; });
+  return out;
+}
+
+namespace {
+
+// transport="auto": the highest-ranked transport that reaches. Its reason comes first, then
+// each transport ranked above it with why it was passed over, so a user sees why NVLink or
+// RDMA was not taken. Both sides of a connection come to the same answer from the same
+// records, so a peer that also asks for "auto" agrees.
+Choice choose(const std::vector<Considered>& considered, const std::string& peer) {
+  auto best = std::find_if(considered.begin(), considered.end(), [](const Considered& c) { return c.reach.ok; });
+  if (best == considered.end()) {
+    std::vector<std::string> why;
+    for (const auto& c : considered) why.push_back(c.transport + ": " + c.reach.reason);
+    return {"", fmt::format("no transport reaches the peer agent '{}' ({})", peer, fmt::join(why, "; ")), nullptr};
+  }
+  Choice out{best->transport, best->transport + ": " + best->reach.reason, best->reach.request};
+  for (auto it = considered.begin(); it != best; ++it) {
+    out.reason += fmt::format(" ({}: {})", it->transport, it->reach.reason);
+  }
+  return out;
+}
+
 }  // namespace
 
 PeerAgentImpl::PeerAgentImpl(PeerAgentOptions opts)
-    : options(std::move(opts)),
-      ctrl(options.ctrl_url, options.scope, options.ctrl_timeout, options.ctrl_token),
-      served_(available_here(options.nvlink_device)) {
-  options.tcp.validate();
+    : options(std::move(opts)), ctrl(options.ctrl_url, options.scope, options.ctrl_timeout, options.ctrl_token) {
   if (options.heartbeat_interval.count() < 0) throw InvalidArgumentError("heartbeat_interval must be >= 0");
   if (options.max_connecting == 0) throw InvalidArgumentError("max_connecting must be >= 1");
-  if (const json nv = transport_entry(served_, "nvlink"); !nv.is_null() || options.nvlink_device < 0) {
-    const size_t count = nv.is_null() ? 0 : nv["devices"].size();
-    if (options.nvlink_device < 0 || static_cast<size_t>(options.nvlink_device) >= count) {
-      throw InvalidArgumentError(fmt::format("nvlink_device={} is not a GPU of this process (the {} runtime has {})",
-                                             options.nvlink_device, nv.is_null() ? "GPU" : nv.value("runtime", ""),
-                                             count));
+  const json& given = options.transport_options;
+  if (!given.is_object()) {
+    throw InvalidArgumentError(fmt::format("transport_options must be an object keyed by transport name, not {}",
+                                           given.dump()));
+  }
+  const std::vector<TransportInfo> transports = TransportRegistry::instance().list();
+  std::vector<std::string> known;
+  for (const auto& t : transports) known.push_back(t.name);
+  for (const auto& [name, value] : given.items()) {
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      throw InvalidArgumentError(fmt::format("transport_options names no transport: '{}' (known: {})", name,
+                                             fmt::join(known, ", ")));
+    }
+    if (!value.is_object()) {
+      throw InvalidArgumentError(fmt::format("transport_options['{}'] must be an object, not {}", name, value.dump()));
     }
   }
+  // The transports available here: each one's settings checked by itself, and what it
+  // publishes ({"name", "devices"} and its advertise()), in the registry's order.
+  served_ = json::array();
+  for (const auto& t : transports) {
+    if (!t.available) continue;
+    const AgentHooks* hooks = hooks_of(t.name);
+    const json mine = given.contains(t.name) ? given[t.name] : json::object();
+    json settings = hooks && hooks->configure ? hooks->configure(mine, options.device) : mine;
+    json entry = {{"name", t.name}, {"devices", t.devices}};
+    if (hooks && hooks->advertise) entry.update(hooks->advertise(settings));
+    if (address_.empty() && hooks && hooks->address) address_ = hooks->address(settings);
+    settings_[t.name] = std::move(settings);
+    served_.push_back(std::move(entry));
+  }
+  if (address_.empty()) address_ = host_name();
   if (!options.device.empty()) {
     std::vector<std::string> devices;
-    for (const auto& t : served_) {
-      if (t["name"] == "rdma") devices = t["devices"].get<std::vector<std::string>>();
+    bool found = false;
+    for (const auto& t : transports) {
+      if (!t.available || t.devices.empty()) continue;
+      devices.push_back(fmt::format("{}: {}", t.name, fmt::join(t.devices, ", ")));
+      found = found || std::find(t.devices.begin(), t.devices.end(), options.device) != t.devices.end();
     }
-    if (std::find(devices.begin(), devices.end(), options.device) == devices.end()) {
-      throw InvalidArgumentError(fmt::format("device '{}' is not an RDMA device of this host (available: {}{})",
-                                             options.device, devices.empty() ? "none" : fmt::format("{}", fmt::join(devices, ", ")),
-                                             devices.empty() ? "; " + rdma_unavailable_reason() : ""));
+    if (!found) {
+      throw InvalidArgumentError(fmt::format("device '{}' is not a device of this host (available: {})", options.device,
+                                             devices.empty() ? "none" : fmt::format("{}", fmt::join(devices, "; "))));
     }
   }
 }
 
 json PeerAgentImpl::registration_body() const {
-  json body = {{"address", local_address(options.tcp)},
-               {"metadata", {{"transports", served_}, {"instance", instance_}}}};
+  json body = {{"address", address_}, {"metadata", {{"transports", served_}, {"instance", instance_}}}};
   if (!alias_.empty()) body["alias"] = alias_;
   return body;
 }
@@ -1131,56 +1004,27 @@ bool PeerAgentImpl::is_current_instance(const std::string& peer, const std::stri
   return registered_instance(peer) == instance;
 }
 
-json PeerAgentImpl::own_options(const std::string& transport, const ConnectOptions& o) const {
-  if (transport == "tcp") {
-    json j = options.tcp.to_json();
-    j.erase("authenticated");        // a report of whether a token is set, not an option
-    j["token"] = options.tcp.token;  // to_json() leaves the secret out; the factory needs it
-    j["ip"] = o.local_host;
-    j["port"] = o.local_port;
-    return j;
-  }
-  if (transport == "rdma") {
-    return {{"ib_port", o.rdma.ib_port},
-            {"num_qp", o.rdma.qp_num},
-            {"device_name", o.rdma.local_device.empty() ? options.device : o.rdma.local_device}};
-  }
-  if (transport == "nvlink") return {{"device", options.nvlink_device}};
-  return json::object();  // a transport without agent-level options: its defaults
+json PeerAgentImpl::settings_of(const std::string& transport) const {
+  return settings_.contains(transport) ? settings_[transport] : json::object();
 }
 
-json PeerAgentImpl::options_for_peer(const std::string& transport, const ConnectOptions& o) const {
-  // The connection's shape, chosen by the side that called connect_to. Everything else
-  // (timeouts, buffers, the token, the bind address) stays each agent's own.
-  if (transport == "tcp") return {{"lanes", options.tcp.lanes}, {"chunk_size", options.tcp.chunk_size}};
-  if (transport == "rdma") {
-    return {{"qp_num", o.rdma.qp_num}, {"device", o.rdma.peer_device}, {"ib_port", o.rdma.ib_port}};
-  }
-  return json::object();
+json PeerAgentImpl::own_options(const std::string& transport, const json& request) const {
+  const AgentHooks* hooks = hooks_of(transport);
+  return hooks && hooks->active_options ? hooks->active_options(settings_of(transport), request)
+                                        : settings_of(transport);
+}
+
+json PeerAgentImpl::options_for_peer(const std::string& transport, const json& request) const {
+  const AgentHooks* hooks = hooks_of(transport);
+  return hooks && hooks->peer_options ? hooks->peer_options(settings_of(transport), request) : json::object();
 }
 
 json PeerAgentImpl::passive_options(const std::string& transport, const json& from_peer) const {
-  if (transport == "rdma") {
-    // The connection's shape, in connect_to's terms: the caller's qp_num, and its peer_device
-    // as our device (empty: the first active one). The types are checked here; the values
-    // by RdmaOptions (InvalidArgumentError).
-    ConnectOptions o;
-    if (from_peer.contains("qp_num")) o.rdma.qp_num = from_peer["qp_num"].get<int>();
-    if (from_peer.contains("ib_port")) o.rdma.ib_port = from_peer["ib_port"].get<int>();
-    if (from_peer.contains("device")) o.rdma.local_device = from_peer["device"].get<std::string>();
-    return own_options(transport, o);
-  }
-  json j = own_options(transport, ConnectOptions{});
-  // Only what options_for_peer() sends: a peer must not set our token, timeouts or address.
-  const json allowed = options_for_peer(transport, ConnectOptions{});
-  for (const auto& [key, value] : from_peer.items()) {
-    if (allowed.contains(key)) {
-      j[key] = value;  // checked by the transport's factory (InvalidArgumentError)
-    } else {
-      DLSLIME_DEBUG("PeerAgent '{}': ignoring the peer's {} option '{}'", alias_, transport, key);
-    }
-  }
-  return j;
+  // Anyone may post a connect message: the transport takes only the keys its peer_options()
+  // sends, never our token, timeouts or address.
+  const AgentHooks* hooks = hooks_of(transport);
+  return hooks && hooks->passive_options ? hooks->passive_options(settings_of(transport), from_peer)
+                                         : settings_of(transport);
 }
 
 bool PeerAgentImpl::serves(const std::string& transport) const {
@@ -1221,17 +1065,19 @@ std::shared_ptr<PeerConnectionState> PeerAgentImpl::make_connection(const std::s
     return c;
   }
   const std::string& t = requested.transport;
-  const json endpoint_options = passive ? passive_options(t, passive_from) : own_options(t, requested);
+  const json endpoint_options = passive ? passive_options(t, passive_from) : own_options(t, c->request);
   auto ep = make_endpoint(t, endpoint_options);
   const std::string nic = device_of(ep->endpoint_info());
   std::lock_guard lock(c->mu);
   c->transport = t;
   c->selection_reason = passive ? fmt::format("{}: the peer agent '{}' connected over it", t, peer)
                                 : fmt::format("{}: requested", t);
-  c->peer_options = options_for_peer(t, requested);
+  c->peer_options = options_for_peer(t, c->request);
   c->endpoint = std::move(ep);
   c->local_nic = nic;
-  if (t == "rdma" && !passive) c->remote_nic = requested.rdma.peer_device;
+  // A transport whose endpoints name a device: the peer's is the one asked for until the
+  // peer's endpoint_info says.
+  if (!passive && !nic.empty()) c->remote_nic = requested.peer_device;
   return c;
 }
 
@@ -1240,21 +1086,19 @@ bool PeerAgentImpl::decide(const std::shared_ptr<PeerConnectionState>& c, const 
   if (c->ep()) return true;
   Choice choice;
   if (peer_transport.empty()) {
-    RdmaConnectOptions wanted = c->requested.rdma;
-    if (wanted.local_device.empty()) wanted.local_device = options.device;
-    choice = choose_auto(served_, rdma_unavailable_reason(), record.value_or(json()), c->peer_alias, wanted,
-                         local_address(options.tcp));
+    choice = choose(consider(record.value_or(json()), c->peer_alias, c->request), c->peer_alias);
+    if (choice.transport.empty()) {
+      c->finish("failed", choice.reason);
+      return false;
+    }
   } else {
     choice = {peer_transport, fmt::format("{}: the peer agent '{}' connects over it", peer_transport, c->peer_alias),
-              c->requested.rdma};
+              c->request};
   }
-  ConnectOptions o = c->requested;
-  o.transport = choice.transport;
-  o.rdma = choice.rdma;
   std::shared_ptr<Endpoint> ep;
   try {
-    ep = make_endpoint(o.transport, peer_transport.empty() ? own_options(o.transport, o)
-                                                           : passive_options(o.transport, peer_options));
+    ep = make_endpoint(choice.transport, peer_transport.empty() ? own_options(choice.transport, choice.request)
+                                                                : passive_options(choice.transport, peer_options));
   } catch (const std::exception& e) {
     c->finish("failed", fmt::format("{}; but making its endpoint failed: {}", choice.reason, e.what()));
     return false;
@@ -1263,12 +1107,14 @@ bool PeerAgentImpl::decide(const std::shared_ptr<PeerConnectionState>& c, const 
   {
     std::lock_guard lock(c->mu);
     if (!c->endpoint && c->state == "connecting") {
-      c->transport = o.transport;
+      c->transport = choice.transport;
       c->selection_reason = choice.reason;
-      c->peer_options = options_for_peer(o.transport, o);
+      c->peer_options = options_for_peer(choice.transport, choice.request);
       c->endpoint = ep;
       c->local_nic = nic;
-      if (o.transport == "rdma" && c->remote_nic.empty() && peer_transport.empty()) c->remote_nic = o.rdma.peer_device;
+      if (!nic.empty() && c->remote_nic.empty() && peer_transport.empty()) {
+        c->remote_nic = text_field(choice.request, "peer_device");
+      }
       ep.reset();
     }
   }
@@ -1391,11 +1237,16 @@ PeerConnection PeerAgentImpl::connect_to(const std::string& peer, const ConnectO
     } catch (const InvalidArgumentError& e) {
       throw InvalidArgumentError(fmt::format("{} (or \"auto\")", e.what()));
     }
+    if (!serves(o.transport)) {  // available now, but not when this agent was made (a plug-in)
+      throw NotImplementedError(fmt::format("PeerAgent '{}' does not serve transport \"{}\" (it was not available "
+                                            "when the agent was made); it serves: {}",
+                                            alias_, o.transport, names_of(served_)));
+    }
   }
   // The NIC pair asked for ("" = any): a live connection on it (and of this transport) is
   // returned; another pair makes another connection to the same peer.
-  const std::string want_local = o.rdma.local_device.empty() ? options.device : o.rdma.local_device;
-  const std::string& want_remote = o.rdma.peer_device;
+  const std::string want_local = o.local_device.empty() ? options.device : o.local_device;
+  const std::string& want_remote = o.peer_device;
   auto same_link = [&](const std::shared_ptr<PeerConnectionState>& c) {
     const std::string t = c->transport_name();
     const bool transport_ok = o.transport == "auto" || t == "auto" || t == o.transport;
@@ -1471,13 +1322,18 @@ void PeerAgentImpl::claim_and_post(const std::shared_ptr<PeerConnectionState>& c
     c->finish("failed", *why);
     return;
   }
-  if (c->transport_name() == "nvlink") {
-    // Its endpoint's connect() would refuse it too, but only once the peer answered.
-    const NvlinkPath nv = nvlink_path(served_, record, c->peer_alias, local_address(options.tcp));
-    if (!nv.ok && nv.peer_serves) {  // a record that does not say is tried (not_served_by)
+  // A transport asked for by name that its reach() says cannot connect the two fails now,
+  // with its reason, rather than once the peer answered (its endpoint's connect() would
+  // refuse it then). One whose answer the peer's record cannot settle (an earlier agent)
+  // is tried.
+  if (!c->passive && c->requested.transport != "auto") {
+    const std::string t = c->transport_name();
+    for (const Considered& k : consider(record, c->peer_alias, c->request)) {
+      if (k.transport != t || k.reach.ok || !k.reach.checked) continue;
       c->shutdown_endpoint();
-      c->finish("failed", fmt::format("NVLink cannot reach the peer agent '{}': {}; use transport=\"rdma\" or \"tcp\"",
-                                      c->peer_alias, nv.text));
+      c->finish("failed", fmt::format("transport \"{}\" cannot reach the peer agent '{}': {}; choose another or "
+                                      "transport=\"auto\"",
+                                      t, c->peer_alias, k.reach.reason));
       return;
     }
   }
@@ -1592,7 +1448,7 @@ std::shared_ptr<PeerConnectionState> PeerAgentImpl::connected(const std::string&
       }
     }
     throw ConnectionError(
-        fmt::format("no connection to '{}'; call connect_to(\"{}\", transport=\"tcp\") first", peer, peer),
+        fmt::format("no connection to '{}'; call connect_to(\"{}\") first", peer, peer),
         StatusCode::kNotConnected);
   }
   std::lock_guard lock(c->mu);

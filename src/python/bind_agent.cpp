@@ -217,7 +217,9 @@ void bind_agent(py::module_& m) {
                if (!py::isinstance<py::int_>(nvlink_device) || py::isinstance<py::bool_>(nvlink_device)) {
                  throw py::type_error("nvlink_device must be an int (a GPU device ordinal) or None");
                }
-               o.nvlink_device = nvlink_device.cast<int>();
+               const auto gpu = nvlink_device.cast<int64_t>();
+               if (gpu < 0) throw py::value_error(fmt::format("nvlink_device={} is not a GPU device ordinal", gpu));
+               o.transport_options["nvlink"] = {{"device", gpu}};
              }
              if (!max_connecting.is_none()) {
                if (!py::isinstance<py::int_>(max_connecting) || py::isinstance<py::bool_>(max_connecting)) {
@@ -231,7 +233,7 @@ void bind_agent(py::module_& m) {
              // tcp_token= set one of them alone. None keeps the environment's default.
              const std::vector<std::string> tokens = {"token", "ctrl_token", "nanoctrl_token", "tcp_token"};
 #ifdef DLSLIME_WITH_TCP
-             o.tcp = tcp_options_from_kwargs(kwargs, tokens);
+             TcpOptions tcp = tcp_options_from_kwargs(kwargs, tokens);
 #else
              // A build without TCP has no TCP options to set.
              for (auto item : kwargs) {
@@ -255,10 +257,20 @@ void bind_agent(py::module_& m) {
                }
                return t;
              };
-             if (auto t = token_kw("token")) o.ctrl_token = o.tcp.token = *t;
+             std::optional<std::string> tcp_token;
+             if (auto t = token_kw("token")) o.ctrl_token = *(tcp_token = *t);
              if (auto t = token_kw("nanoctrl_token")) o.ctrl_token = *t;
              if (auto t = token_kw("ctrl_token")) o.ctrl_token = *t;
-             if (auto t = token_kw("tcp_token")) o.tcp.token = *t;
+             if (auto t = token_kw("tcp_token")) tcp_token = *t;
+#ifdef DLSLIME_WITH_TCP
+             if (tcp_token) tcp.token = *tcp_token;
+             // The TCP transport's agent options (PeerAgentOptions::transport_options), the
+             // token with them: to_json() leaves the secret out.
+             nlohmann::json tcp_json = tcp.to_json();
+             tcp_json.erase("authenticated");
+             tcp_json["token"] = tcp.token;
+             o.transport_options["tcp"] = std::move(tcp_json);
+#endif
              return make_without_gil<PeerAgent>(std::move(o));
            }),
            // Upstream DLSlime's positional order: (nanoctrl_url, alias, device, scope).
@@ -361,13 +373,13 @@ void bind_agent(py::module_& m) {
             // None (upstream DLSlime's defaults for these) keeps ours.
             if (!local_host.is_none()) o.local_host = str_arg(local_host, "local_host");
             o.local_port = int_arg<uint16_t>(local_port, "local_port");
-            if (!ib_port.is_none()) o.rdma.ib_port = int_arg<int>(ib_port, "ib_port");
-            if (!qp_num.is_none()) o.rdma.qp_num = int_arg<int>(qp_num, "qp_num");
-            o.rdma.local_device = optional_str_arg(local_device, "local_device");
-            o.rdma.peer_device = optional_str_arg(peer_device, "peer_device");
+            if (!ib_port.is_none()) o.ib_port = int_arg<int>(ib_port, "ib_port");
+            if (!qp_num.is_none()) o.qp_num = int_arg<int>(qp_num, "qp_num");
+            o.local_device = optional_str_arg(local_device, "local_device");
+            o.peer_device = optional_str_arg(peer_device, "peer_device");
             // Earlier versions of this package took the transport second; that call now names
             // a device. Say so rather than look for an RDMA device called "tcp".
-            for (const auto& d : {o.rdma.local_device, o.rdma.peer_device}) {
+            for (const auto& d : {o.local_device, o.peer_device}) {
               if (d == "tcp" || d == "rdma" || d == "auto") {
                 throw py::value_error(fmt::format(
                     "connect_to(): device '{}' is a transport name; the positional order is upstream DLSlime's "

@@ -1,4 +1,6 @@
 // The TCP transport's entry in the transport registry (core/transport_registry.h).
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -31,8 +33,64 @@ struct TcpTransport {
   }
 };
 
+namespace {
+
+// The agent's TCP settings: TcpOptions' keys and the token, over DLSLIME_TCP_* (from_env()).
+nlohmann::json tcp_settings(const nlohmann::json& settings, const std::string& /*device*/) {
+  const TcpOptions o = TcpOptions::from_json(settings.is_null() ? nlohmann::json::object() : settings);
+  nlohmann::json j = o.to_json();
+  j.erase("authenticated");  // a report of whether a token is set, not an option
+  j["token"] = o.token;      // to_json() leaves the secret out; the factory needs it (never published)
+  return j;
+}
+
+// The address an agent publishes: the advertised host, else the host name.
+std::string tcp_address(const nlohmann::json& settings) {
+  if (const std::string host = settings.value("advertise_host", ""); !host.empty()) return host;
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) == 0 && name[0]) return name;
+  return "127.0.0.1";
+}
+
+TransportReach tcp_reach(const ReachQuery& q) { return {true, "both agents serve it", true, q.request}; }
+
+// Every agent setting, and the bind address connect_to() asks for (local_host, local_port).
+nlohmann::json tcp_endpoint_options(const nlohmann::json& settings, const nlohmann::json& request) {
+  nlohmann::json j = settings;
+  j["ip"] = request.value("local_host", std::string("0.0.0.0"));
+  j["port"] = request.value("local_port", 0);
+  return j;
+}
+
+// The connection's shape, chosen by the side that called connect_to. Everything else
+// (timeouts, buffers, the token, the bind address) stays each agent's own.
+nlohmann::json tcp_peer_options(const nlohmann::json& settings, const nlohmann::json&) {
+  return {{"lanes", settings.at("lanes")}, {"chunk_size", settings.at("chunk_size")}};
+}
+
+nlohmann::json tcp_passive_options(const nlohmann::json& settings, const nlohmann::json& from_peer) {
+  nlohmann::json j = tcp_endpoint_options(settings, nlohmann::json::object());
+  for (const char* key : {"lanes", "chunk_size"}) {
+    if (from_peer.contains(key)) j[key] = from_peer[key];  // checked by the factory (InvalidArgumentError)
+  }
+  return j;
+}
+
+}  // namespace
+
 void register_tcp_transport(TransportRegistry& registry) {
-  registry.add({"tcp", [] { return TransportProbe{true, "", {}}; }, &TcpTransport::make});
+  TransportEntry entry;
+  entry.name = "tcp";
+  entry.probe = [] { return TransportProbe{true, "", {}}; };
+  entry.make = &TcpTransport::make;
+  entry.agent.rank = 100;  // works between any two hosts: what "auto" falls back to
+  entry.agent.configure = &tcp_settings;
+  entry.agent.reach = &tcp_reach;
+  entry.agent.active_options = &tcp_endpoint_options;
+  entry.agent.peer_options = &tcp_peer_options;
+  entry.agent.passive_options = &tcp_passive_options;
+  entry.agent.address = &tcp_address;
+  registry.add(std::move(entry));
 }
 
 }  // namespace dlslime

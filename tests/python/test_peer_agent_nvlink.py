@@ -215,7 +215,7 @@ def test_auto_falls_back_when_the_peer_does_not_serve_nvlink_and_explicit_nvlink
     ca = a.ask(op="connect", transport="auto")
     assert ca["transport"] == "tcp", ca
     if NVLINK["built"]:
-        assert ca["reason"].endswith(f" (nvlink: the peer agent 'nf_b_{unique}' does not serve it)"), ca
+        assert f" (nvlink: the peer agent 'nf_b_{unique}' does not serve it)" in ca["reason"], ca
     cb = b.ask(op="connect", transport="auto")  # the connection a's handshake made here
     assert cb["transport"] == "tcp" and "nvlink" not in cb["reason"], cb
     assert a.ask(op="write", local=100, remote=7000, n=5000)["status"] == OK
