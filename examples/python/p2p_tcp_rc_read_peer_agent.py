@@ -23,12 +23,9 @@ def target(ctrl_url, me, peer):
     with PeerAgent(ctrl_url=ctrl_url, alias=me) as agent:
         agent.register_memory_region("weights", ctypes.addressof(weights), 0, SIZE)
         agent.connect_to(peer, transport="tcp").wait()
+        # Serve until the initiator says it is done reading.
         done = ctypes.create_string_buffer(8)
         ok = agent.recv(peer, (ctypes.addressof(done), 0, 8)).wait() == 0
-        # Leave only after the initiator knows we are done: it waits for this "bye" (an agent
-        # that leaves first could close its endpoint before our own connect_to() dial is up).
-        bye = ctypes.create_string_buffer(b"bye", 8)
-        ok = agent.send(peer, (ctypes.addressof(bye), 0, 8)).wait() == 0 and ok
     sys.exit(0 if ok else 1)
 
 
@@ -47,9 +44,8 @@ def initiator(ctrl_url, me, peer):
         status = fut.wait()
         ok = status == 0 and dst.raw[: SIZE - 4096] == content()[4096:]
         print(f"[{me}] read {fut.nbytes} B status={status} bytes match: {ok}")
-        note, bye = ctypes.create_string_buffer(b"done", 8), ctypes.create_string_buffer(8)
-        agent.send(peer, (ctypes.addressof(note), 0, 8)).wait()
-        ok = agent.recv(peer, (ctypes.addressof(bye), 0, 8)).wait() == 0 and ok  # the target is done
+        note = ctypes.create_string_buffer(b"done", 8)
+        ok = agent.send(peer, (ctypes.addressof(note), 0, 8)).wait() == 0 and ok
     sys.exit(0 if ok else 1)
 
 

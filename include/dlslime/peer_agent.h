@@ -105,8 +105,11 @@ class DLSLIME_API PeerConnection {
  public:
   explicit PeerConnection(std::shared_ptr<PeerConnectionState> state) : state_(std::move(state)) {}
 
-  // Waits until the handshake completed. Throws TimeoutError after `timeout`, and
-  // ConnectionError if the handshake failed.
+  // Waits until the handshake completed: both directions are up (each side's connect()
+  // returned; an agent that writes and leaves at once cannot fail its peer's dial). A
+  // handshake that completed returns, even if the peer has left since (state() says
+  // "closed"). Throws TimeoutError after `timeout`, and ConnectionError if the handshake
+  // failed.
   void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(60000)) const;
   bool is_connected() const;
   // "connecting", "connected", "failed" or "closed".

@@ -101,6 +101,14 @@ class PeerConnectionState {
   std::string remote_nic;
   bool info_sent = false;       // our endpoint_info was posted to the peer (it had registered)
   bool dialing = false;         // endpoint->connect() runs on a handshake thread
+  // Both directions: the connection is up once this side's connect() returned (`dialed`)
+  // and, for a peer that confirms its own (`confirms_dial` in its connect message), once its
+  // "dialed" message came (`peer_dialed`). Otherwise an agent that connected, wrote and left
+  // at once would close its listener under its peer's dial, failing the peer's wait().
+  bool dialed = false;
+  bool peer_confirms = false;
+  bool peer_dialed = false;
+  bool was_connected = false;  // the handshake completed (state may be "closed" since)
   std::chrono::steady_clock::time_point last_post;  // when, for re-posting
   std::map<std::string, int32_t> remote_handles;  // remote region name -> handle
 
@@ -108,6 +116,7 @@ class PeerConnectionState {
     {
       std::lock_guard lock(mu);
       if (state == "closed") return;
+      if (new_state == "connected") was_connected = true;
       state = new_state;
       error = why;
       auth_failed = auth;
@@ -177,7 +186,9 @@ void PeerConnection::wait(std::chrono::milliseconds timeout) const {
   if (state_->auth_failed) {
     throw AuthenticationError(fmt::format("connection to '{}' failed: {}", state_->peer_alias, state_->error));
   }
-  if (state_->state != "connected") {
+  // A handshake that completed is what wait() reports, even when the peer has left since
+  // (it wrote and shut down at once): state() and the next op say that it is closed now.
+  if (state_->state != "connected" && !state_->was_connected) {
     throw ConnectionError(fmt::format("connection to '{}' {}: {}", state_->peer_alias, state_->state, state_->error));
   }
 }
@@ -398,6 +409,13 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   // fails the connection instead if that agent does not serve its transport.
   void claim_and_post(const std::shared_ptr<PeerConnectionState>& c, const json& record);
   bool post_pending();
+  // Tells the peer our connect() returned (error empty) or why it failed.
+  void post_dialed(const std::shared_ptr<PeerConnectionState>& c, const std::string& error);
+  void on_dialed(const std::string& from, const json& msg);
+  // Waits, at most `bound`, for dials in progress (their "dialed" still to post) and for
+  // the connections whose peer is dialing this agent now (our side is up and its "dialed"
+  // has not come), so that leaving does not fail the peer's wait().
+  void wait_for_peer_dials(std::chrono::milliseconds bound);
   void dial(const std::shared_ptr<PeerConnectionState>& c, const json& peer_info);
   void retire(const std::shared_ptr<PeerConnectionState>& c, const std::string& why);
   // A peer's cleanup: the connection is closed for new ops at once, but its endpoint is
@@ -444,6 +462,9 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   mutable std::mutex mu_;
   // peer alias -> its connections (several on different NIC pairs), in the order made.
   std::multimap<std::string, std::shared_ptr<PeerConnectionState>> conns_;
+  // Connections whose handshake completed and whose peer then left (its cleanup), for a
+  // connect_to() that comes after; forgotten once the alias is registered again.
+  std::multimap<std::string, std::shared_ptr<PeerConnectionState>> departed_;  // mu_
   // Endpoints of connections closed by a peer's cleanup, until shut_down_retired().
   std::vector<std::pair<std::shared_ptr<Endpoint>, std::chrono::steady_clock::time_point>> retired_;  // mu_
   uint64_t next_conn_ = 0;
@@ -464,6 +485,8 @@ constexpr auto kPeerPoll = std::chrono::milliseconds(50);
 constexpr auto kPeerGoneGrace = std::chrono::milliseconds(2000);
 // A handshake message not answered within this long is posted again.
 constexpr auto kRepost = std::chrono::milliseconds(1000);
+// How long shutdown() waits for peers whose dial to this agent is in flight.
+constexpr auto kPeerDialGrace = std::chrono::milliseconds(3000);
 // Handshakes a peer's connect message (not our connect_to) may have dialling at once. The
 // mailbox is unauthenticated without a NanoCtrl token: anyone can post connect messages
 // under any alias, each pointing at an address of their choice. Past the bound such a
@@ -773,6 +796,10 @@ void PeerAgentImpl::on_message(const json& envelope) {
   const std::string type = msg.at("type").get<std::string>();
   if (type == "cleanup") {
     const std::string peer = msg.at("peer").get<std::string>();
+    {
+      std::lock_guard lock(mu_);
+      std::erase_if(departed_, [&](const auto& entry) { return entry.first == peer; });  // an earlier departure
+    }
     const auto conns = connections_to(peer);
     if (conns.empty()) return;
     const std::string now = registered_instance(peer);
@@ -788,15 +815,28 @@ void PeerAgentImpl::on_message(const json& envelope) {
         DLSLIME_DEBUG("PeerAgent '{}': ignoring a late cleanup of an earlier '{}' ({})", alias_, peer, c->conn_id);
         continue;
       }
+      bool completed = false;
+      {
+        std::lock_guard clock(c->mu);
+        completed = c->was_connected;
+      }
       {
         std::lock_guard lock(mu_);
         erase_locked(c);
+        // Its handshake completed: a connect_to() that comes after the peer left (it wrote
+        // and shut down before we asked) gets this connection, not a new attempt towards
+        // an agent that is gone.
+        if (completed) departed_.emplace(peer, c);
       }
       retire_after_peer_loss(c, "the peer agent '" + peer + "' shut down");
     }
     return;
   }
   if (type == "connect_peer") return;  // desired-topology intent; connect_to drives connections
+  if (type == "dialed") {
+    on_dialed(envelope.at("from").get<std::string>(), msg);
+    return;
+  }
   if (type != "connect") {
     DLSLIME_DEBUG("PeerAgent '{}': ignoring mailbox message of type '{}'", alias_, type);
     return;
@@ -873,6 +913,12 @@ void PeerAgentImpl::on_message(const json& envelope) {
   }
   if (duplicate) {
     if (!peer_has_ours) post_info(c);
+    bool confirm = false;
+    {
+      std::lock_guard lock(c->mu);
+      confirm = c->dialed && c->peer_confirms;
+    }
+    if (confirm) post_dialed(c, "");  // our "dialed" may be what the peer still waits for
     return;
   }
   if (stale) retire(stale, "replaced: the peer agent reconnected");
@@ -922,17 +968,22 @@ void PeerAgentImpl::on_message(const json& envelope) {
     return;
   }
   bool dial_now = false;
+  bool confirm_again = false;
   {
     std::lock_guard lock(c->mu);
     c->peer_info = info;
     c->peer_incarnation = peer_incarnation;
     c->peer_instance = instance;
     c->remote_nic = sender_nic;
+    c->peer_confirms = msg.contains("confirms_dial") && msg["confirms_dial"].is_boolean() &&
+                       msg["confirms_dial"].get<bool>();
     send_info = !c->info_sent || !peer_has_ours;
     c->info_sent = true;
-    // A repeat that arrives while the first one's dial runs changes nothing.
-    dial_now = c->state == "connecting" && !c->dialing;
+    // A repeat that arrives while the first one's dial runs, or after it (waiting for the
+    // peer's "dialed"), dials nothing; after it, it says "dialed" again (ours may be lost).
+    dial_now = c->state == "connecting" && !c->dialing && !c->dialed;
     if (dial_now) c->dialing = true;
+    confirm_again = c->dialed && c->peer_confirms;
   }
   if (send_info) {
     try {
@@ -944,7 +995,60 @@ void PeerAgentImpl::on_message(const json& envelope) {
       throw;
     }
   }
+  if (confirm_again) post_dialed(c, "");
   if (dial_now) start_dial(c, info);
+}
+
+void PeerAgentImpl::post_dialed(const std::shared_ptr<PeerConnectionState>& c, const std::string& error) {
+  json msg = {{"type", "dialed"}, {"incarnation", c->incarnation}, {"instance", instance_}, {"ok", error.empty()}};
+  {
+    std::lock_guard lock(c->mu);
+    msg["to_incarnation"] = c->peer_incarnation;
+    msg["to_instance"] = c->peer_instance;
+  }
+  if (!error.empty()) msg["error"] = error;
+  try {
+    ctrl.post(c->peer_alias, msg, alias_);
+  } catch (const std::exception& e) {
+    // The peer re-posts its connect message while it waits, and gets "dialed" again then.
+    DLSLIME_DEBUG("PeerAgent '{}': telling '{}' that {} failed: {}", alias_, c->peer_alias,
+                  error.empty() ? "our dial is up" : "our dial failed", e.what());
+  }
+}
+
+void PeerAgentImpl::on_dialed(const std::string& from, const json& msg) {
+  const std::string ours = text_field(msg, "to_incarnation");
+  const std::string theirs = text_field(msg, "incarnation");
+  const bool ok = !msg.contains("ok") || !msg["ok"].is_boolean() || msg["ok"].get<bool>();
+  for (const auto& c : connections_to(from)) {
+    bool up = false;
+    {
+      std::lock_guard lock(c->mu);
+      // Only the peer endpoint this connection shook hands with can confirm it.
+      if (c->incarnation != ours || c->peer_incarnation.empty() || c->peer_incarnation != theirs) continue;
+      if (c->state != "connecting") return;
+      if (ok) {
+        c->peer_dialed = true;
+        up = c->dialed;
+      }
+    }
+    if (!ok) {
+      const std::string why = fmt::format("the peer agent '{}' could not connect to this agent: {}", from,
+                                          text_field(msg, "error"));
+      if (c->passive) {
+        drop_passive(c, why);
+      } else {
+        c->shutdown_endpoint();
+        c->finish("failed", why);
+      }
+    } else if (up) {
+      c->finish("connected", "");
+      DLSLIME_INFO("PeerAgent '{}': connected to '{}' over {} ({})", alias_, c->peer_alias, c->transport_name(),
+                   c->conn_id);
+    }
+    return;
+  }
+  DLSLIME_DEBUG("PeerAgent '{}': a \"dialed\" message from '{}' matches no connection", alias_, from);
 }
 
 std::shared_ptr<PeerConnectionState> PeerAgentImpl::match_locked(const std::string& peer, const std::string& transport,
@@ -1152,6 +1256,7 @@ void PeerAgentImpl::post_info(const std::shared_ptr<PeerConnectionState>& c) {
                     {"instance", instance_},
                     {"to_instance", to_instance},
                     {"to_incarnation", to_incarnation},
+                    {"confirms_dial", true},  // we post "dialed" once our connect() returned
                     {"endpoint_info", ep->endpoint_info()}};
   ctrl.post(c->peer_alias, msg, alias_);
 }
@@ -1169,12 +1274,36 @@ void PeerAgentImpl::start_dial(const std::shared_ptr<PeerConnectionState>& c, co
 void PeerAgentImpl::dial(const std::shared_ptr<PeerConnectionState>& c, const json& peer_info) {
   try {
     c->ep()->connect(peer_info);  // decided before any dial (on_message)
-    c->finish("connected", "");
-    DLSLIME_INFO("PeerAgent '{}': connected to '{}' over {} ({})", alias_, c->peer_alias, c->transport_name(),
-                 c->conn_id);
+    bool up = false, confirm = false;
+    {
+      std::lock_guard lock(c->mu);
+      c->dialed = true;
+      confirm = c->peer_confirms;
+      up = !c->peer_confirms || c->peer_dialed;
+    }
+    // Up before the peer hears of it: once it has, it may write, leave, and have its
+    // cleanup reach us before this thread runs again. (Our own user may see us up and
+    // leave before the post below: shutdown() waits for this dial to end first.)
+    if (up) {
+      c->finish("connected", "");
+      DLSLIME_INFO("PeerAgent '{}': connected to '{}' over {} ({})", alias_, c->peer_alias, c->transport_name(),
+                   c->conn_id);
+    } else {
+      DLSLIME_DEBUG("PeerAgent '{}': our side to '{}' is up; waiting for its side ({})", alias_, c->peer_alias,
+                    c->conn_id);
+    }
+    if (confirm) post_dialed(c, "");
   } catch (const std::exception& e) {
     const bool auth = dynamic_cast<const AuthenticationError*>(&e) != nullptr;
     DLSLIME_WARN("PeerAgent '{}': connecting to '{}' failed: {}", alias_, c->peer_alias, e.what());
+    bool confirm = false;
+    {
+      std::lock_guard lock(c->mu);
+      confirm = c->peer_confirms;
+    }
+    // The peer waits for our side: tell it why it will not come (an authentication failure
+    // it sees itself, with its own error).
+    if (confirm && !auth && !stopping_) post_dialed(c, e.what());
     if (auth) {
       // Kept open (until replaced or shut down): the peer's own handshake against this
       // endpoint must end with the authentication error too, not with a refused dial.
@@ -1192,6 +1321,7 @@ void PeerAgentImpl::dial(const std::shared_ptr<PeerConnectionState>& c, const js
     std::lock_guard lock(c->mu);
     c->dialing = false;
   }
+  c->cv.notify_all();  // shutdown() waits for dials in progress (wait_for_peer_dials)
   if (c->passive) passive_dials_.fetch_sub(1);
 }
 
@@ -1254,8 +1384,12 @@ PeerConnection PeerAgentImpl::connect_to(const std::string& peer, const ConnectO
     return transport_ok && c->could_be_on(want_local, want_remote);
   };
   std::vector<std::shared_ptr<PeerConnectionState>> stale;
+  std::shared_ptr<PeerConnectionState> departed;
   {
     std::lock_guard lock(mu_);
+    for (auto [it, last] = departed_.equal_range(peer); it != last; ++it) {
+      if (same_link(it->second)) departed = it->second;  // the latest
+    }
     for (auto [it, last] = conns_.equal_range(peer); it != last;) {
       if (!same_link(it->second)) {
         ++it;
@@ -1284,6 +1418,12 @@ PeerConnection PeerAgentImpl::connect_to(const std::string& peer, const ConnectO
   // concurrently: a peer that has not registered yet gets our endpoint_info as soon as it
   // does (post_pending, from the mailbox thread), and "auto" chooses then.
   const std::optional<json> record = ctrl.get_peer_agent(peer);
+  if (departed) {
+    // The agent it was with is gone and none has registered under its alias since.
+    if (!record) return PeerConnection(departed);
+    std::lock_guard lock(mu_);
+    std::erase_if(departed_, [&](const auto& entry) { return entry.first == peer; });
+  }
   auto c = make_connection(peer, o, record, /*passive=*/false);
   {
     std::lock_guard lock(mu_);
@@ -1357,7 +1497,9 @@ bool PeerAgentImpl::post_pending() {
       if (c->state != "connecting") continue;
       if (!c->info_sent) {
         unregistered.push_back(c);
-      } else if (c->peer_info.is_null() && now - c->last_post > kRepost) {
+      } else if ((c->peer_info.is_null() || (c->dialed && c->peer_confirms && !c->peer_dialed)) &&
+                 now - c->last_post > kRepost) {
+        // No answer, or no "dialed" yet: our connect message again makes the peer repeat it.
         unanswered.push_back(c);
       }
     }
@@ -1648,7 +1790,28 @@ json PeerAgentImpl::region_record(const std::string& name) const {
   return record;
 }
 
+void PeerAgentImpl::wait_for_peer_dials(std::chrono::milliseconds bound) {
+  // The mailbox thread delivers "dialed": it cannot wait for itself.
+  if (std::this_thread::get_id() == mailbox_thread_.get_id()) return;
+  const auto deadline = std::chrono::steady_clock::now() + bound;
+  std::vector<std::shared_ptr<PeerConnectionState>> waiting;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [peer, c] : conns_) waiting.push_back(c);
+  }
+  for (const auto& c : waiting) {
+    std::unique_lock lock(c->mu);
+    // A dial in progress has yet to post its "dialed" (before our cleanup does), and a
+    // peer we await is dialing us.
+    c->cv.wait_until(lock, deadline, [&] {
+      return !c->dialing && (c->state != "connecting" || !c->dialed || !c->peer_confirms || c->peer_dialed);
+    });
+  }
+}
+
 void PeerAgentImpl::shutdown() {
+  if (stopping_) return;
+  wait_for_peer_dials(kPeerDialGrace);
   if (stopping_.exchange(true)) return;
   stop_cv_.notify_all();
   // The heartbeat thread first: one still running could register us again after cleanup.
@@ -1660,6 +1823,8 @@ void PeerAgentImpl::shutdown() {
       conns.swap(conns_);
     }
     for (auto& [peer, c] : conns) retire(c, "this agent shut down");
+    std::lock_guard lock(mu_);
+    departed_.clear();
   };
   // Endpoints first: the peers see the goodbye and fail their pending ops at once (and
   // handshakes dialling now end).

@@ -1134,3 +1134,46 @@ TEST(PeerAgentCpp, ExplicitNvlinkToAPeerThatCannotTakeItFailsAtOnce) {
   EXPECT_NE(failure("ne_none").find("the peer agent 'ne_none' does not serve transport \"nvlink\" (it serves: tcp)"),
             std::string::npos);
 }
+
+// Issue 23: an agent that connects, writes and leaves at once does not break its peer. A
+// connection is up once both directions are, so the writer cannot leave while the reader's
+// dial to it is in flight (tests/python/test_peer_agent_leave_first.py runs that 50 times
+// under load); and a reader that calls connect_to() only after the writer has left gets the
+// connection the writer made with it, whose handshake completed, not a new attempt towards
+// an agent that is gone. Once an agent registers under that alias again, connect_to()
+// connects to it.
+TEST(PeerAgentCpp, ConnectToAfterThePeerWroteAndLeftReturnsTheCompletedConnection) {
+  StartedCtrl ctrl;
+  const std::string url = ctrl.server.url();
+  PeerAgent reader(agent(url, "lf_reader"));
+  std::vector<uint8_t> dst(4096, 0), src(4096);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 13 + 5);
+  reader.register_memory_region("dst", addr_of(dst), 0, dst.size());
+  std::string passive_id;
+  {
+    PeerAgent writer(agent(url, "lf_writer"));
+    writer.register_memory_region("src", addr_of(src), 0, src.size());
+    PeerConnection c = writer.connect_to("lf_reader", tcp());
+    c.wait(10s);
+    // Up on the writer means the reader's side dialed; the reader's is up once the
+    // writer's "dialed" reaches it.
+    std::optional<PeerConnection> passive = reader.connection("lf_writer");
+    ASSERT_TRUE(passive.has_value());
+    EXPECT_TRUE(wait_until([&] { return passive->state() == "connected"; }, 10s)) << passive->state();
+    passive_id = passive->conn_id();
+    EXPECT_EQ(named_write(writer, "lf_reader", "src", "dst", src.size()), 0);
+  }  // the writer leaves
+  EXPECT_TRUE(wait_until([&] { return !reader.connection("lf_writer").has_value(); }, 10s))
+      << "the writer's cleanup did not reach the reader";
+  PeerConnection late = reader.connect_to("lf_writer", tcp());
+  EXPECT_NO_THROW(late.wait(5s));
+  EXPECT_EQ(late.conn_id(), passive_id);
+  EXPECT_EQ(late.state(), "closed");
+  EXPECT_EQ(dst, src);
+  // A new agent under the alias: a new connection.
+  PeerAgent again(agent(url, "lf_writer"));
+  PeerConnection fresh = reader.connect_to("lf_writer", tcp());
+  fresh.wait(10s);
+  EXPECT_NE(fresh.conn_id(), passive_id);
+  EXPECT_EQ(fresh.state(), "connected");
+}
