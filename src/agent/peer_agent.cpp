@@ -16,6 +16,9 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "agent/peer_connection_state.h"
+#include "agent/task_threads.h"
+#include "agent/transport_choice.h"
 #include "core/log.h"
 #include "core/memory_registry.h"
 #include "core/op_state.h"
@@ -28,288 +31,6 @@ namespace dlslime {
 
 using nlohmann::json;
 
-// 64 random bits as 16 hex digits: an agent's instance id, an endpoint's incarnation.
-std::string random_id() {
-  std::random_device rd;
-  return fmt::format("{:08x}{:08x}", rd(), rd());
-}
-
-// What random_id() makes. A connect message's incarnation must look like one: it is the
-// only thing that tells a peer's endpoints apart, so a missing or malformed one is refused.
-bool is_random_id(const json& v) {
-  if (!v.is_string()) return false;
-  const auto& s = v.get_ref<const std::string&>();
-  return s.size() == 16 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
-}
-
-// The instance id in an agent record from NanoCtrl ("" for none or no record).
-std::string instance_of(const std::optional<json>& record) {
-  if (!record || !record->contains("metadata") || !(*record)["metadata"].is_object()) return "";
-  const json& meta = (*record)["metadata"];
-  return meta.contains("instance") && meta["instance"].is_string() ? meta["instance"].get<std::string>() : "";
-}
-
-// The shared state behind a PeerConnection handle. The agent's mutex guards the map of
-// connections; each connection's own mutex guards its fields.
-class PeerAgentImpl;
-
-class PeerConnectionState {
- public:
-  PeerConnectionState(std::string peer, std::string conn_id, ConnectOptions requested, bool passive)
-      : peer_alias(std::move(peer)),
-        conn_id(std::move(conn_id)),
-        requested(std::move(requested)),
-        request(this->requested.to_json()),
-        passive(passive) {}
-
-  const std::string peer_alias;
-  const std::string conn_id;
-  // What connect_to() asked for (a passive side's: the defaults, with the transport the
-  // peer's message names). transport "auto" is decided once the peer's record is known.
-  const ConnectOptions requested;
-  const json request;  // requested.to_json(): what the transports' hooks read
-  // Random per endpoint made here, sent in every connect message: the peer tells a new
-  // endpoint of ours (a reconnect) from a repeat of the same handshake by it.
-  const std::string incarnation = random_id();
-  // Made for a peer's connect message, not by connect_to(): nobody here asked for it, so
-  // it counts against the bound on passive handshakes and is dropped when it fails.
-  const bool passive;
-  // The agent, for sync_memory_regions() on a handle that may outlive it.
-  std::weak_ptr<PeerAgentImpl> agent;
-
-  mutable std::mutex mu;
-  std::condition_variable cv;
-  // The transport, the reason it was chosen, what the peer needs to make its side (the
-  // connect message's "transport_options"; never a secret: it travels through NanoCtrl)
-  // and the endpoint: set together, once (decide()), and never changed after; until then
-  // transport is "auto" and endpoint null.
-  std::string transport = "auto";
-  std::string selection_reason;
-  json peer_options = json::object();
-  std::shared_ptr<Endpoint> endpoint;
-  std::string state = "connecting";  // connecting | connected | failed | closed
-  std::string error;
-  std::string peer_instance;    // the peer agent's instance id, from its first connect message
-  bool auth_failed = false;     // failed because the tokens differ (wait() raises AuthenticationError)
-  json peer_info;               // the peer's endpoint_info, once known (never parsed here)
-  std::string peer_incarnation;  // the peer endpoint's incarnation; "" until its first message
-  // The NIC pair the connection is on (the devices endpoint_info() names; "" for a transport
-  // without devices, or not known yet): local_nic once the endpoint is made, remote_nic the
-  // requested peer_device until the peer's endpoint_info names its device. Several
-  // connections to one peer are told apart by it.
-  std::string local_nic;
-  std::string remote_nic;
-  bool info_sent = false;       // our endpoint_info was posted to the peer (it had registered)
-  bool dialing = false;         // endpoint->connect() runs on a handshake thread
-  // Both directions: the connection is up once this side's connect() returned (`dialed`)
-  // and, for a peer that confirms its own (`confirms_dial` in its connect message), once its
-  // "dialed" message came (`peer_dialed`). Otherwise an agent that connected, wrote and left
-  // at once would close its listener under its peer's dial, failing the peer's wait().
-  bool dialed = false;
-  bool peer_confirms = false;
-  bool peer_dialed = false;
-  bool was_connected = false;  // the handshake completed (state may be "closed" since)
-  std::chrono::steady_clock::time_point last_post;  // when, for re-posting
-  std::map<std::string, int32_t> remote_handles;  // remote region name -> handle
-
-  void finish(const std::string& new_state, const std::string& why, bool auth = false) {
-    {
-      std::lock_guard lock(mu);
-      if (state == "closed") return;
-      if (new_state == "connected") was_connected = true;
-      state = new_state;
-      error = why;
-      auth_failed = auth;
-    }
-    cv.notify_all();
-  }
-  bool failed_on_auth() const {
-    std::lock_guard lock(mu);
-    return state == "failed" && auth_failed;
-  }
-  // Usable for new ops: handshake done and the endpoint still has its peer.
-  bool alive() const {
-    std::lock_guard lock(mu);
-    if (state == "connecting") return true;
-    return state == "connected" && endpoint && endpoint->is_connected();
-  }
-  bool connecting() const {
-    std::lock_guard lock(mu);
-    return state == "connecting";
-  }
-  std::shared_ptr<Endpoint> ep() const {
-    std::lock_guard lock(mu);
-    return endpoint;
-  }
-  std::string transport_name() const {
-    std::lock_guard lock(mu);
-    return transport;
-  }
-  // Shuts the endpoint down, if one was made.
-  void shutdown_endpoint() const {
-    if (auto e = ep()) e->shutdown();
-  }
-  // Whether this connection can be the one on NICs (local, remote): "" on either side of a
-  // comparison is "any" (not asked for, or not known yet). For matching handshakes and
-  // connect_to() calls to a connection; I/O filters use on_nics().
-  bool could_be_on(const std::string& local, const std::string& remote) const {
-    std::lock_guard lock(mu);
-    return (local.empty() || local_nic.empty() || local == local_nic) &&
-           (remote.empty() || remote_nic.empty() || remote == remote_nic);
-  }
-  // Whether it is on those NICs ("" in the filter: any), as the I/O filters select.
-  bool on_nics(const std::string& local, const std::string& remote) const {
-    std::lock_guard lock(mu);
-    return (local.empty() || local == local_nic) && (remote.empty() || remote == remote_nic);
-  }
-};
-
-json ConnectOptions::to_json() const {
-  json j = {{"local_host", local_host}, {"local_port", local_port}, {"ib_port", ib_port},
-            {"qp_num", qp_num}, {"local_device", local_device}, {"peer_device", peer_device}};
-  if (extra.is_object()) j.update(extra);
-  return j;
-}
-
-void PeerConnection::wait(std::chrono::milliseconds timeout) const {
-  std::unique_lock lock(state_->mu);
-  if (!state_->cv.wait_for(lock, timeout, [&] { return state_->state != "connecting"; })) {
-    if (!state_->info_sent) {
-      throw TimeoutError(fmt::format("connection to '{}' not established within {} ms: no agent '{}' has "
-                                     "registered with NanoCtrl (same scope?)",
-                                     state_->peer_alias, timeout.count(), state_->peer_alias));
-    }
-    throw TimeoutError(fmt::format("connection to '{}' not established within {} ms (the peer agent is "
-                                   "registered but did not answer the handshake)",
-                                   state_->peer_alias, timeout.count()));
-  }
-  if (state_->auth_failed) {
-    throw AuthenticationError(fmt::format("connection to '{}' failed: {}", state_->peer_alias, state_->error));
-  }
-  // A handshake that completed is what wait() reports, even when the peer has left since
-  // (it wrote and shut down at once): state() and the next op say that it is closed now.
-  if (state_->state != "connected" && !state_->was_connected) {
-    throw ConnectionError(fmt::format("connection to '{}' {}: {}", state_->peer_alias, state_->state, state_->error));
-  }
-}
-
-bool PeerConnection::is_connected() const {
-  std::lock_guard lock(state_->mu);
-  return state_->state == "connected" && state_->endpoint && state_->endpoint->is_connected();
-}
-
-std::string PeerConnection::state() const {
-  std::lock_guard lock(state_->mu);
-  if (state_->state == "connected" && !(state_->endpoint && state_->endpoint->is_connected())) return "closed";
-  return state_->state;
-}
-
-std::string PeerConnection::error() const {
-  std::lock_guard lock(state_->mu);
-  return state_->error;
-}
-
-std::string PeerConnection::conn_id() const { return state_->conn_id; }
-std::string PeerConnection::peer_alias() const { return state_->peer_alias; }
-std::string PeerConnection::transport() const { return state_->transport_name(); }
-std::shared_ptr<Endpoint> PeerConnection::endpoint() const { return state_->ep(); }
-
-std::string PeerConnection::selection_reason() const {
-  std::lock_guard lock(state_->mu);
-  return state_->selection_reason;
-}
-
-namespace {
-
-// The "device" an endpoint_info names (RDMA's; "" for a transport without devices).
-std::string device_of(const json& info) {
-  if (!info.is_object()) return "";
-  return info.contains("device") && info["device"].is_string() ? info["device"].get<std::string>() : "";
-}
-
-}  // namespace
-
-std::string PeerConnection::local_nic() const {
-  std::lock_guard lock(state_->mu);
-  return state_->local_nic;
-}
-
-std::string PeerConnection::remote_nic() const {
-  std::lock_guard lock(state_->mu);
-  return state_->remote_nic;
-}
-
-json PeerConnection::peer_endpoint_info() const {
-  std::lock_guard lock(state_->mu);
-  return state_->state == "connected" ? state_->peer_info : json(nullptr);
-}
-
-// ---------------------------------------------------------------------------------------
-
-// Threads for the agent's blocking side jobs (handshake dials, re-resolving a named op):
-// one thread per job, so a dial that waits out its connect timeout holds up nothing else.
-// Finished threads are joined on the next spawn; close() joins the rest and refuses new jobs.
-// Shared with op continuations, which may outlive the agent.
-class TaskThreads {
- public:
-  ~TaskThreads() { close(); }
-
-  // False (and `fn` not run) once closed.
-  bool spawn(std::function<void()> fn) {
-    std::lock_guard lock(mu_);
-    if (closed_) return false;
-    reap_locked();
-    const uint64_t id = next_id_++;
-    // The thread reports itself finished under mu_, which is held until it is in threads_.
-    threads_.emplace(id, std::thread([this, id, fn = std::move(fn)] {
-      fn();
-      std::lock_guard done(mu_);
-      finished_.push_back(id);
-    }));
-    return true;
-  }
-
-  void close() {
-    std::map<uint64_t, std::thread> running;
-    {
-      std::lock_guard lock(mu_);
-      closed_ = true;
-      running.swap(threads_);
-      finished_.clear();
-    }
-    for (auto& [id, t] : running) {
-      if (t.get_id() == std::this_thread::get_id()) {
-        t.detach();  // a job that ends the agent: it cannot join itself
-      } else {
-        t.join();
-      }
-    }
-  }
-
- private:
-  void reap_locked() {
-    for (uint64_t id : finished_) {
-      auto it = threads_.find(id);
-      if (it == threads_.end()) continue;
-      it->second.join();
-      threads_.erase(it);
-    }
-    finished_.clear();
-  }
-
-  std::mutex mu_;
-  bool closed_ = false;
-  uint64_t next_id_ = 0;
-  std::map<uint64_t, std::thread> threads_;
-  std::vector<uint64_t> finished_;
-};
-
-// A transport's answer to "does it reach the peer?", with the transport's name and rank.
-struct Considered {
-  std::string transport;
-  int rank = 0;
-  TransportReach reach;
-};
 
 class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
  public:
@@ -472,6 +193,7 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   std::thread mailbox_thread_;
+  std::atomic<std::thread::id> mailbox_id_{};  // for shutdown() from any thread, even while another joins it
   std::thread heartbeat_thread_;
 };
 
@@ -500,121 +222,12 @@ std::string host_name() {
   return "127.0.0.1";
 }
 
-// The agent hooks of transport `name` (core/transport_registry.h); null for one not built.
-const AgentHooks* hooks_of(const std::string& name) {
-  const TransportEntry* e = TransportRegistry::instance().find(name);
-  return e ? &e->agent : nullptr;
-}
-
-// The entry of transport `name` in a published transports list; null when there is none.
-json transport_entry(const json& transports, const std::string& name) {
-  if (!transports.is_array()) return nullptr;
-  for (const auto& t : transports) {
-    if (t.is_object() && text_field(t, "name") == name) return t;
-  }
-  return nullptr;
-}
-
-// The transports list of a peer's NanoCtrl record; null when the record has none (another
-// implementation, or an agent from before they were published).
-json published_transports(const json& record) {
-  if (!record.is_object() || !record.contains("metadata") || !record["metadata"].is_object()) return nullptr;
-  const json& meta = record["metadata"];
-  return meta.contains("transports") && meta["transports"].is_array() ? meta["transports"] : json(nullptr);
-}
-
-// The peer's published entry for `name`, as a transport's reach() reads it: its object
-// ({"name"} alone for a bare name, as earlier agents listed them); null when none.
-json peer_entry(const json& record, const std::string& name) {
-  const json transports = published_transports(record);
-  if (transports.is_null()) return nullptr;
-  for (const auto& t : transports) {
-    if (t.is_string() && t.get<std::string>() == name) return json{{"name", name}};
-    if (t.is_object() && text_field(t, "name") == name) return t;
-  }
-  return nullptr;
-}
-
-std::string names_of(const json& transports) {
-  std::vector<std::string> names;
-  for (const auto& t : transports) names.push_back(t.at("name").get<std::string>());
-  return names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "));
-}
-
-// Why the agent whose NanoCtrl record is `record` cannot take a connection over
-// `transport`; nullopt if it can, or if its record does not say (another implementation).
-// Names are accepted as strings too (the metadata of earlier agents: ["tcp"]).
-std::optional<std::string> not_served_by(const json& record, const std::string& peer, const std::string& transport) {
-  const json transports = published_transports(record);
-  if (transports.is_null()) return std::nullopt;
-  std::vector<std::string> names;
-  for (const auto& t : transports) {
-    if (t.is_string()) names.push_back(t.get<std::string>());
-    if (t.is_object() && t.contains("name") && t["name"].is_string()) names.push_back(t["name"].get<std::string>());
-  }
-  if (std::find(names.begin(), names.end(), transport) != names.end()) return std::nullopt;
-  return fmt::format("the peer agent '{}' does not serve transport \"{}\" (it serves: {})", peer, transport,
-                     names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", ")));
-}
-
-struct Choice {
-  std::string transport;  // "" when none reaches
-  std::string reason;
-  json request;           // connect_to's request with what the transport chose in it
-};
-
 }  // namespace
 
-// Every transport built here, each asked whether it reaches the peer whose NanoCtrl record
-// is `record`: one this agent does not serve or the peer's record rules out is passed over
-// with that reason; the others answer through their reach() hook (a transport without one
-// reaches every peer that serves it).
 std::vector<Considered> PeerAgentImpl::consider(const json& record, const std::string& peer,
                                                 const json& request) const {
-  std::vector<Considered> out;
-  for (const TransportInfo& t : TransportRegistry::instance().list()) {
-    const AgentHooks* hooks = hooks_of(t.name);
-    if (!hooks) continue;  // not built
-    Considered c{t.name, hooks->rank, {false, "", true, request}};
-    const json mine = transport_entry(served_, t.name);
-    if (mine.is_null()) {
-      c.reach.reason = t.available ? "this agent does not serve it" : "not available here (" + t.reason + ")";
-    } else if (not_served_by(record, peer, t.name)) {
-      c.reach.reason = fmt::format("the peer agent '{}' does not serve it", peer);
-    } else if (hooks->reach) {
-      const json settings = settings_of(t.name);
-      const json theirs = peer_entry(record, t.name);
-      c.reach = hooks->reach(ReachQuery{settings, mine, theirs, request, peer, address_});
-    } else {
-      c.reach = {true, "both agents serve it", true, request};
-    }
-    out.push_back(std::move(c));
-  }
-  std::stable_sort(out.begin(), out.end(), [](const Considered& a, const Considered& b) { return a.rank > b.rank; });
-  return out;
+  return consider_transports(served_, settings_, address_, record, peer, request);
 }
-
-namespace {
-
-// transport="auto": the highest-ranked transport that reaches. Its reason comes first, then
-// each transport ranked above it with why it was passed over, so a user sees why NVLink or
-// RDMA was not taken. Both sides of a connection come to the same answer from the same
-// records, so a peer that also asks for "auto" agrees.
-Choice choose(const std::vector<Considered>& considered, const std::string& peer) {
-  auto best = std::find_if(considered.begin(), considered.end(), [](const Considered& c) { return c.reach.ok; });
-  if (best == considered.end()) {
-    std::vector<std::string> why;
-    for (const auto& c : considered) why.push_back(c.transport + ": " + c.reach.reason);
-    return {"", fmt::format("no transport reaches the peer agent '{}' ({})", peer, fmt::join(why, "; ")), nullptr};
-  }
-  Choice out{best->transport, best->transport + ": " + best->reach.reason, best->reach.request};
-  for (auto it = considered.begin(); it != best; ++it) {
-    out.reason += fmt::format(" ({}: {})", it->transport, it->reach.reason);
-  }
-  return out;
-}
-
-}  // namespace
 
 PeerAgentImpl::PeerAgentImpl(PeerAgentOptions opts)
     : options(std::move(opts)), ctrl(options.ctrl_url, options.scope, options.ctrl_timeout, options.ctrl_token) {
@@ -705,7 +318,10 @@ void PeerAgentImpl::start() {
     registered_ = true;
     incarnation_ = reply.value("incarnation", "");
   }
-  mailbox_thread_ = std::thread([this] { mailbox_loop(); });
+  mailbox_thread_ = std::thread([this] {
+    mailbox_id_ = std::this_thread::get_id();
+    mailbox_loop();
+  });
   heartbeat_thread_ = std::thread([this] { heartbeat_loop(); });
   DLSLIME_INFO("PeerAgent '{}' registered with {} (scope '{}')", alias_, ctrl.url(), options.scope);
 }
@@ -1792,7 +1408,7 @@ json PeerAgentImpl::region_record(const std::string& name) const {
 
 void PeerAgentImpl::wait_for_peer_dials(std::chrono::milliseconds bound) {
   // The mailbox thread delivers "dialed": it cannot wait for itself.
-  if (std::this_thread::get_id() == mailbox_thread_.get_id()) return;
+  if (std::this_thread::get_id() == mailbox_id_.load()) return;
   const auto deadline = std::chrono::steady_clock::now() + bound;
   std::vector<std::shared_ptr<PeerConnectionState>> waiting;
   {
