@@ -16,6 +16,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "agent/control_session.h"
 #include "agent/peer_connection_state.h"
 #include "agent/task_threads.h"
 #include "agent/transport_choice.h"
@@ -71,13 +72,9 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   // on the same connection; `outer` completes with that attempt.
   void retry_named(const std::shared_ptr<PeerConnectionState>& c, const std::vector<NamedAssignment>& named,
                    OpKind kind, const std::shared_ptr<OpState>& outer, const Status& first);
+  // What this agent registers with NanoCtrl (its ControlSession adds the alias).
   json registration_body() const;
-  json register_with_ctrl();
-  void register_again();
   void publish_regions();
-  // POSTs an agent route naming our registration (alias and, when NanoCtrl issued one,
-  // its incarnation), so NanoCtrl applies it to that registration only.
-  json agent_call(const std::string& path, json body);
   // The transport's agent-wide settings (configured at construction); {} for one not served.
   json settings_of(const std::string& transport) const;
   // Through the transport's hooks (core/transport_registry.h): the factory options of
@@ -152,7 +149,6 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   std::string registered_instance(const std::string& peer);
   bool is_current_instance(const std::string& peer, const std::string& instance);
   void mailbox_loop();
-  void heartbeat_loop();
   void on_message(const json& envelope);
   bool sleep_for(std::chrono::milliseconds d);
 
@@ -165,12 +161,8 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   json settings_ = json::object();
   std::string address_;
   std::shared_ptr<MemoryRegistry> regions_ = std::make_shared<MemoryRegistry>();
-  // Our registration: whether NanoCtrl holds one made by this agent now, and the
-  // incarnation it returned for it ("" from a NanoCtrl that issues none). shutdown()
-  // cleans up only a registration of ours: a refused one must not delete the live agent's.
-  mutable std::mutex reg_mu_;
-  bool registered_ = false;
-  std::string incarnation_;
+  // The registration with NanoCtrl and its heartbeat (made by start()).
+  std::unique_ptr<ControlSession> session_;
   // Passive handshakes dialling now (bounded by kMaxPassiveHandshakes).
   std::atomic<int> passive_dials_{0};
   std::chrono::steady_clock::time_point last_refusal_log_;  // mailbox thread only
@@ -179,7 +171,6 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   // message that a previous agent under the same alias posted before it shut down can
   // still be in our mailbox, and must not replace (or answer) the current one's.
   const std::string instance_ = random_id();
-  std::chrono::milliseconds heartbeat_interval_{15000};
   mutable std::mutex mu_;
   // peer alias -> its connections (several on different NIC pairs), in the order made.
   std::multimap<std::string, std::shared_ptr<PeerConnectionState>> conns_;
@@ -194,7 +185,6 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   std::condition_variable stop_cv_;
   std::thread mailbox_thread_;
   std::atomic<std::thread::id> mailbox_id_{};  // for shutdown() from any thread, even while another joins it
-  std::thread heartbeat_thread_;
 };
 
 namespace {
@@ -281,103 +271,23 @@ PeerAgentImpl::PeerAgentImpl(PeerAgentOptions opts)
 }
 
 json PeerAgentImpl::registration_body() const {
-  json body = {{"address", address_}, {"metadata", {{"transports", served_}, {"instance", instance_}}}};
-  if (!alias_.empty()) body["alias"] = alias_;
-  return body;
-}
-
-json PeerAgentImpl::register_with_ctrl() {
-  json reply = ctrl.start_peer_agent(registration_body());
-  if (!reply.contains("name") || !reply["name"].is_string()) {
-    throw Error(StatusCode::kProtocolError, "NanoCtrl's /start_peer_agent reply has no 'name': " + reply.dump());
-  }
-  if (options.heartbeat_interval.count() > 0) {
-    heartbeat_interval_ = options.heartbeat_interval;
-  } else if (reply.contains("heartbeat_interval_ms") && reply["heartbeat_interval_ms"].is_number()) {
-    heartbeat_interval_ = std::chrono::milliseconds(std::max<int64_t>(reply["heartbeat_interval_ms"].get<int64_t>(), 10));
-  }
-  return reply;
-}
-
-json PeerAgentImpl::agent_call(const std::string& path, json body) {
-  {
-    std::lock_guard lock(reg_mu_);
-    if (!incarnation_.empty()) body["incarnation"] = incarnation_;
-  }
-  return ctrl.call(path, body);
+  return {{"address", address_}, {"metadata", {{"transports", served_}, {"instance", instance_}}}};
 }
 
 void PeerAgentImpl::start() {
-  // Only now registered_ may become true: a refused registration (409, the alias is taken)
-  // throws here and leaves nothing of ours to clean up.
-  alias_ = options.alias;
-  json reply = register_with_ctrl();
-  alias_ = reply["name"].get<std::string>();
-  {
-    std::lock_guard lock(reg_mu_);
-    registered_ = true;
-    incarnation_ = reply.value("incarnation", "");
-  }
+  session_ = std::make_unique<ControlSession>(
+      ctrl, options.heartbeat_interval, [this] { return registration_body(); }, [this] { publish_regions(); });
+  alias_ = session_->start(options.alias);  // a refused registration throws: nothing to clean up
   mailbox_thread_ = std::thread([this] {
     mailbox_id_ = std::this_thread::get_id();
     mailbox_loop();
   });
-  heartbeat_thread_ = std::thread([this] { heartbeat_loop(); });
   DLSLIME_INFO("PeerAgent '{}' registered with {} (scope '{}')", alias_, ctrl.url(), options.scope);
 }
 
 bool PeerAgentImpl::sleep_for(std::chrono::milliseconds d) {
   std::unique_lock lock(stop_mu_);
   return !stop_cv_.wait_for(lock, d, [&] { return stopping_.load(); });
-}
-
-void PeerAgentImpl::register_again() {
-  {
-    // Whatever NanoCtrl holds under our alias now is not ours (gone, or another agent's).
-    std::lock_guard lock(reg_mu_);
-    registered_ = false;
-  }
-  DLSLIME_WARN("PeerAgent '{}': NanoCtrl no longer knows this agent; registering again", alias_);
-  json reply = register_with_ctrl();  // a 409 (another agent took the alias) propagates
-  const std::string name = reply["name"].get<std::string>();
-  {
-    std::lock_guard lock(reg_mu_);
-    registered_ = true;
-    incarnation_ = reply.value("incarnation", "");
-  }
-  if (name != alias_) {
-    // The alias is fixed for the agent's life (peers and every thread know it by it): a
-    // NanoCtrl that names us otherwise is not one to stay registered with.
-    agent_call("/cleanup", {{"agent_name", name}});
-    std::lock_guard lock(reg_mu_);
-    registered_ = false;
-    throw Error(StatusCode::kProtocolError,
-                fmt::format("NanoCtrl registered this agent again as '{}', not as '{}'", name, alias_));
-  }
-  publish_regions();
-}
-
-void PeerAgentImpl::heartbeat_loop() {
-  while (sleep_for(heartbeat_interval_)) {
-    try {
-      json reply = agent_call("/heartbeat", {{"entity_type", "agent"}, {"entity_id", alias_}});
-      // NanoCtrl forgot us (restart on the memory store, an emptied Redis, a long
-      // partition): register again under the same alias and publish our regions again.
-      if (reply.value("status", "") == "not_found") register_again();
-    } catch (const std::exception& e) {
-      bool ours = false;
-      {
-        std::lock_guard lock(reg_mu_);
-        ours = registered_;
-      }
-      if (ours) {
-        DLSLIME_WARN("PeerAgent '{}': heartbeat failed (will retry): {}", alias_, e.what());
-      } else {
-        DLSLIME_ERROR("PeerAgent '{}': not registered with NanoCtrl (peers cannot find this agent; will retry): {}",
-                      alias_, e.what());
-      }
-    }
-  }
 }
 
 void PeerAgentImpl::mailbox_loop() {
@@ -1430,8 +1340,8 @@ void PeerAgentImpl::shutdown() {
   wait_for_peer_dials(kPeerDialGrace);
   if (stopping_.exchange(true)) return;
   stop_cv_.notify_all();
-  // The heartbeat thread first: one still running could register us again after cleanup.
-  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  // The heartbeat first: one still running could register us again after cleanup.
+  if (session_) session_->stop();
   auto retire_all = [this] {
     std::multimap<std::string, std::shared_ptr<PeerConnectionState>> conns;
     {
@@ -1445,19 +1355,7 @@ void PeerAgentImpl::shutdown() {
   // Endpoints first: the peers see the goodbye and fail their pending ops at once (and
   // handshakes dialling now end).
   retire_all();
-  bool ours = false;
-  {
-    std::lock_guard lock(reg_mu_);
-    ours = registered_;
-    registered_ = false;
-  }
-  if (ours) {
-    try {
-      agent_call("/cleanup", {{"agent_name", alias_}});
-    } catch (const std::exception& e) {
-      DLSLIME_WARN("PeerAgent '{}': NanoCtrl cleanup failed (its records expire with the TTL): {}", alias_, e.what());
-    }
-  }
+  if (session_) session_->leave();  // only a registration of ours
   if (mailbox_thread_.joinable()) mailbox_thread_.join();
   tasks_->close();
   retire_all();  // any the mailbox thread made while stopping
