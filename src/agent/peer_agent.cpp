@@ -17,7 +17,9 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/control_session.h"
+#include "agent/local_regions.h"
 #include "agent/peer_connection_state.h"
+#include "agent/remote_regions_by_name.h"
 #include "agent/task_threads.h"
 #include "agent/transport_choice.h"
 #include "core/log.h"
@@ -49,14 +51,16 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   // read/write by region names: resolves and submits on one lookup of the connection.
   Future named_op(const std::string& peer, const std::vector<NamedAssignment>& named, OpKind kind,
                   const ConnectionFilter& on);
-  int32_t register_region(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length);
-  void unregister_region(const std::string& name);
+  int32_t register_region(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length) {
+    return local_.add(name, addr, offset, length);
+  }
+  void unregister_region(const std::string& name) { local_.remove(name); }
   std::vector<std::string> peers() const;
-  std::vector<std::string> sync_regions(const std::shared_ptr<PeerConnectionState>& c);
+  std::vector<std::string> sync_regions(const std::shared_ptr<PeerConnectionState>& c) { return by_name_.sync(c); }
   // The connection to `peer` that `on` selects if it can take ops (connected), else the
   // error I/O raises.
   std::shared_ptr<PeerConnectionState> connected(const std::string& peer, const ConnectionFilter& on) const;
-  std::vector<std::string> local_region_names() const;
+  std::vector<std::string> local_region_names() const { return local_.names(); }
   // Set once by start(), before any thread of the agent runs; never changed after.
   const std::string& alias() const { return alias_; }
 
@@ -64,17 +68,12 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   NanoCtrlClient ctrl;
 
  private:
-  // `fresh`: ignore the cached handles and the handshake's mr_info (the peer registered a
-  // name again); ask NanoCtrl.
-  std::vector<Assignment> resolve(const std::shared_ptr<PeerConnectionState>& c,
-                                  const std::vector<NamedAssignment>& named, bool fresh);
   // A named op that failed with an unknown handle, resolved again and submitted once more
   // on the same connection; `outer` completes with that attempt.
   void retry_named(const std::shared_ptr<PeerConnectionState>& c, const std::vector<NamedAssignment>& named,
                    OpKind kind, const std::shared_ptr<OpState>& outer, const Status& first);
   // What this agent registers with NanoCtrl (its ControlSession adds the alias).
   json registration_body() const;
-  void publish_regions();
   // The transport's agent-wide settings (configured at construction); {} for one not served.
   json settings_of(const std::string& transport) const;
   // Through the transport's hooks (core/transport_registry.h): the factory options of
@@ -105,12 +104,8 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
               const std::string& peer_transport = "", const json& peer_options = nullptr);
   // Makes an endpoint through the transport registry (and wrap_endpoint).
   std::shared_ptr<Endpoint> make_endpoint(const std::string& transport, const json& endpoint_options);
-  // What NanoCtrl keeps for region `name`: the owner-resolved entry, plus each endpoint's own
-  // entry where it differs (an RDMA endpoint's rkey is its own PD's), keyed by the endpoint's
-  // incarnation, so a peer resolves the name for the endpoint it is connected to.
-  json region_record(const std::string& name) const;
-  // The handle of the peer's region `name` in `c`'s endpoint (cached unless `fresh`).
-  int32_t remote_handle(const std::shared_ptr<PeerConnectionState>& c, const std::string& name, bool fresh);
+  // (incarnation, endpoint) of every connection with an endpoint (LocalRegions' records).
+  std::vector<std::pair<std::string, std::shared_ptr<Endpoint>>> connection_endpoints() const;
   // The connection a peer's connect message belongs to: the one it answers (to_incarnation),
   // the one with its incarnation, else one of its transport on a NIC pair it can be on
   // (unpaired first). Null when none; `mu_` held.
@@ -161,6 +156,10 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   json settings_ = json::object();
   std::string address_;
   std::shared_ptr<MemoryRegistry> regions_ = std::make_shared<MemoryRegistry>();
+  // This agent's regions, published to NanoCtrl.
+  LocalRegions local_{ctrl, alias_, regions_, [this] { return connection_endpoints(); }};
+  // The peers' regions by name, resolved per connection.
+  RemoteRegionsByName by_name_{ctrl, regions_};
   // The registration with NanoCtrl and its heartbeat (made by start()).
   std::unique_ptr<ControlSession> session_;
   // Passive handshakes dialling now (bounded by kMaxPassiveHandshakes).
@@ -276,7 +275,7 @@ json PeerAgentImpl::registration_body() const {
 
 void PeerAgentImpl::start() {
   session_ = std::make_unique<ControlSession>(
-      ctrl, options.heartbeat_interval, [this] { return registration_body(); }, [this] { publish_regions(); });
+      ctrl, options.heartbeat_interval, [this] { return registration_body(); }, [this] { local_.publish_all(); });
   alias_ = session_->start(options.alias);  // a refused registration throws: nothing to clean up
   mailbox_thread_ = std::thread([this] {
     mailbox_id_ = std::this_thread::get_id();
@@ -1132,98 +1131,6 @@ std::shared_ptr<Endpoint> PeerAgentImpl::endpoint_for_io(const std::string& peer
   return connected(peer, on)->ep();
 }
 
-int32_t PeerAgentImpl::remote_handle(const std::shared_ptr<PeerConnectionState>& c, const std::string& name,
-                                     bool fresh) {
-  json entry, handshake_entry;
-  std::string peer_incarnation;
-  {
-    std::lock_guard lock(c->mu);
-    peer_incarnation = c->peer_incarnation;
-    if (c->peer_info.contains("mr_info") && c->peer_info["mr_info"].contains(name)) {
-      handshake_entry = c->peer_info["mr_info"][name];
-    }
-    if (!fresh) {
-      if (auto it = c->remote_handles.find(name); it != c->remote_handles.end()) return it->second;
-      if (c->peer_info.contains("mr_info") && c->peer_info["mr_info"].contains(name)) entry = c->peer_info["mr_info"][name];
-    }
-  }
-  if (entry.is_null()) {
-    // Registered after the handshake (or again): NanoCtrl has the peer's current record.
-    auto record = ctrl.get_mr_info(c->peer_alias, name);
-    if (!record) {
-      throw NotFoundError(fmt::format("peer '{}' has no memory region named '{}' (not registered, or not yet "
-                                      "published)",
-                                      c->peer_alias, name));
-    }
-    entry = *record;
-    // The entry of the peer endpoint we are connected to, where it has its own (RDMA: its rkey).
-    if (entry.is_object() && entry.contains("endpoints")) {
-      const json own = entry["endpoints"].is_object() && entry["endpoints"].contains(peer_incarnation)
-                           ? entry["endpoints"][peer_incarnation]
-                           : json();
-      entry.erase("endpoints");
-      if (!own.is_null()) entry = own;
-    }
-    // A region registered before our endpoint existed has no entry of its own for it in
-    // the record; the handshake's mr_info has it, for the same registration (handle).
-    if (handshake_entry.is_object() && entry.is_object() &&
-        handshake_entry.value("handle", -1) == entry.value("handle", -2)) {
-      entry = handshake_entry;
-    }
-  }
-  // Registering a known name again updates that handle's entry in place.
-  const int32_t remote = c->ep()->register_remote_memory_region(name, entry);
-  std::lock_guard lock(c->mu);
-  c->remote_handles[name] = remote;
-  return remote;
-}
-
-std::vector<Assignment> PeerAgentImpl::resolve(const std::shared_ptr<PeerConnectionState>& c,
-                                               const std::vector<NamedAssignment>& named, bool fresh) {
-  std::vector<Assignment> out;
-  out.reserve(named.size());
-  std::map<std::string, int32_t> refreshed;  // fresh: each name asked of NanoCtrl once per batch
-  for (const auto& n : named) {
-    auto local = regions_->find(n.local_name);
-    if (!local) throw NotFoundError(fmt::format("no local memory region named '{}'", n.local_name));
-    int32_t remote = -1;
-    if (auto it = refreshed.find(n.remote_name); it != refreshed.end()) {
-      remote = it->second;
-    } else {
-      remote = remote_handle(c, n.remote_name, fresh);
-      if (fresh) refreshed[n.remote_name] = remote;
-    }
-    out.push_back({*local, remote, n.remote_offset, n.local_offset, n.length});
-  }
-  return out;
-}
-
-std::vector<std::string> PeerAgentImpl::sync_regions(const std::shared_ptr<PeerConnectionState>& c) {
-  {
-    std::lock_guard lock(c->mu);
-    if (c->state != "connected") {
-      throw ConnectionError(fmt::format("the connection to '{}' is {}; sync_memory_regions() needs a connected one",
-                                        c->peer_alias, c->state),
-                            StatusCode::kNotConnected);
-    }
-  }
-  std::vector<std::string> names;
-  if (auto record = ctrl.get_peer_agent(c->peer_alias); record && record->contains("memory_keys")) {
-    for (const auto& k : (*record)["memory_keys"]) {
-      if (k.is_string()) names.push_back(k.get<std::string>());
-    }
-  }
-  for (const auto& n : names) remote_handle(c, n, /*fresh=*/true);
-  return names;
-}
-
-std::vector<std::string> PeerAgentImpl::local_region_names() const {
-  std::vector<std::string> out;
-  const json info = regions_->mr_info();
-  for (const auto& [name, entry] : info.items()) out.push_back(name);
-  return out;
-}
-
 namespace {
 
 Future submit_named(Endpoint& ep, std::vector<Assignment> resolved, OpKind kind) {
@@ -1237,7 +1144,7 @@ Future PeerAgentImpl::named_op(const std::string& peer, const std::vector<NamedA
   // One lookup: the handles are resolved in this connection's remote table, so they must
   // be submitted on this connection's endpoint, even if a reconnect replaces it meanwhile.
   auto c = connected(peer, on);
-  Future first = submit_named(*c->ep(), resolve(c, named, /*fresh=*/false), kind);
+  Future first = submit_named(*c->ep(), by_name_.resolve(c, named, /*fresh=*/false), kind);
   // An unknown handle means the peer registered a name again (a new buffer, a new handle)
   // since we cached it: resolve once more from NanoCtrl and retry once, off the I/O thread
   // that completes `first` (resolving is an HTTP call).
@@ -1266,7 +1173,7 @@ void PeerAgentImpl::retry_named(const std::shared_ptr<PeerConnectionState>& c,
                                 const std::vector<NamedAssignment>& named, OpKind kind,
                                 const std::shared_ptr<OpState>& outer, const Status& first) {
   try {
-    Future again = submit_named(*c->ep(), resolve(c, named, /*fresh=*/true), kind);
+    Future again = submit_named(*c->ep(), by_name_.resolve(c, named, /*fresh=*/true), kind);
     again.state()->on_complete([outer](const OpState& done) { outer->complete(done.status(), done.nbytes()); });
   } catch (const Error& e) {
     outer->complete(Status(e.code(), fmt::format("{} (resolving again after: {})", e.what(), first.message())));
@@ -1275,45 +1182,17 @@ void PeerAgentImpl::retry_named(const std::shared_ptr<PeerConnectionState>& c,
   }
 }
 
-int32_t PeerAgentImpl::register_region(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length) {
-  const int32_t handle = regions_->add(name, addr, offset, length);
-  try {
-    ctrl.register_mr(alias_, name, region_record(name));
-  } catch (...) {
-    regions_->remove(handle);
-    throw;
-  }
-  return handle;
-}
-
-void PeerAgentImpl::unregister_region(const std::string& name) {
-  regions_->remove(name);
-  ctrl.unregister_mr(alias_, name);
-}
-
-void PeerAgentImpl::publish_regions() {
-  // Held in a local: items() of the temporary would iterate a destroyed object.
-  const json info = regions_->mr_info();
-  for (const auto& [name, entry] : info.items()) ctrl.register_mr(alias_, name, region_record(name));
-}
-
-json PeerAgentImpl::region_record(const std::string& name) const {
-  // One name's entries only (O(connections x log regions)): publishing is per region.
-  json record = regions_->mr_info_of(name);
+std::vector<std::pair<std::string, std::shared_ptr<Endpoint>>> PeerAgentImpl::connection_endpoints() const {
   std::vector<std::shared_ptr<PeerConnectionState>> conns;
   {
     std::lock_guard lock(mu_);
     for (const auto& [peer, c] : conns_) conns.push_back(c);
   }
-  json own = json::object();
+  std::vector<std::pair<std::string, std::shared_ptr<Endpoint>>> out;
   for (const auto& c : conns) {
-    auto ep = c->ep();
-    if (!ep) continue;
-    json entry = ep->mr_info_of(name);
-    if (!entry.is_null() && entry != record) own[c->incarnation] = std::move(entry);
+    if (auto ep = c->ep()) out.emplace_back(c->incarnation, std::move(ep));
   }
-  if (!own.empty()) record["endpoints"] = std::move(own);
-  return record;
+  return out;
 }
 
 void PeerAgentImpl::wait_for_peer_dials(std::chrono::milliseconds bound) {
