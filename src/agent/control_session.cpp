@@ -39,9 +39,10 @@ std::string ControlSession::start(const std::string& alias) {
     registered_ = true;
     incarnation_ = reply.value("incarnation", "");
   }
-  heartbeat_thread_ = std::thread([this] { heartbeat_loop(); });
   return alias_;
 }
+
+void ControlSession::start_heartbeat() { heartbeat_thread_ = std::thread([this] { heartbeat_loop(); }); }
 
 json ControlSession::call(const std::string& path, json body) {
   {

@@ -30,10 +30,13 @@ class ControlSession {
   ControlSession(const ControlSession&) = delete;
   ControlSession& operator=(const ControlSession&) = delete;
 
-  // Registers under `alias` ("": NanoCtrl picks one) and starts heartbeating; returns the
-  // alias NanoCtrl registered. A refused registration (409: the alias is taken) throws and
-  // leaves nothing of ours to clean up.
+  // Registers under `alias` ("": NanoCtrl picks one); returns the alias NanoCtrl
+  // registered. A refused registration (409: the alias is taken) throws and leaves nothing
+  // of ours to clean up.
   std::string start(const std::string& alias);
+  // Starts heartbeating (and registering again when NanoCtrl forgot us), once the agent has
+  // stored its alias: `registered_again` may read it on the heartbeat thread.
+  void start_heartbeat();
   // POSTs an agent route naming our registration (and, when NanoCtrl issued one, its
   // incarnation), so NanoCtrl applies it to that registration only.
   nlohmann::json call(const std::string& path, nlohmann::json body);

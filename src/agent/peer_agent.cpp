@@ -277,6 +277,7 @@ void PeerAgentImpl::start() {
   session_ = std::make_unique<ControlSession>(
       ctrl, options.heartbeat_interval, [this] { return registration_body(); }, [this] { local_.publish_all(); });
   alias_ = session_->start(options.alias);  // a refused registration throws: nothing to clean up
+  session_->start_heartbeat();              // its thread may read alias_ (publishing again)
   mailbox_thread_ = std::thread([this] {
     mailbox_id_ = std::this_thread::get_id();
     mailbox_loop();
