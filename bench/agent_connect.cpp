@@ -15,44 +15,21 @@
 #include <string>
 #include <vector>
 
-#include "dlslime/nanoctrl.h"
-#include "dlslime/peer_agent.h"
+#include "agent_bench.h"
 
-namespace {
-
-size_t arg(int argc, char** argv, const char* name, size_t fallback) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], name) == 0) return std::strtoull(argv[i + 1], nullptr, 10);
-  }
-  return fallback;
-}
-
-double at(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   using namespace dlslime;
   using clock = std::chrono::steady_clock;
+  using bench::arg;
+  const auto at = bench::percentile;
   const size_t peers = std::max<size_t>(arg(argc, argv, "--peers", 20), 1);
   const size_t ops = std::max<size_t>(arg(argc, argv, "--ops", 2000), 1);
   const size_t size = std::max<size_t>(arg(argc, argv, "--size", 4096), 1);
   const size_t rounds = std::max<size_t>(arg(argc, argv, "--rounds", 5), 1);
-  NanoCtrlConfig config;
-  config.port = 0;
-  NanoCtrlServer ctrl(config);
-  ctrl.start();
-  auto options = [&](const std::string& alias) {
-    PeerAgentOptions o;
-    o.ctrl_url = ctrl.url();
-    o.alias = alias;
-    return o;
-  };
-  ConnectOptions tcp;
-  tcp.transport = "tcp";
+  const bench::LocalCtrl ctrl;
+  auto options = [&](const std::string& alias) { return ctrl.agent(alias); };
+  const ConnectOptions tcp = bench::LocalCtrl::tcp();
   PeerAgent agent(options("ac_main"));
   std::vector<uint8_t> src(size, 0x5a), dst(size, 0);
   agent.register_memory_region("src", reinterpret_cast<uintptr_t>(src.data()), 0, size);

@@ -16,8 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "dlslime/nanoctrl.h"
-#include "dlslime/peer_agent.h"
+#include "agent_bench.h"
 
 namespace {
 
@@ -27,39 +26,20 @@ double thread_cpu_us() {
   return static_cast<double>(ts.tv_sec) * 1e6 + static_cast<double>(ts.tv_nsec) / 1e3;
 }
 
-double percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
-}
-
-size_t arg(int argc, char** argv, const char* name, size_t fallback) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], name) == 0) return std::strtoull(argv[i + 1], nullptr, 10);
-  }
-  return fallback;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace dlslime;
+  using bench::arg;
+  using bench::percentile;
   const size_t regions = arg(argc, argv, "--regions", 1000);
   const size_t peers = arg(argc, argv, "--peers", 16);
   const size_t sample = std::min(arg(argc, argv, "--sample", 100), regions);
-  NanoCtrlConfig config;
-  config.port = 0;
-  NanoCtrlServer ctrl(config);
-  ctrl.start();
-  auto options = [&](const std::string& alias) {
-    PeerAgentOptions o;
-    o.ctrl_url = ctrl.url();
-    o.alias = alias;
-    return o;
-  };
+  const bench::LocalCtrl ctrl;
+  auto options = [&](const std::string& alias) { return ctrl.agent(alias); };
   PeerAgent agent(options("reg_main"));
   std::vector<std::unique_ptr<PeerAgent>> others;
-  ConnectOptions tcp;
-  tcp.transport = "tcp";
+  const ConnectOptions tcp = bench::LocalCtrl::tcp();
   for (size_t i = 0; i < peers; ++i) {
     others.push_back(std::make_unique<PeerAgent>(options("reg_peer" + std::to_string(i))));
     PeerConnection mine = agent.connect_to(others.back()->alias(), tcp);
@@ -87,6 +67,5 @@ int main(int argc, char** argv) {
               percentile(wall, 0.99));
   for (auto& o : others) o->shutdown();
   agent.shutdown();
-  ctrl.stop();
   return 0;
 }
