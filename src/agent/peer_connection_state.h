@@ -1,5 +1,5 @@
 // The shared state behind a PeerConnection handle, and the small helpers the agent's
-// files share about ids and endpoint_info. The agent's mutex guards its map of connections;
+// files share about ids and endpoint_info. The ConnectionTable's mutex guards the table;
 // each connection's own mutex guards its fields.
 #pragma once
 
@@ -146,6 +146,11 @@ class PeerConnectionState {
   // Shuts the endpoint down, if one was made.
   void shutdown_endpoint() const {
     if (auto e = ep()) e->shutdown();
+  }
+  // Ends it here: the endpoint shut down, and the handle says why.
+  void close(const std::string& why) {
+    shutdown_endpoint();
+    finish("closed", why);
   }
   // Whether this connection can be the one on NICs (local, remote): "" on either side of a
   // comparison is "any" (not asked for, or not known yet). For matching handshakes and

@@ -1,7 +1,9 @@
-// How PeerAgent chooses a transport for a peer: every built transport asked, through its
-// registry hooks, whether it reaches the peer, and "auto"'s pick with its reason. Nothing
-// here names a transport.
+// TransportChoice: the transports a PeerAgent serves, each configured by its own hook; every
+// built transport asked, through its registry hooks, whether it reaches a peer; and
+// "auto"'s pick with its reason. Nothing here names a transport.
 #include "agent/transport_choice.h"
+
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -9,6 +11,7 @@
 #include <fmt/ranges.h>
 
 #include "core/record_fields.h"
+#include "dlslime/errors.h"
 #include "dlslime/transport.h"
 
 namespace dlslime {
@@ -75,26 +78,104 @@ std::optional<std::string> not_served_by(const json& record, const std::string& 
 }
 
 
-// Every transport built here, each asked whether it reaches the peer whose NanoCtrl record
-// is `record`: one this agent does not serve or the peer's record rules out is passed over
-// with that reason; the others answer through their reach() hook (a transport without one
-// reaches every peer that serves it).
-std::vector<Considered> consider_transports(const json& served, const json& settings, const std::string& address,
-                                            const json& record, const std::string& peer, const json& request) {
+namespace {
+
+// The host name, for an agent whose transports publish no address of their own.
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) == 0 && name[0]) return name;
+  return "127.0.0.1";
+}
+
+}  // namespace
+
+TransportChoice::TransportChoice(const json& given, const std::string& device) {
+  if (!given.is_object()) {
+    throw InvalidArgumentError(fmt::format("transport_options must be an object keyed by transport name, not {}",
+                                           given.dump()));
+  }
+  const std::vector<TransportInfo> transports = TransportRegistry::instance().list();
+  std::vector<std::string> known;
+  for (const auto& t : transports) known.push_back(t.name);
+  for (const auto& [name, value] : given.items()) {
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      throw InvalidArgumentError(fmt::format("transport_options names no transport: '{}' (known: {})", name,
+                                             fmt::join(known, ", ")));
+    }
+    if (!value.is_object()) {
+      throw InvalidArgumentError(fmt::format("transport_options['{}'] must be an object, not {}", name, value.dump()));
+    }
+  }
+  // The transports available here: each one's settings checked by itself, and what it
+  // publishes ({"name", "devices"} and its advertise()), in the registry's order.
+  for (const auto& t : transports) {
+    if (!t.available) continue;
+    const AgentHooks* hooks = hooks_of(t.name);
+    const json mine = given.contains(t.name) ? given[t.name] : json::object();
+    json settings = hooks && hooks->configure ? hooks->configure(mine, device) : mine;
+    json entry = {{"name", t.name}, {"devices", t.devices}};
+    if (hooks && hooks->advertise) entry.update(hooks->advertise(settings));
+    if (address_.empty() && hooks && hooks->address) address_ = hooks->address(settings);
+    settings_[t.name] = std::move(settings);
+    served_.push_back(std::move(entry));
+  }
+  if (address_.empty()) address_ = host_name();
+  if (device.empty()) return;
+  std::vector<std::string> devices;
+  bool found = false;
+  for (const auto& t : transports) {
+    if (!t.available || t.devices.empty()) continue;
+    devices.push_back(fmt::format("{}: {}", t.name, fmt::join(t.devices, ", ")));
+    found = found || std::find(t.devices.begin(), t.devices.end(), device) != t.devices.end();
+  }
+  if (!found) {
+    throw InvalidArgumentError(fmt::format("device '{}' is not a device of this host (available: {})", device,
+                                           devices.empty() ? "none" : fmt::format("{}", fmt::join(devices, "; "))));
+  }
+}
+
+bool TransportChoice::serves(const std::string& transport) const {
+  return std::any_of(served_.begin(), served_.end(), [&](const json& t) { return t["name"] == transport; });
+}
+
+json TransportChoice::settings_of(const std::string& transport) const {
+  return settings_.contains(transport) ? settings_[transport] : json::object();
+}
+
+json TransportChoice::own_options(const std::string& transport, const json& request) const {
+  const AgentHooks* hooks = hooks_of(transport);
+  return hooks && hooks->active_options ? hooks->active_options(settings_of(transport), request)
+                                        : settings_of(transport);
+}
+
+json TransportChoice::options_for_peer(const std::string& transport, const json& request) const {
+  const AgentHooks* hooks = hooks_of(transport);
+  return hooks && hooks->peer_options ? hooks->peer_options(settings_of(transport), request) : json::object();
+}
+
+json TransportChoice::passive_options(const std::string& transport, const json& from_peer) const {
+  // Anyone may post a connect message: the transport takes only the keys its peer_options()
+  // sends, never our token, timeouts or address.
+  const AgentHooks* hooks = hooks_of(transport);
+  return hooks && hooks->passive_options ? hooks->passive_options(settings_of(transport), from_peer)
+                                         : settings_of(transport);
+}
+
+std::vector<Considered> TransportChoice::consider(const json& record, const std::string& peer,
+                                                 const json& request) const {
   std::vector<Considered> out;
   for (const TransportInfo& t : TransportRegistry::instance().list()) {
     const AgentHooks* hooks = hooks_of(t.name);
     if (!hooks) continue;  // not built
     Considered c{t.name, hooks->rank, {false, "", true, request}};
-    const json mine = transport_entry(served, t.name);
+    const json mine = transport_entry(served_, t.name);
     if (mine.is_null()) {
       c.reach.reason = t.available ? "this agent does not serve it" : "not available here (" + t.reason + ")";
     } else if (not_served_by(record, peer, t.name)) {
       c.reach.reason = fmt::format("the peer agent '{}' does not serve it", peer);
     } else if (hooks->reach) {
-      const json mine_settings = settings.contains(t.name) ? settings[t.name] : json::object();
       const json theirs = peer_entry(record, t.name);
-      c.reach = hooks->reach(ReachQuery{mine_settings, mine, theirs, request, peer, address});
+      c.reach = hooks->reach(ReachQuery{settings_of(t.name), mine, theirs, request, peer, address_});
     } else {
       c.reach = {true, "both agents serve it", true, request};
     }
@@ -108,7 +189,7 @@ std::vector<Considered> consider_transports(const json& served, const json& sett
 // each transport ranked above it with why it was passed over, so a user sees why NVLink or
 // RDMA was not taken. Both sides of a connection come to the same answer from the same
 // records, so a peer that also asks for "auto" agrees.
-Choice choose(const std::vector<Considered>& considered, const std::string& peer) {
+Choice TransportChoice::choose(const std::vector<Considered>& considered, const std::string& peer) {
   auto best = std::find_if(considered.begin(), considered.end(), [](const Considered& c) { return c.reach.ok; });
   if (best == considered.end()) {
     std::vector<std::string> why;
