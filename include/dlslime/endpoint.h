@@ -157,6 +157,9 @@ class DLSLIME_API Endpoint {
   // refuse the rest with the same call, and leak instead of shutting down.
   bool inherited_from_parent() const noexcept;
   void require_own_process() const;
+  // What a call that needs a live endpoint (registering memory) raises after shutdown():
+  // InvalidArgumentError (Python: ValueError, as for a closed file), naming `call`.
+  [[noreturn]] void refuse_after_shutdown(const char* call) const;
   // shutdown()'s first step: in a fork() child, holds `impl` (the parent's threads and
   // kernel objects) for the rest of the process, never destroyed, and returns true, so
   // nothing is touched; false in the process that made the endpoint.

@@ -49,6 +49,11 @@ void Endpoint::require_own_process() const {
                                     capabilities().transport));
 }
 
+void Endpoint::refuse_after_shutdown(const char* call) const {
+  throw InvalidArgumentError(fmt::format("{}() on a {} endpoint that was shut down; create a new endpoint", call,
+                                         capabilities().transport));
+}
+
 bool Capabilities::supports(OpKind kind) const noexcept {
   switch (kind) {
     case OpKind::kRead: return read;

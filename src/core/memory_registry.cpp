@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "core/host_mappings.h"
 #include "core/log.h"
 #include "dlslime/errors.h"
 #include "gpu/device_runtime.h"
@@ -208,6 +209,15 @@ int32_t MemoryRegistry::add(const std::string& name, uintptr_t addr, uint64_t of
   }
   const uintptr_t start = addr + offset;
   const auto [kind, device] = memory_place_of(fmt::format("memory region '{}'", name), start, length);
+  // Host memory the process cannot read would fault an I/O thread on first use (a dma-buf's
+  // iova is no address of this process: its fd is what is registered). Read-only memory is
+  // taken: a NIC registers it for remote reads (docs/rdma.md, "Read-only memory").
+  if (kind != MemoryKind::kDevice && !dmabuf) {
+    if (auto why = host_pages_problem(start, length, /*write=*/false)) {
+      throw InvalidArgumentError(
+          fmt::format("memory region '{}': [{:#x}, +{}) cannot be registered: {}", name, start, length, *why));
+    }
+  }
   std::optional<std::pair<int32_t, LocalRegion>> replaced;
   int32_t handle = 0;
   LocalRegion added;

@@ -769,6 +769,7 @@ bool NVLinkEndpoint::is_connected() const { return impl_->is_connected(); }
 int32_t NVLinkEndpoint::register_memory_region(const std::string& name, uintptr_t addr, uint64_t offset,
                                                uint64_t length) {
   require_own_process();
+  if (impl_->is_shut_down()) refuse_after_shutdown("register_memory_region");
   if (offset > UINTPTR_MAX - addr) {
     throw InvalidArgumentError(fmt::format("memory region '{}': address {:#x} + offset {} overflows", name, addr, offset));
   }

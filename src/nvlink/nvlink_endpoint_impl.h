@@ -103,6 +103,11 @@ class NVLinkEndpointImpl final : public RegionRevoker, public std::enable_shared
   nlohmann::json endpoint_info() const;
   void connect(const nlohmann::json& peer_info);
   bool is_connected() const;
+  // shutdown() has run.
+  bool is_shut_down() const {
+    std::lock_guard lock(mu_);
+    return closed_;
+  }
   // strict: throw on an unusable entry; else keep it, so that its ops fail with the reason.
   int32_t add_remote(const std::string& name, const nlohmann::json& entry, bool strict);
   nlohmann::json mr_info() const;

@@ -17,6 +17,9 @@ namespace dlslime::py_bind {
 namespace detail {
 
 py::int_ index_of(py::handle v, const char* what) {
+  // bool is an int subclass, so operator.index(True) is 1: a handle or an address passed
+  // as True is a caller's mistake (hostile review 16h), never the number 1.
+  if (PyBool_Check(v.ptr())) throw py::type_error(fmt::format("{} must be an int, not bool", what));
   PyObject* i = PyNumber_Index(v.ptr());
   if (i == nullptr) {
     PyErr_Clear();

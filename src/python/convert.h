@@ -45,8 +45,8 @@ pybind11::object from_json(const nlohmann::json& j, const char* what = "a JSON v
 
 // --- Scalars --------------------------------------------------------------------------
 namespace detail {
-// operator.index(v): an int, a bool, or an object with __index__ (numpy integers); a
-// float or str raises TypeError naming `what`.
+// operator.index(v): an int or an object with __index__ (numpy integers); a bool, float
+// or str raises TypeError naming `what`.
 pybind11::int_ index_of(pybind11::handle v, const char* what);
 bool is_negative(const pybind11::int_& i);
 [[noreturn]] void throw_out_of_range(pybind11::handle v, const char* what, const std::string& lo,

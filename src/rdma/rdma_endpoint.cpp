@@ -1011,11 +1011,13 @@ int32_t RDMAEndpoint::register_memory_region(const std::string& name, uintptr_t 
   // The registry asks where the memory lives; the memory domain registers GPU memory for
   // the NIC (docs/rdma.md, "GPU memory").
   require_own_process();
+  if (impl_->is_shut_down()) refuse_after_shutdown("register_memory_region");
   return impl_->regions->add(name, addr, offset, length);
 }
 int32_t RDMAEndpoint::register_dmabuf_memory_region(const std::string& name, int fd, uint64_t offset, uint64_t length,
                                                     uint64_t iova) {
   require_own_process();
+  if (impl_->is_shut_down()) refuse_after_shutdown("register_dmabuf_memory_region");
   return add_dmabuf_region(*impl_->regions, name, fd, offset, length, iova);
 }
 int32_t RDMAEndpoint::add_dmabuf_region(MemoryRegistry& registry, const std::string& name, int fd, uint64_t offset,

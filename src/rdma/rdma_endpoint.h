@@ -50,6 +50,11 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
   nlohmann::json endpoint_info();
   void connect(const nlohmann::json& peer_info);
   bool is_connected() const;
+  // shutdown() has run.
+  bool is_shut_down() const {
+    std::lock_guard lock(mu_);
+    return closed_;
+  }
   int32_t register_remote(const std::string& name, const nlohmann::json& entry);
   nlohmann::json mr_info() const;
   nlohmann::json mr_info_of(const std::string& name) const;

@@ -35,6 +35,7 @@
 
 #include <fmt/format.h>
 
+#include "core/host_mappings.h"
 #include "core/log.h"
 #include "rdma/sim_device.h"
 
@@ -274,33 +275,6 @@ struct QueuePairState {
 using QpObj = Wrapped<ibv_qp, QueuePairState>;
 
 // --- Checks a NIC's driver makes at registration ---------------------------------------------
-
-// What pinning host pages does (get_user_pages): every page of [addr, +length) must be
-// mapped and readable, and writable if the MR asks for local or remote write. Otherwise
-// ibv_reg_mr fails with EFAULT. Read from /proc/self/maps: registration is not a hot path.
-std::string host_pages_problem(uintptr_t addr, size_t length, bool write) {
-  const uintptr_t end = addr + length;
-  uintptr_t covered = addr;  // [addr, covered) is known to be mapped as needed
-  std::FILE* maps = std::fopen("/proc/self/maps", "re");
-  if (maps == nullptr) return fmt::format("cannot read /proc/self/maps: {}", std::strerror(errno));
-  char line[512];
-  const char* why = "is not mapped";
-  while (covered < end && std::fgets(line, sizeof line, maps) != nullptr) {
-    unsigned long lo = 0, hi = 0;
-    char perms[5] = {};
-    if (std::sscanf(line, "%lx-%lx %4s", &lo, &hi, perms) != 3) continue;
-    if (hi <= covered) continue;
-    if (lo > covered) break;  // a hole: the mappings are sorted
-    if (perms[0] != 'r' || (write && perms[1] != 'w')) {
-      why = perms[0] != 'r' ? "is not readable (PROT_NONE)" : "is read-only, and the MR asks for write access";
-      break;
-    }
-    covered = hi;
-  }
-  std::fclose(maps);
-  if (covered >= end) return {};
-  return fmt::format("memory at {:#x} {} (a NIC fails the pinning with EFAULT)", covered, why);
-}
 
 // As ibv_reg_mr: remote write needs local write, and only the flags this device knows.
 bool access_ok(int access) {
@@ -744,8 +718,11 @@ DLSLIME_SIM_API ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, 
   }
   if (!view) {
     const bool write = (access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)) != 0;
-    if (std::string problem = host_pages_problem(at, length, write); !problem.empty()) {
-      return fail_null<ibv_mr>(EFAULT, fmt::format("reg_mr({}, {} bytes): {}", addr, length, problem));
+    // What pinning host pages checks (get_user_pages): every page mapped and readable, and
+    // writable if the MR asks for local or remote write.
+    if (auto problem = dlslime::host_pages_problem(at, length, write)) {
+      return fail_null<ibv_mr>(EFAULT, fmt::format("reg_mr({}, {} bytes): {} (a NIC fails the pinning with EFAULT)",
+                                                   addr, length, *problem));
     }
   }
   Fabric& fabric = *obj->state->context.fabric;

@@ -26,6 +26,7 @@ bool TcpEndpoint::is_connected() const { return impl_->is_connected(); }
 
 int32_t TcpEndpoint::register_memory_region(const std::string& name, uintptr_t addr, uint64_t offset,
                                             uint64_t length) {
+  if (impl_->is_shut_down()) refuse_after_shutdown("register_memory_region");
   return impl_->local_regions->add(name, addr, offset, length);  // device memory: see region_added
 }
 

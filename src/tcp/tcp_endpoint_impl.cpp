@@ -14,6 +14,7 @@
 
 #include "core/env.h"
 #include "core/fork_generation.h"
+#include "core/host_name.h"
 #include "core/log.h"
 #include "dlslime/errors.h"
 #include "tcp/handshake.h"
@@ -51,6 +52,7 @@ std::string advertise_host_for(const asio::ip::address& bound, const TcpOptions&
 }
 
 asio::ip::address parse_bind_address(const std::string& ip, asio::io_context& io) {
+  if (!ip.empty()) check_host_text(ip, "the bind address");
   std::error_code ec;
   auto addr = asio::ip::make_address(ip.empty() ? "0.0.0.0" : ip, ec);
   if (!ec) return addr;
@@ -243,6 +245,7 @@ void TcpEndpointImpl::connect(const nlohmann::json& peer_info) {
   if (!peer_info.contains("host") || !peer_info["host"].is_string() || peer_info["host"].get<std::string>().empty()) {
     throw InvalidArgumentError("peer_info needs a non-empty string 'host'");
   }
+  check_host_text(peer_info["host"].get_ref<const std::string&>(), "peer_info 'host'");
   if (!peer_info.contains("port") || !peer_info["port"].is_number_integer() || peer_info["port"].get<int64_t>() < 1 ||
       peer_info["port"].get<int64_t>() > 65535) {
     throw InvalidArgumentError("peer_info needs an integer 'port' in 1..65535");

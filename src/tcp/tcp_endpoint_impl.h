@@ -68,6 +68,7 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
   nlohmann::json endpoint_info() const;
   void connect(const nlohmann::json& peer_info);
   bool is_connected() const { return pairing_.connected(); }
+  bool is_shut_down() const { return shut_down_.load(); }
   Future submit(OpRequest request);
   void shutdown();
 

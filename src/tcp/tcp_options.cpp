@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/env.h"
+#include "core/host_name.h"
 #include "dlslime/errors.h"
 #include "dlslime/tcp_endpoint.h"
 #include "tcp/frame_codec.h"
@@ -103,6 +104,7 @@ void TcpOptions::validate() const {
   check_option("max_batch_items", max_batch_items, kMaxBatchItems);
   check_option("unexpected_buffer_bytes", unexpected_buffer_bytes, kUnexpectedBufferBytes);
   check_option("gpu_staging_chunks", gpu_staging_chunks, kGpuStagingChunks);
+  if (!advertise_host.empty()) check_host_text(advertise_host, "TcpEndpoint option advertise_host");
   // Anyone who can reach the port can get a MAC over a nonce of its choosing and guess
   // the token offline, so a short one is refused rather than silently weak.
   if (!token.empty() && token.size() < kMinTokenSize) {

@@ -657,6 +657,21 @@ CONFORMANCE_TEST(MrInfoOfOneRegionIsItsEntryOfTheWholeTable, always) {
   EXPECT_TRUE(a_->mr_info_of("two").is_null());
 }
 
+// After shutdown() an endpoint hands out no handle (hostile review 16g): the call that
+// needs a live endpoint raises InvalidArgumentError (ValueError in Python, as for a closed
+// file), naming itself.
+CONFORMANCE_TEST(RegisteringOnAShutDownEndpointIsRefused, always) {
+  auto r = buffer(4096);
+  a_->shutdown();
+  try {
+    a_->register_memory_region("late", r->addr(), 0, r->size());
+    ADD_FAILURE() << "registered on a shut-down endpoint";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("register_memory_region() on a"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(a_->mr_info().empty());
+}
+
 CONFORMANCE_TEST(BatchesOf1000ItemsWriteAndReadBack, always, OpKind::kWrite, OpKind::kRead) {
   constexpr size_t n = 1000, item = 64;
   const auto src_bytes = pattern(n * item, 3);

@@ -1,4 +1,6 @@
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <limits>
@@ -54,6 +56,36 @@ TEST(MemoryRegistry, RejectsAddressOverflowAndNull) {
   EXPECT_THROW(t.add("x", 0x1000, kMax, 1), InvalidArgumentError);
   EXPECT_THROW(t.add("x", 0, 0, 16), InvalidArgumentError);
   EXPECT_THROW(t.add("", 0x1000, 0, 16), InvalidArgumentError);
+}
+
+// Host memory the process cannot read (a guard page, an unmapped page) is refused at
+// registration, naming the first bad address, rather than faulting an I/O thread on first
+// use (hostile review 16m). Read-only memory is taken (a NIC registers it for remote reads).
+// What is left is the caller's: keeping the mapping alive while it is registered.
+TEST(MemoryRegistry, RefusesHostMemoryTheProcessCannotRead) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  void* p = ::mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  const auto base = reinterpret_cast<uintptr_t>(p);
+  ASSERT_EQ(::mprotect(reinterpret_cast<void*>(base + page), page, PROT_READ), 0);
+  ASSERT_EQ(::mprotect(reinterpret_cast<void*>(base + 2 * page), page, PROT_NONE), 0);
+  MemoryRegistry t;
+  EXPECT_GE(t.add("rw", base, 0, page), 0);
+  EXPECT_GE(t.add("read_only", base + page, 0, page), 0);
+  EXPECT_GE(t.add("rw_and_read_only", base, 0, 2 * page), 0);
+  auto refused = [&](const char* name, uintptr_t addr, uint64_t length, const std::string& why) {
+    try {
+      t.add(name, addr, 0, length);
+      ADD_FAILURE() << name << " was registered";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(t.mr_info_of(name).is_null()) << name;
+  };
+  refused("prot_none", base + 2 * page, 16, fmt::format("memory at {:#x} is not readable (PROT_NONE", base + 2 * page));
+  refused("into_prot_none", base, 3 * page, fmt::format("memory at {:#x} is not readable", base + 2 * page));
+  refused("never_mapped", 0x1000, 16, "memory at 0x1000 is not mapped");
+  ::munmap(p, 3 * page);
 }
 
 TEST(MemoryRegistry, HandlesAreNeverReused) {

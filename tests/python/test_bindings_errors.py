@@ -3,7 +3,9 @@ a wrong type raises TypeError, a value out of range ValueError, each naming the 
 nesting is bounded in both JSON directions; library errors map to one Python class per
 status code."""
 
+import ctypes
 import http.server
+import mmap
 import threading
 
 import pytest
@@ -90,6 +92,11 @@ BAD_ARGUMENTS = [
      "unexpected_buffer_bytes"),
     ("advertise_host_int", lambda c: TcpEndpoint("127.0.0.1", 0, advertise_host=5), TypeError, "advertise_host"),
     ("token_int", lambda c: TcpEndpoint("127.0.0.1", 0, token=5), TypeError, "token"),
+    # Host text with a NUL: the resolver would read "127.0.0.1" (hostile review 16i)
+    ("ep_ip_nul", lambda c: TcpEndpoint("127.0.0.1\x00x", 0), ValueError, "0x00"),
+    ("advertise_host_nul", lambda c: TcpEndpoint("0.0.0.0", 0, advertise_host="not a host \x00"), ValueError,
+     "advertise_host"),
+    ("connect_host_nul", lambda c: c.ep.connect({"host": "127.0.0.1\x00x", "port": 1}), ValueError, "'host'"),
     ("unknown_option", lambda c: TcpEndpoint("127.0.0.1", 0, lanez=2), TypeError, "lanez"),
     # Regions
     ("register_name_none", lambda c: c.ep.register_memory_region(None, c.addr, 0, 8), TypeError, "name"),
@@ -97,6 +104,12 @@ BAD_ARGUMENTS = [
     ("register_addr_negative", lambda c: c.ep.register_memory_region("r", -1, 0, 8), ValueError, "addr"),
     ("register_offset_str", lambda c: c.ep.register_memory_region("r", c.addr, "0", 8), TypeError, "offset"),
     ("register_length_huge", lambda c: c.ep.register_memory_region("r", c.addr, 0, 2**64), ValueError, "length"),
+    # bool is an int subclass; True is never a handle or an address (hostile review 16h)
+    ("register_addr_bool", lambda c: c.ep.register_memory_region("r", True, 0, 8), TypeError, "addr"),
+    ("register_length_bool", lambda c: c.ep.register_memory_region("r", c.addr, 0, True), TypeError, "length"),
+    ("write_handle_bool", lambda c: c.ep.write([(True, 0, 0, 0, 8)]), TypeError, "local_handle"),
+    ("send_addr_bool", lambda c: c.ep.send((True, 0, 8)), TypeError, "addr"),
+    ("unregister_handle_bool", lambda c: c.ep.unregister_memory_region(True), TypeError, "name_or_handle"),
     ("remote_name_none", lambda c: c.ep.register_remote_memory_region(None, {}), TypeError, "name"),
     ("remote_info_object", lambda c: c.ep.register_remote_memory_region("r", object()), TypeError, "mr_info"),
     ("unregister_none", lambda c: c.ep.unregister_memory_region(None), TypeError, "name_or_handle"),
@@ -273,6 +286,46 @@ def test_each_error_class_from_the_endpoint(ctx):
         TcpEndpoint("127.0.0.1", 0, lanes=0)  # in the field's range, refused by validate()
     with pytest.raises(TimeoutError, match="ghost_"):
         ctx.conn.wait(0.05)
+
+
+def test_registering_on_a_shut_down_endpoint_is_value_error(ctx):
+    # As for a closed file (hostile review 16g): no handle for an endpoint that is gone.
+    ep = TcpEndpoint("127.0.0.1", 0)
+    ep.shutdown()
+    with pytest.raises(ValueError, match="shut down"):
+        ep.register_memory_region("late", ctx.addr, 0, 8)
+
+
+def _libc_mmap(length, prot):
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    addr = libc.mmap(None, length, prot, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+    return libc, addr
+
+
+def test_registering_memory_the_process_cannot_read_is_value_error():
+    # A PROT_NONE page would fault an I/O thread on first use (hostile review 16m); a NIC's
+    # ibv_reg_mr refuses it with EFAULT. Refused at registration, naming the address.
+    page = mmap.PAGESIZE
+    libc, addr = _libc_mmap(3 * page, mmap.PROT_READ | mmap.PROT_WRITE)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(addr + page, page, mmap.PROT_READ) == 0
+    assert libc.mprotect(addr + 2 * page, page, 0) == 0  # PROT_NONE: a guard page
+    ep = TcpEndpoint("127.0.0.1", 0)
+    try:
+        assert ep.register_memory_region("rw_and_read_only", addr, 0, 2 * page) >= 0
+        with pytest.raises(ValueError, match=f"memory at {addr + 2 * page:#x} is not readable") as info:
+            ep.register_memory_region("into_the_guard_page", addr, 0, 3 * page)
+        assert "memory region 'into_the_guard_page'" in str(info.value)
+        with pytest.raises(ValueError, match="memory at 0x1000 is not mapped"):  # below vm.mmap_min_addr
+            ep.register_memory_region("nowhere", 0x1000, 0, page)
+        assert sorted(ep.mr_info()) == ["rw_and_read_only"]
+    finally:
+        ep.shutdown()
+        libc.munmap(addr, 3 * page)
 
 
 def test_connect_refused_is_connection_error():
