@@ -90,6 +90,11 @@ Future Endpoint::submit(OpRequest request) {
       if (request.chunk.addr == 0 && request.chunk.length > 0) {
         throw InvalidArgumentError(fmt::format("{}: buffer address is null", op_kind_name(request.kind)));
       }
+      if (const Chunk& c = request.chunk; c.offset > UINTPTR_MAX - c.addr || c.length > UINTPTR_MAX - c.addr - c.offset) {
+        // A wrapped range would name other bytes, or none (hostile review N12).
+        throw InvalidArgumentError(fmt::format("{}: buffer {:#x} + offset {} + length {} overflows the address space",
+                                               op_kind_name(request.kind), c.addr, c.offset, c.length));
+      }
       break;
     case OpKind::kImmRecv: break;
   }

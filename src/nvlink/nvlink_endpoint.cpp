@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -340,6 +341,11 @@ void NVLinkEndpointImpl::connect(const nlohmann::json& peer) {
     throw ConnectionError("peer endpoint_info lacks an integer 'pid'");
   }
   const auto pid = peer["pid"].get<int64_t>();
+  // pid_t is positive; 0 or a negative one would make the pidfd and kill() checks name this
+  // process's group or every process (hostile review N12).
+  if (pid <= 0 || pid > std::numeric_limits<pid_t>::max()) {
+    throw ConnectionError(fmt::format("peer endpoint_info 'pid' {} is not a process id", pid));
+  }
   if (host != boot_id()) {
     throw ConnectionError(fmt::format("NVLink connects endpoints on one host: the peer runs on another (boot id {}, "
                                       "this host's {}); use RDMA or TCP",

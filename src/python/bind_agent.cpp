@@ -449,8 +449,9 @@ void bind_agent(py::module_& m) {
       // `assignments`, and a `stream` after the batch (unused: no device streams yet).
       .def(
           "send",
-          [](PeerAgent& a, py::handle peer_arg, py::handle chunk, py::handle /*stream*/, py::handle peer_alias,
+          [](PeerAgent& a, py::handle peer_arg, py::handle chunk, py::handle stream, py::handle peer_alias,
              py::handle local_nic, py::handle remote_nic) {
+            check_stream_arg(stream);
             const auto peer = peer_arg_of(peer_arg, peer_alias, "send");
             const auto on = filter_of(local_nic, remote_nic);
             const Chunk c = to_chunk(chunk);
@@ -462,8 +463,9 @@ void bind_agent(py::module_& m) {
           py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none())
       .def(
           "recv",
-          [](PeerAgent& a, py::handle peer_arg, py::handle chunk, py::handle /*stream*/, py::handle peer_alias,
+          [](PeerAgent& a, py::handle peer_arg, py::handle chunk, py::handle stream, py::handle peer_alias,
              py::handle local_nic, py::handle remote_nic) {
+            check_stream_arg(stream);
             const auto peer = peer_arg_of(peer_arg, peer_alias, "recv");
             const auto on = filter_of(local_nic, remote_nic);
             const Chunk c = to_chunk(chunk);
@@ -475,8 +477,9 @@ void bind_agent(py::module_& m) {
           py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none())
       .def(
           "read",
-          [](PeerAgent& a, py::handle peer_arg, py::handle assignments, py::handle /*stream*/, py::handle peer_alias,
+          [](PeerAgent& a, py::handle peer_arg, py::handle assignments, py::handle stream, py::handle peer_alias,
              py::handle assign, py::handle local_nic, py::handle remote_nic) {
+            check_stream_arg(stream);
             const auto peer = peer_arg_of(peer_arg, peer_alias, "read");
             const auto on = filter_of(local_nic, remote_nic);
             return one_sided(
@@ -490,8 +493,9 @@ void bind_agent(py::module_& m) {
           py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none())
       .def(
           "write",
-          [](PeerAgent& a, py::handle peer_arg, py::handle assignments, py::handle /*stream*/, py::handle peer_alias,
+          [](PeerAgent& a, py::handle peer_arg, py::handle assignments, py::handle stream, py::handle peer_alias,
              py::handle assign, py::handle local_nic, py::handle remote_nic) {
+            check_stream_arg(stream);
             const auto peer = peer_arg_of(peer_arg, peer_alias, "write");
             const auto on = filter_of(local_nic, remote_nic);
             return one_sided(
@@ -505,8 +509,9 @@ void bind_agent(py::module_& m) {
           py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none())
       .def(
           "write_with_imm",
-          [](PeerAgent& a, py::handle peer_arg, py::handle assignments, py::handle imm_data, py::handle /*stream*/,
+          [](PeerAgent& a, py::handle peer_arg, py::handle assignments, py::handle imm_data, py::handle stream,
              py::handle peer_alias, py::handle assign, py::handle local_nic, py::handle remote_nic) {
+            check_stream_arg(stream);
             const auto peer = peer_arg_of(peer_arg, peer_alias, "write_with_imm");
             const auto on = filter_of(local_nic, remote_nic);
             auto batch = to_assignments(renamed_arg(assignments, assign, "write_with_imm", "assignments", "assign"));
@@ -520,8 +525,9 @@ void bind_agent(py::module_& m) {
           py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none())
       .def(
           "imm_recv",
-          [](PeerAgent& a, py::handle peer_arg, py::handle /*stream*/, py::handle peer_alias,
+          [](PeerAgent& a, py::handle peer_arg, py::handle stream, py::handle peer_alias,
              py::handle local_nic, py::handle remote_nic) {
+            check_stream_arg(stream);
             const auto peer = peer_arg_of(peer_arg, peer_alias, "imm_recv");
             const auto on = filter_of(local_nic, remote_nic);
             ReleaseGil release;

@@ -55,9 +55,10 @@ std::chrono::milliseconds timeout_arg(py::handle timeout_ms) {
   return std::chrono::milliseconds{int_arg<uint32_t>(timeout_ms, "timeout_ms")};
 }
 
-// `stream` (upstream's CUDA stream handle) is accepted by every op and unused: no
+// `stream` (upstream's CUDA stream handle) is checked by every op (check_stream_arg) and unused: no
 // transport here orders its ops against a device stream yet.
-Future send_op(Endpoint& ep, py::handle chunk, py::handle /*stream*/, py::handle timeout_ms) {
+Future send_op(Endpoint& ep, py::handle chunk, py::handle stream, py::handle timeout_ms) {
+  check_stream_arg(stream);
   const Chunk c = to_chunk(chunk);
   const auto timeout = timeout_arg(timeout_ms);
   ReleaseGil release;
@@ -66,7 +67,8 @@ Future send_op(Endpoint& ep, py::handle chunk, py::handle /*stream*/, py::handle
 
 // exact_size=True (OpRequest::exact_size): the transport fails a recv whose message is
 // shorter than the buffer.
-Future recv_op(Endpoint& ep, py::handle chunk, py::handle /*stream*/, py::handle exact_size, py::handle timeout_ms) {
+Future recv_op(Endpoint& ep, py::handle chunk, py::handle stream, py::handle exact_size, py::handle timeout_ms) {
+  check_stream_arg(stream);
   const Chunk c = to_chunk(chunk);
   const bool exact = bool_arg(exact_size, "exact_size");
   const auto timeout = timeout_arg(timeout_ms);
@@ -75,8 +77,9 @@ Future recv_op(Endpoint& ep, py::handle chunk, py::handle /*stream*/, py::handle
 }
 
 template <OpKind Kind>
-Future one_sided_op(Endpoint& ep, py::handle assignments, py::handle /*stream*/, py::handle timeout_ms,
+Future one_sided_op(Endpoint& ep, py::handle assignments, py::handle stream, py::handle timeout_ms,
                     py::handle assign) {
+  check_stream_arg(stream);
   const char* call = Kind == OpKind::kRead ? "read" : "write";
   auto batch = to_assignments(renamed_arg(assignments, assign, call, "assignments", "assign"));
   const auto timeout = timeout_arg(timeout_ms);
@@ -298,8 +301,9 @@ void bind_endpoint(py::module_& m) {
       .def("mr_info", [](const Endpoint& ep) { return from_json(ep.mr_info(), "mr_info"); })
       .def(
           "write_with_imm",
-          [](Endpoint& ep, py::handle assignments, py::handle imm_data, py::handle /*stream*/, py::handle timeout_ms,
+          [](Endpoint& ep, py::handle assignments, py::handle imm_data, py::handle stream, py::handle timeout_ms,
              py::handle assign) {
+            check_stream_arg(stream);
             auto batch = to_assignments(renamed_arg(assignments, assign, "write_with_imm", "assignments", "assign"));
             const auto imm = int_arg<uint32_t>(imm_data, "imm_data");
             const auto timeout = timeout_arg(timeout_ms);
@@ -311,7 +315,8 @@ void bind_endpoint(py::module_& m) {
           py::arg_v("assign", missing_arg(), "<unset>"))
       .def(
           "imm_recv",
-          [](Endpoint& ep, py::handle /*stream*/, py::handle timeout_ms) {
+          [](Endpoint& ep, py::handle stream, py::handle timeout_ms) {
+            check_stream_arg(stream);
             const auto timeout = timeout_arg(timeout_ms);
             ReleaseGil release;
             return ep.imm_recv(timeout);

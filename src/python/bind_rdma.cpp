@@ -22,6 +22,7 @@
 #include "bindings.h"
 #include "convert.h"
 #include "core/memory_registry.h"
+#include "core/transport_registry.h"
 #include "dlslime/errors.h"
 #include "dlslime/rdma_endpoint.h"
 #include "dlslime/transport.h"
@@ -57,9 +58,10 @@ struct RdmaContextView {
     return fmt::format("{}:{}", device_name.empty() ? std::string("(first active device)") : device_name, ib_port);
   }
 
-  // Checks the device exists (NotFoundError, as RDMAEndpoint raises) and the options are
-  // valid (InvalidArgumentError). A port that is down or of another link layer is found
-  // when an endpoint opens it (ConnectionError).
+  // Checks the device exists (NotFoundError, as RDMAEndpoint raises), the options are
+  // valid (InvalidArgumentError), and the port is an active port of the device (ValueError
+  // naming the active ones). A port of another link layer is found when an endpoint opens
+  // it (ConnectionError).
   void init(const std::string& name, int64_t port, const std::string& link) {
     if (closed) throw py::value_error(fmt::format("RDMAContext {} is closed", describe()));
     nlohmann::json o = {{"device_name", name}, {"ib_port", port}, {"link_type", link}};
@@ -76,6 +78,19 @@ struct RdmaContextView {
     if (!name.empty() && std::find(devices.begin(), devices.end(), name) == devices.end()) {
       throw NotFoundError(fmt::format("RDMAContext.init: no RDMA device named '{}' (available: {})", name,
                                       fmt::join(devices, ", ")));
+    }
+    // No name: the first device with that port active, as an endpoint picks it.
+    std::vector<std::string> active;
+    bool found = false;
+    for (const TransportPort& p : TransportRegistry::instance().ports("rdma")) {
+      if (!name.empty() && p.device != name) continue;
+      active.push_back(fmt::format("{}:{}", p.device, p.port));
+      found = found || p.port == port;
+    }
+    if (!found) {
+      throw py::value_error(fmt::format("RDMAContext.init: ib_port={} is not an active port of {} (active ports: {})",
+                                        port, name.empty() ? "any RDMA device" : name,
+                                        active.empty() ? "none" : fmt::format("{}", fmt::join(active, ", "))));
     }
     device_name = name;
     ib_port = port;

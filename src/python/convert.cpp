@@ -156,6 +156,20 @@ json to_json(py::handle obj, const char* what) { return ToJson(what).convert(obj
 
 py::object from_json(const json& j, const char* what) { return from_json_at(j, what, 0); }
 
+void check_stream_arg(py::handle stream) {
+  if (stream.is_none()) return;
+  if (py::hasattr(stream, "cuda_stream")) {
+    int_arg<uintptr_t>(py::getattr(stream, "cuda_stream"), "stream.cuda_stream");
+    return;
+  }
+  if (PyBool_Check(stream.ptr()) || !PyIndex_Check(stream.ptr())) {
+    throw py::type_error(fmt::format("stream must be None, a CUDA stream handle (int) or a stream object with "
+                                     ".cuda_stream, not {}",
+                                     Py_TYPE(stream.ptr())->tp_name));
+  }
+  int_arg<uintptr_t>(stream, "stream");
+}
+
 bool bool_arg(py::handle v, const char* what) {
   if (!PyBool_Check(v.ptr())) throw py::type_error(fmt::format("{} must be True or False, not {}", what, type_name(v)));
   return v.ptr() == Py_True;

@@ -75,6 +75,10 @@ T int_arg(pybind11::handle v, const char* what, T lo = std::numeric_limits<T>::m
 }
 
 bool bool_arg(pybind11::handle v, const char* what);  // True/False only
+// An op's `stream` (upstream's CUDA stream): None, a stream handle (an int, e.g.
+// torch.cuda.current_stream().cuda_stream) or an object with .cuda_stream (a torch
+// Stream); anything else is a TypeError. No transport orders its ops on it yet.
+void check_stream_arg(pybind11::handle stream);
 std::string str_arg(pybind11::handle v, const char* what);
 // None -> "" (the caller's default).
 std::string optional_str_arg(pybind11::handle v, const char* what);

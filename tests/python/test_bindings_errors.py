@@ -129,6 +129,15 @@ BAD_ARGUMENTS = [
     ("read_offset_negative", lambda c: c.ep.read([(0, 0, -1, 0, 8)]), ValueError, "target_offset"),
     ("read_offset_float", lambda c: c.ep.read([(0, 0, 0, 1.5, 8)]), TypeError, "source_offset"),
     ("write_not_a_list", lambda c: c.ep.write(5), TypeError, "assignments"),
+    # A chunk whose range wraps around the address space (hostile review N12)
+    ("send_chunk_wraps", lambda c: c.ep.send((c.addr, 2**64 - 1, 2)), ValueError, "overflows"),
+    ("recv_chunk_wraps", lambda c: c.ep.recv((c.addr, 8, 2**64 - 8)), ValueError, "overflows"),
+    # `stream`: None, a CUDA stream handle or a stream object; it is unused, never ignored
+    ("write_stream_str", lambda c: c.ep.write([ITEM], stream="x"), TypeError, "stream"),
+    ("send_stream_bool", lambda c: c.ep.send((c.addr, 0, 8), True), TypeError, "stream"),
+    ("recv_stream_float", lambda c: c.ep.recv((c.addr, 0, 8), 1.5), TypeError, "stream"),
+    ("imm_recv_stream_negative", lambda c: c.ep.imm_recv(-1), ValueError, "stream"),
+    ("agent_stream_str", lambda c: c.agent.send("p", (c.addr, 0, 8), "x"), TypeError, "stream"),
     ("imm_data_huge", lambda c: c.ep.write_with_imm([ITEM], imm_data=2**32), ValueError, "imm_data"),
     # Futures
     ("wait_for_str", lambda c: c.ep.recv((c.addr, 0, 8)).wait_for("5"), TypeError, "seconds"),

@@ -108,6 +108,10 @@ ERRORS = """
     assert "no RDMA device named 'mlx5_9'" in raises(KeyError, RDMAContext().init, "mlx5_9")
     assert "link_type" in raises(ValueError, RDMAContext().init, nic, 1, "Token-Ring")
     assert "ib_port" in raises(ValueError, RDMAContext, nic, 0)
+    # A port the device does not have (active) is refused at once, naming the active ones
+    # (hostile review N12), not when an endpoint first opens it.
+    assert f"ib_port=7 is not an active port of {nic} (active ports: {nic}:1" in raises(ValueError, RDMAContext, nic, 7)
+    assert "ib_port=7 is not an active port of any RDMA device" in raises(ValueError, RDMAContext().init, "", 7)
     assert "not initialised" in raises(ValueError, RDMAMemoryPool, RDMAContext())
     raises(TypeError, RDMAMemoryPool, "sim_rdma0")
 

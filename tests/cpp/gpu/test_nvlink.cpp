@@ -531,6 +531,16 @@ TEST(Nvlink, HostMemoryIsRefusedClearly) {
   nlohmann::json other_host = ep.endpoint_info();
   other_host["host"] = "another-boot-id";
   EXPECT_THROW(ep.connect(other_host), ConnectionError);
+  for (const int64_t pid : {int64_t{-5}, int64_t{0}, int64_t{1} << 40}) {  // not a process id (hostile review N12)
+    nlohmann::json bad_pid = ep.endpoint_info();
+    bad_pid["pid"] = pid;
+    try {
+      ep.connect(bad_pid);
+      ADD_FAILURE() << "connected to pid " << pid;
+    } catch (const ConnectionError& e) {
+      EXPECT_NE(std::string(e.what()).find("is not a process id"), std::string::npos) << e.what();
+    }
+  }
   Future f = ep.read({{0, 0, 0, 0, 8}});
   ASSERT_TRUE(f.done());
   EXPECT_EQ(f.result().code(), StatusCode::kNotConnected);
