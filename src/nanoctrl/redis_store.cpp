@@ -4,6 +4,7 @@
 #include <sys/time.h>
 
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <set>
 #include <stdexcept>
@@ -320,6 +321,7 @@ std::vector<std::string> RedisStore::list_pop(const std::string& key, std::size_
       if (interrupted_) return out;
       blocked_fds_.insert(conn->fd);
     }
+    const auto started = std::chrono::steady_clock::now();
     Reply r = run(conn.get(), {"BLPOP", key, secs});
     {
       std::lock_guard lock(mu_);
@@ -327,7 +329,11 @@ std::vector<std::string> RedisStore::list_pop(const std::string& key, std::size_
     }
     if (!r) {
       if (interrupted_) return out;
-      if (reused && attempt == 0) {  // stale pooled connection (Redis restarted)
+      // A stale pooled connection (Redis restarted) fails at once; one that waited out the
+      // socket timeout found Redis unresponsive (stopped, overloaded), and waiting again
+      // would double the caller's wait (hostile review 16k: 65 s for a 30 s poll).
+      const bool failed_at_once = std::chrono::steady_clock::now() - started < wait;
+      if (reused && attempt == 0 && failed_at_once) {
         drop_idle();
         continue;
       }

@@ -1,6 +1,8 @@
 """NanoCtrl over Redis: replicas share state, restarts lose nothing, outages give 503 and
 heal by themselves."""
 
+import os
+import signal
 import threading
 import time
 
@@ -97,6 +99,36 @@ def test_redis_outage_gives_503_then_recovers(redis_server):
         assert c.start_peer_agent(alias="a")["name"] == "a"
         c.post("a", "after")
         assert [m["message"] for m in c.recv("a", timeout=1)] == ["after"]
+
+
+def test_a_long_poll_on_a_stopped_redis_fails_after_one_wait_not_two(redis_server):
+    # Hostile review 16k: with Redis stopped (SIGSTOP) under a 30 s mailbox poll, the answer
+    # came after 65 s: the timed-out BLPOP was retried as if its pooled connection were
+    # stale. It now fails once the poll and the Redis timeout have passed.
+    poll, redis_timeout = 2.0, 0.5
+    with nanoctrl.serve(port=0, redis_url=redis_server.url, redis_timeout=redis_timeout) as u:
+        c = nanoctrl.NanoCtrlClient(u, timeout=30)
+        c.start_peer_agent(alias="a")
+        result = []
+
+        def poll_mailbox():
+            started = time.monotonic()
+            outcome = _outcome(lambda: c.recv("a", timeout=poll))
+            result.append((outcome, time.monotonic() - started))
+
+        waiter = threading.Thread(target=poll_mailbox)
+        waiter.start()
+        try:
+            wait_until(lambda: "nanoctrl_mailbox_waiters 1" in http(u, "/metrics", method="GET")[1])
+            os.kill(redis_server.proc.pid, signal.SIGSTOP)
+            waiter.join(3 * (poll + redis_timeout) + 10)
+        finally:
+            os.kill(redis_server.proc.pid, signal.SIGCONT)
+        assert not waiter.is_alive()
+        outcome, elapsed = result[0]
+        assert outcome == "ConnectionError"  # 503: Redis did not answer
+        # One wait (poll + redis_timeout = 2.5 s), not two (5 s); the rest is slack for load.
+        assert elapsed < 2 * (poll + redis_timeout) - 0.5, elapsed
 
 
 def _outcome(fn):
