@@ -196,18 +196,26 @@ class DLSLIME_API PeerAgent {
   std::vector<std::string> sync_memory_regions(const std::string& peer, const ConnectionFilter& on = {});
 
   // I/O on the connection to `peer` that `on` selects, as connection() does: none throws
-  // ConnectionError, several InvalidArgumentError naming their NICs.
-  Future send(const std::string& peer, const Chunk& chunk, const ConnectionFilter& on = {});
-  Future recv(const std::string& peer, const Chunk& chunk, const ConnectionFilter& on = {});
-  Future read(const std::string& peer, std::vector<Assignment> assignments, const ConnectionFilter& on = {});
-  Future write(const std::string& peer, std::vector<Assignment> assignments, const ConnectionFilter& on = {});
+  // ConnectionError, several InvalidArgumentError naming their NICs. `timeout` and
+  // `exact_size` are the endpoint ops' (Endpoint::send/recv/read/..., OpRequest): zero is
+  // the endpoint's op_timeout, for recv and imm_recv its recv_timeout; a recv that times
+  // out consumes nothing. A named op that is resolved again after UNKNOWN_HANDLE gives the
+  // second attempt the same timeout.
+  Future send(const std::string& peer, const Chunk& chunk, const ConnectionFilter& on = {},
+              std::chrono::milliseconds timeout = {});
+  Future recv(const std::string& peer, const Chunk& chunk, const ConnectionFilter& on = {}, bool exact_size = false,
+              std::chrono::milliseconds timeout = {});
+  Future read(const std::string& peer, std::vector<Assignment> assignments, const ConnectionFilter& on = {},
+              std::chrono::milliseconds timeout = {});
+  Future write(const std::string& peer, std::vector<Assignment> assignments, const ConnectionFilter& on = {},
+               std::chrono::milliseconds timeout = {});
   Future read(const std::string& peer, const std::vector<NamedAssignment>& assignments,
-              const ConnectionFilter& on = {});
+              const ConnectionFilter& on = {}, std::chrono::milliseconds timeout = {});
   Future write(const std::string& peer, const std::vector<NamedAssignment>& assignments,
-               const ConnectionFilter& on = {});
+               const ConnectionFilter& on = {}, std::chrono::milliseconds timeout = {});
   Future write_with_imm(const std::string& peer, std::vector<Assignment> assignments, uint32_t imm_data = 0,
-                        const ConnectionFilter& on = {});
-  Future imm_recv(const std::string& peer, const ConnectionFilter& on = {});
+                        const ConnectionFilter& on = {}, std::chrono::milliseconds timeout = {});
+  Future imm_recv(const std::string& peer, const ConnectionFilter& on = {}, std::chrono::milliseconds timeout = {});
 
   // Removes the agent's records from NanoCtrl (its peers are notified) and shuts down every
   // connection; peers' pending futures on them fail promptly. Idempotent.

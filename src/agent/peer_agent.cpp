@@ -37,7 +37,7 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   PeerConnection connect_to(const std::string& peer, const ConnectOptions& options);
   // read/write by region names: resolves and submits on one lookup of the connection.
   Future named_op(const std::string& peer, const std::vector<NamedAssignment>& named, OpKind kind,
-                  const ConnectionFilter& on);
+                  const ConnectionFilter& on, std::chrono::milliseconds timeout);
   int32_t register_region(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length) {
     return local_.add(name, addr, offset, length);
   }
@@ -59,7 +59,8 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   // A named op that failed with an unknown handle, resolved again and submitted once more
   // on the same connection; `outer` completes with that attempt.
   void retry_named(const std::shared_ptr<PeerConnectionState>& c, const std::vector<NamedAssignment>& named,
-                   OpKind kind, const std::shared_ptr<OpState>& outer, const Status& first);
+                   OpKind kind, std::chrono::milliseconds timeout, const std::shared_ptr<OpState>& outer,
+                   const Status& first);
   // Makes an endpoint through the transport registry (and wrap_endpoint).
   std::shared_ptr<Endpoint> make_endpoint(const std::string& transport, const json& endpoint_options);
   // Closes every connection (shutdown).
@@ -151,33 +152,33 @@ PeerConnection PeerAgentImpl::connect_to(const std::string& peer, const ConnectO
 
 namespace {
 
-Future submit_named(Endpoint& ep, std::vector<Assignment> resolved, OpKind kind) {
-  return kind == OpKind::kRead ? ep.read(std::move(resolved)) : ep.write(std::move(resolved));
+Future submit_named(Endpoint& ep, std::vector<Assignment> resolved, OpKind kind, std::chrono::milliseconds timeout) {
+  return kind == OpKind::kRead ? ep.read(std::move(resolved), timeout) : ep.write(std::move(resolved), timeout);
 }
 
 }  // namespace
 
 Future PeerAgentImpl::named_op(const std::string& peer, const std::vector<NamedAssignment>& named, OpKind kind,
-                               const ConnectionFilter& on) {
+                               const ConnectionFilter& on, std::chrono::milliseconds timeout) {
   // One lookup: the handles are resolved in this connection's remote table, so they must
   // be submitted on this connection's endpoint, even if a reconnect replaces it meanwhile.
   auto c = table.connected(peer, on);
-  Future first = submit_named(*c->ep(), by_name_.resolve(c, named, /*fresh=*/false), kind);
+  Future first = submit_named(*c->ep(), by_name_.resolve(c, named, /*fresh=*/false), kind, timeout);
   // An unknown handle means the peer registered a name again (a new buffer, a new handle)
   // since we cached it: resolve once more from NanoCtrl and retry once, off the I/O thread
   // that completes `first` (resolving is an HTTP call).
   auto outer = std::make_shared<OpState>(kind);
   std::weak_ptr<PeerAgentImpl> weak = weak_from_this();
   std::shared_ptr<TaskThreads> tasks = tasks_;
-  first.state()->on_complete([weak, tasks, c, named, kind, outer](const OpState& done) {
+  first.state()->on_complete([weak, tasks, c, named, kind, timeout, outer](const OpState& done) {
     const Status status = done.status();
     if (status.code() != StatusCode::kUnknownHandle) {
       outer->complete(status, done.nbytes());
       return;
     }
-    const bool spawned = tasks->spawn([weak, c, named, kind, outer, status] {
+    const bool spawned = tasks->spawn([weak, c, named, kind, timeout, outer, status] {
       if (auto self = weak.lock()) {
-        self->retry_named(c, named, kind, outer, status);
+        self->retry_named(c, named, kind, timeout, outer, status);
       } else {
         outer->complete(status);
       }
@@ -189,9 +190,10 @@ Future PeerAgentImpl::named_op(const std::string& peer, const std::vector<NamedA
 
 void PeerAgentImpl::retry_named(const std::shared_ptr<PeerConnectionState>& c,
                                 const std::vector<NamedAssignment>& named, OpKind kind,
-                                const std::shared_ptr<OpState>& outer, const Status& first) {
+                                std::chrono::milliseconds timeout, const std::shared_ptr<OpState>& outer,
+                                const Status& first) {
   try {
-    Future again = submit_named(*c->ep(), by_name_.resolve(c, named, /*fresh=*/true), kind);
+    Future again = submit_named(*c->ep(), by_name_.resolve(c, named, /*fresh=*/true), kind, timeout);
     again.state()->on_complete([outer](const OpState& done) { outer->complete(done.status(), done.nbytes()); });
   } catch (const Error& e) {
     outer->complete(Status(e.code(), fmt::format("{} (resolving again after: {})", e.what(), first.message())));
@@ -286,39 +288,43 @@ std::vector<std::string> PeerAgent::sync_memory_regions(const std::string& peer,
   return impl_->sync_regions(impl_->table.connected(peer, on));
 }
 
-Future PeerAgent::send(const std::string& peer, const Chunk& chunk, const ConnectionFilter& on) {
-  return impl_->endpoint_for_io(peer, on)->send(chunk);
+Future PeerAgent::send(const std::string& peer, const Chunk& chunk, const ConnectionFilter& on,
+                       std::chrono::milliseconds timeout) {
+  return impl_->endpoint_for_io(peer, on)->send(chunk, timeout);
 }
 
-Future PeerAgent::recv(const std::string& peer, const Chunk& chunk, const ConnectionFilter& on) {
-  return impl_->endpoint_for_io(peer, on)->recv(chunk);
+Future PeerAgent::recv(const std::string& peer, const Chunk& chunk, const ConnectionFilter& on, bool exact_size,
+                       std::chrono::milliseconds timeout) {
+  return impl_->endpoint_for_io(peer, on)->recv(chunk, exact_size, timeout);
 }
 
-Future PeerAgent::read(const std::string& peer, std::vector<Assignment> assignments, const ConnectionFilter& on) {
-  return impl_->endpoint_for_io(peer, on)->read(std::move(assignments));
+Future PeerAgent::read(const std::string& peer, std::vector<Assignment> assignments, const ConnectionFilter& on,
+                       std::chrono::milliseconds timeout) {
+  return impl_->endpoint_for_io(peer, on)->read(std::move(assignments), timeout);
 }
 
-Future PeerAgent::write(const std::string& peer, std::vector<Assignment> assignments, const ConnectionFilter& on) {
-  return impl_->endpoint_for_io(peer, on)->write(std::move(assignments));
+Future PeerAgent::write(const std::string& peer, std::vector<Assignment> assignments, const ConnectionFilter& on,
+                        std::chrono::milliseconds timeout) {
+  return impl_->endpoint_for_io(peer, on)->write(std::move(assignments), timeout);
 }
 
 Future PeerAgent::read(const std::string& peer, const std::vector<NamedAssignment>& assignments,
-                       const ConnectionFilter& on) {
-  return impl_->named_op(peer, assignments, OpKind::kRead, on);
+                       const ConnectionFilter& on, std::chrono::milliseconds timeout) {
+  return impl_->named_op(peer, assignments, OpKind::kRead, on, timeout);
 }
 
 Future PeerAgent::write(const std::string& peer, const std::vector<NamedAssignment>& assignments,
-                        const ConnectionFilter& on) {
-  return impl_->named_op(peer, assignments, OpKind::kWrite, on);
+                        const ConnectionFilter& on, std::chrono::milliseconds timeout) {
+  return impl_->named_op(peer, assignments, OpKind::kWrite, on, timeout);
 }
 
 Future PeerAgent::write_with_imm(const std::string& peer, std::vector<Assignment> assignments, uint32_t imm_data,
-                                 const ConnectionFilter& on) {
-  return impl_->endpoint_for_io(peer, on)->write_with_imm(std::move(assignments), imm_data);
+                                 const ConnectionFilter& on, std::chrono::milliseconds timeout) {
+  return impl_->endpoint_for_io(peer, on)->write_with_imm(std::move(assignments), imm_data, timeout);
 }
 
-Future PeerAgent::imm_recv(const std::string& peer, const ConnectionFilter& on) {
-  return impl_->endpoint_for_io(peer, on)->imm_recv();
+Future PeerAgent::imm_recv(const std::string& peer, const ConnectionFilter& on, std::chrono::milliseconds timeout) {
+  return impl_->endpoint_for_io(peer, on)->imm_recv(timeout);
 }
 
 void PeerAgent::shutdown() { impl_->shutdown(); }

@@ -450,92 +450,100 @@ void bind_agent(py::module_& m) {
       .def(
           "send",
           [](PeerAgent& a, py::handle peer_arg, py::handle chunk, py::handle stream, py::handle peer_alias,
-             py::handle local_nic, py::handle remote_nic) {
+             py::handle local_nic, py::handle remote_nic, py::handle timeout_ms) {
             check_stream_arg(stream);
             const auto peer = peer_arg_of(peer_arg, peer_alias, "send");
             const auto on = filter_of(local_nic, remote_nic);
+            const auto timeout = timeout_arg(timeout_ms);
             const Chunk c = to_chunk(chunk);
             ReleaseGil release;
-            return a.send(peer, c, on);
+            return a.send(peer, c, on, timeout);
           },
           py::arg_v("peer", missing_arg(), "<required>"), py::arg("chunk"), py::arg("stream") = py::none(),
           py::kw_only(), py::arg_v("peer_alias", missing_arg(), "<unset>"),
-          py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none())
+          py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none(), py::arg("timeout_ms") = py::none())
       .def(
           "recv",
           [](PeerAgent& a, py::handle peer_arg, py::handle chunk, py::handle stream, py::handle peer_alias,
-             py::handle local_nic, py::handle remote_nic) {
+             py::handle local_nic, py::handle remote_nic, py::handle timeout_ms, py::handle exact_size) {
             check_stream_arg(stream);
             const auto peer = peer_arg_of(peer_arg, peer_alias, "recv");
             const auto on = filter_of(local_nic, remote_nic);
+            const auto timeout = timeout_arg(timeout_ms);
             const Chunk c = to_chunk(chunk);
+            const bool exact = bool_arg(exact_size, "exact_size");
             ReleaseGil release;
-            return a.recv(peer, c, on);
+            return a.recv(peer, c, on, exact, timeout);
           },
           py::arg_v("peer", missing_arg(), "<required>"), py::arg("chunk"), py::arg("stream") = py::none(),
           py::kw_only(), py::arg_v("peer_alias", missing_arg(), "<unset>"),
-          py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none())
+          py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none(), py::arg("timeout_ms") = py::none(),
+          py::arg("exact_size") = false)
       .def(
           "read",
           [](PeerAgent& a, py::handle peer_arg, py::handle assignments, py::handle stream, py::handle peer_alias,
-             py::handle assign, py::handle local_nic, py::handle remote_nic) {
+             py::handle assign, py::handle local_nic, py::handle remote_nic, py::handle timeout_ms) {
             check_stream_arg(stream);
             const auto peer = peer_arg_of(peer_arg, peer_alias, "read");
             const auto on = filter_of(local_nic, remote_nic);
+            const auto timeout = timeout_arg(timeout_ms);
             return one_sided(
                 renamed_arg(assignments, assign, "read", "assignments", "assign"),
-                [&](const std::vector<NamedAssignment>& n) { return a.read(peer, n, on); },
-                [&](std::vector<Assignment> b) { return a.read(peer, std::move(b), on); });
+                [&](const std::vector<NamedAssignment>& n) { return a.read(peer, n, on, timeout); },
+                [&](std::vector<Assignment> b) { return a.read(peer, std::move(b), on, timeout); });
           },
           py::arg_v("peer", missing_arg(), "<required>"), py::arg_v("assignments", missing_arg(), "<required>"),
           py::arg("stream") = py::none(), py::kw_only(), py::arg_v("peer_alias", missing_arg(), "<unset>"),
           py::arg_v("assign", missing_arg(), "<unset>"),
-          py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none())
+          py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none(), py::arg("timeout_ms") = py::none())
       .def(
           "write",
           [](PeerAgent& a, py::handle peer_arg, py::handle assignments, py::handle stream, py::handle peer_alias,
-             py::handle assign, py::handle local_nic, py::handle remote_nic) {
+             py::handle assign, py::handle local_nic, py::handle remote_nic, py::handle timeout_ms) {
             check_stream_arg(stream);
             const auto peer = peer_arg_of(peer_arg, peer_alias, "write");
             const auto on = filter_of(local_nic, remote_nic);
+            const auto timeout = timeout_arg(timeout_ms);
             return one_sided(
                 renamed_arg(assignments, assign, "write", "assignments", "assign"),
-                [&](const std::vector<NamedAssignment>& n) { return a.write(peer, n, on); },
-                [&](std::vector<Assignment> b) { return a.write(peer, std::move(b), on); });
+                [&](const std::vector<NamedAssignment>& n) { return a.write(peer, n, on, timeout); },
+                [&](std::vector<Assignment> b) { return a.write(peer, std::move(b), on, timeout); });
           },
           py::arg_v("peer", missing_arg(), "<required>"), py::arg_v("assignments", missing_arg(), "<required>"),
           py::arg("stream") = py::none(), py::kw_only(), py::arg_v("peer_alias", missing_arg(), "<unset>"),
           py::arg_v("assign", missing_arg(), "<unset>"),
-          py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none())
+          py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none(), py::arg("timeout_ms") = py::none())
       .def(
           "write_with_imm",
           [](PeerAgent& a, py::handle peer_arg, py::handle assignments, py::handle imm_data, py::handle stream,
-             py::handle peer_alias, py::handle assign, py::handle local_nic, py::handle remote_nic) {
+             py::handle peer_alias, py::handle assign, py::handle local_nic, py::handle remote_nic, py::handle timeout_ms) {
             check_stream_arg(stream);
             const auto peer = peer_arg_of(peer_arg, peer_alias, "write_with_imm");
             const auto on = filter_of(local_nic, remote_nic);
+            const auto timeout = timeout_arg(timeout_ms);
             auto batch = to_assignments(renamed_arg(assignments, assign, "write_with_imm", "assignments", "assign"));
             const auto imm = int_arg<uint32_t>(imm_data, "imm_data");
             ReleaseGil release;
-            return a.write_with_imm(peer, std::move(batch), imm, on);
+            return a.write_with_imm(peer, std::move(batch), imm, on, timeout);
           },
           py::arg_v("peer", missing_arg(), "<required>"), py::arg_v("assignments", missing_arg(), "<required>"),
           py::arg("imm_data") = 0, py::arg("stream") = py::none(), py::kw_only(),
           py::arg_v("peer_alias", missing_arg(), "<unset>"), py::arg_v("assign", missing_arg(), "<unset>"),
-          py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none())
+          py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none(), py::arg("timeout_ms") = py::none())
       .def(
           "imm_recv",
           [](PeerAgent& a, py::handle peer_arg, py::handle stream, py::handle peer_alias,
-             py::handle local_nic, py::handle remote_nic) {
+             py::handle local_nic, py::handle remote_nic, py::handle timeout_ms) {
             check_stream_arg(stream);
             const auto peer = peer_arg_of(peer_arg, peer_alias, "imm_recv");
             const auto on = filter_of(local_nic, remote_nic);
+            const auto timeout = timeout_arg(timeout_ms);
             ReleaseGil release;
-            return a.imm_recv(peer, on);
+            return a.imm_recv(peer, on, timeout);
           },
           py::arg_v("peer", missing_arg(), "<required>"), py::arg("stream") = py::none(), py::kw_only(),
           py::arg_v("peer_alias", missing_arg(), "<unset>"),
-          py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none())
+          py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none(), py::arg("timeout_ms") = py::none())
       .def("shutdown", &PeerAgent::shutdown, py::call_guard<ReleaseGil>())
       .def("__enter__", [](std::shared_ptr<PeerAgent> a) { return a; })
       .def("__exit__",

@@ -48,13 +48,6 @@ py::dict capabilities_dict(const Capabilities& c) {
   return d;
 }
 
-// The per-op deadline argument of send/read/write/write_with_imm: upstream's timeout_ms
-// (an int of milliseconds). None or 0: the endpoint's op_timeout (OpRequest::timeout).
-std::chrono::milliseconds timeout_arg(py::handle timeout_ms) {
-  if (timeout_ms.is_none()) return std::chrono::milliseconds{0};
-  return std::chrono::milliseconds{int_arg<uint32_t>(timeout_ms, "timeout_ms")};
-}
-
 // `stream` (upstream's CUDA stream handle) is checked by every op (check_stream_arg) and unused: no
 // transport here orders its ops against a device stream yet.
 Future send_op(Endpoint& ep, py::handle chunk, py::handle stream, py::handle timeout_ms) {

@@ -14,6 +14,7 @@ from conftest import Buffer, wait_until
 OK = 0
 PEER_CLOSED = 407
 CANCELLED = 406
+TIMEOUT = int(dlslime.StatusCode.TIMEOUT)
 
 
 def agent_pair(ctrl_url, unique, **kw):
@@ -108,6 +109,37 @@ def test_named_regions_work_on_tcp(ctrl_url, unique):
     kv_a.set(b"five-name", 500)
     assert agent_a.write(peer, [("kv", "extra", 500, 7, 9)]).wait_for(10) == OK
     assert extra.bytes(7, 16) == b"five-name"
+    agent_a.shutdown()
+    agent_b.shutdown()
+
+
+def test_every_agent_op_takes_a_deadline_and_a_timed_out_recv_consumes_nothing(ctrl_url, unique):
+    # Issue 24, "Deadlines on every op": PeerAgent's ops take timeout_ms as the endpoints'
+    # do; a recv that times out takes no message, and the next recv gets the next one.
+    agent_a, agent_b = agent_pair(ctrl_url, unique)
+    a, b = f"tcp_a_{unique}", f"tcp_b_{unique}"
+    kv_a, kv_b = Buffer(256, b"x"), Buffer(256)
+    agent_a.register_memory_region("kv", kv_a.addr, 0, 256)
+    agent_b.register_memory_region("kv", kv_b.addr, 0, 256)
+    conn = agent_a.connect_to(b, transport="tcp")
+    agent_b.connect_to(a, transport="tcp").wait(10)
+    conn.wait(10)
+    box = Buffer(16)
+    started = time.monotonic()
+    timed_out = agent_b.recv(a, (box.addr, 0, 16), timeout_ms=200)
+    assert timed_out.wait_for(10) == TIMEOUT, timed_out.message
+    assert 0.15 < time.monotonic() - started < 5
+    second = agent_b.recv(a, (box.addr, 0, 16), timeout_ms=10_000, exact_size=True)
+    assert agent_a.send(b, (Buffer(16, b"late-message!!!!").addr, 0, 16), timeout_ms=5000).wait_for(10) == OK
+    assert second.wait_for(10) == OK and box.bytes(0, 16) == b"late-message!!!!"
+    # Named and handle ops take it too; a bad one is a TypeError naming it.
+    assert agent_a.write(b, [("kv", 0, 0, 64)], timeout_ms=5000).wait_for(10) == OK
+    assert kv_b.bytes(0, 64) == kv_a.bytes(0, 64)
+    assert agent_a.read(b, ("kv", 64, 0, 8), timeout_ms=5000).wait_for(10) == OK
+    with pytest.raises(TypeError, match="timeout_ms"):
+        agent_a.send(b, (box.addr, 0, 16), timeout_ms="1")
+    with pytest.raises(NotImplementedError):
+        agent_b.imm_recv(a, timeout_ms=50)
     agent_a.shutdown()
     agent_b.shutdown()
 
