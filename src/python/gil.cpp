@@ -22,6 +22,34 @@ bool interpreter_finalizing() noexcept {
 
 }  // namespace
 
+bool python_gone() noexcept { return Py_IsInitialized() == 0 || interpreter_finalizing(); }
+
+PyCallable::~PyCallable() {
+  if (python_gone()) return;  // leaked on purpose (see the class comment)
+  const PyGILState_STATE gil = PyGILState_Ensure();
+  Py_DECREF(fn_);
+  PyGILState_Release(gil);
+}
+
+void PyCallable::call(const std::function<py::object()>& make_arg) const noexcept {
+  if (python_gone()) return;
+  const PyGILState_STATE gil = PyGILState_Ensure();
+  try {
+    py::handle callable{fn_};  // braces: `py::handle(fn_)(...)` would declare a variable
+    callable(make_arg());
+  } catch (py::error_already_set& e) {
+    // "Exception ignored in: <the callable>" and the traceback, through sys.unraisablehook.
+    e.discard_as_unraisable(py::reinterpret_borrow<py::object>(fn_));
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    PyErr_WriteUnraisable(fn_);
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "a non-standard C++ exception");
+    PyErr_WriteUnraisable(fn_);
+  }
+  PyGILState_Release(gil);
+}
+
 // _PyOS_IsMainThread() reads the current thread state, so it is asked while the GIL is
 // still held.
 ReleaseGil::ReleaseGil() : main_thread_(_PyOS_IsMainThread() != 0) { state_ = PyEval_SaveThread(); }

@@ -35,6 +35,35 @@ class ReleaseGil {
   bool main_thread_;
 };
 
+// True once Python may no longer run: the interpreter is not initialized or is finalizing.
+// A library thread must then neither take the GIL (CPython would end the thread with
+// pthread_exit, see ReleaseGil) nor touch a Python object.
+bool python_gone() noexcept;
+
+// A Python callable that library code holds and calls from any thread (an op continuation
+// on an I/O thread). Each call takes the GIL (PyGILState_Ensure: works on threads Python
+// never saw and on threads that already hold it) and reports an exception the callable
+// raises through sys.unraisablehook instead of propagating it. Once python_gone(), calls
+// are skipped and the last release leaks the reference: the process is exiting, and
+// taking the GIL then would end the thread. Made with the GIL held.
+class PyCallable {
+ public:
+  explicit PyCallable(pybind11::handle fn) : fn_(fn.inc_ref().ptr()) {}
+  ~PyCallable();
+  PyCallable(const PyCallable&) = delete;
+  PyCallable& operator=(const PyCallable&) = delete;
+
+  // fn(arg), converting `arg` to Python with the GIL held. Never throws.
+  template <class Arg>
+  void operator()(const Arg& arg) const noexcept {
+    call([&] { return pybind11::cast(arg); });
+  }
+
+ private:
+  void call(const std::function<pybind11::object()>& make_arg) const noexcept;
+  PyObject* fn_;  // a strong reference
+};
+
 // How often a wait on the main thread takes the GIL to run signal handlers, so that
 // Ctrl-C raises KeyboardInterrupt within this long.
 constexpr std::chrono::milliseconds kSignalCheckInterval{50};
