@@ -50,7 +50,8 @@ class DLSLIME_API Future {
   //   - If it has already ended, the callback runs at once, on the calling thread, before
   //     on_complete() returns.
   // Several callbacks may be registered on one op (copies of a Future included); they run
-  // in registration order. A callback must not block (no wait() on another op, no long
+  // in registration order (one registered while the op is ending runs at once on its
+  // caller's thread, possibly while earlier ones still run on the I/O thread). A callback must not block (no wait() on another op, no long
   // work): it holds up the I/O thread and every op it serves. It may submit new ops, and
   // it may shut the endpoint down. An exception it throws is logged and dropped; the
   // other callbacks still run. Throws InvalidArgumentError on an empty Future or callback.

@@ -113,6 +113,8 @@ void bind_core(py::module_& m) {
     }
   });
 
+  install_exit_gate();  // no library thread takes the GIL once the interpreter is finalizing
+
   py::enum_<StatusCode> codes(m, "StatusCode", "Completion status codes (docs/api.md).");
   for (StatusCode c : {StatusCode::kSuccess, StatusCode::kPending, StatusCode::kBatchOverflow,
                        StatusCode::kUnknownOpcode,

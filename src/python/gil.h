@@ -15,9 +15,9 @@ namespace dlslime::py_bind {
 
 // Releases the GIL for its lifetime; usable as a py::call_guard. Unlike
 // py::gil_scoped_release it never takes the GIL back on a thread other than the main one
-// once the interpreter is finalizing: CPython would end that thread with pthread_exit,
-// whose forced unwind through this (noexcept) destructor calls std::terminate and aborts
-// the process. Such a thread (a daemon thread whose wait ended at exit) parks until the
+// once the interpreter is exiting (from dlslime's atexit hook on, install_exit_gate):
+// CPython would end that thread with pthread_exit, whose forced unwind through this
+// (noexcept) destructor calls std::terminate and aborts the process. Such a thread (a daemon thread whose wait ended at exit) parks until the
 // process exits instead. The main thread is the one that finalizes; it always takes the
 // GIL back.
 class ReleaseGil {
@@ -43,9 +43,10 @@ bool python_gone() noexcept;
 // A Python callable that library code holds and calls from any thread (an op continuation
 // on an I/O thread). Each call takes the GIL (PyGILState_Ensure: works on threads Python
 // never saw and on threads that already hold it) and reports an exception the callable
-// raises through sys.unraisablehook instead of propagating it. Once python_gone(), calls
-// are skipped and the last release leaks the reference: the process is exiting, and
-// taking the GIL then would end the thread. Made with the GIL held.
+// raises through sys.unraisablehook instead of propagating it. Once the interpreter is
+// exiting (install_exit_gate), calls are skipped and the last release leaks
+// the reference: taking the GIL during finalization would end the thread with
+// pthread_exit, aborting the process. Made with the GIL held.
 class PyCallable {
  public:
   explicit PyCallable(pybind11::handle fn) : fn_(fn.inc_ref().ptr()) {}
@@ -63,6 +64,12 @@ class PyCallable {
   void call(const std::function<pybind11::object()>& make_arg) const noexcept;
   PyObject* fn_;  // a strong reference
 };
+
+// Registers the atexit hook after which no thread of ours but the main one takes the GIL
+// (ReleaseGil parks, PyCallable skips the call): the hook waits, GIL released, for those
+// already on their way to it, which would otherwise get it only once finalizing and be
+// ended by CPython mid-frame. Called once, at import.
+void install_exit_gate();
 
 // How often a wait on the main thread takes the GIL to run signal handlers, so that
 // Ctrl-C raises KeyboardInterrupt within this long.

@@ -140,6 +140,49 @@ def test_callbacks_in_a_process_that_exits_with_ops_pending(tmp_path):
     assert "raised in a callback" in proc.stderr
 
 
+def test_callbacks_still_run_in_atexit_handlers_registered_after_import(tmp_path):
+    proc = run_script(tmp_path, """
+        import atexit, ctypes, threading, dlslime
+        a = dlslime.TcpEndpoint("127.0.0.1", 0)
+        inbox = ctypes.create_string_buffer(8)
+        recv = a.recv((ctypes.addressof(inbox), 0, 8))
+        ran = threading.Event()
+        recv.on_complete(lambda f: (print("OK callback at exit", f.status, flush=True), ran.set()))
+        def stop():  # runs before dlslime's own atexit hook (LIFO): Python still runs callbacks
+            a.shutdown()  # cancels the recv
+            assert ran.wait(10)
+        atexit.register(stop)
+        print("registered", flush=True)
+    """)
+    assert proc.stdout.strip().splitlines()[-1] == f"OK callback at exit {CANCELLED}"
+
+
+def test_exiting_while_ops_complete_on_io_threads_does_not_crash(tmp_path):
+    """Ops keep completing (callbacks on I/O threads taking the GIL) and a daemon thread keeps
+    submitting and waiting while the main thread exits: no thread of ours may take the GIL
+    once finalization began (CPython would end it mid-frame and the process would abort;
+    before the exit gate this failed about one run in four)."""
+    for _ in range(5):
+        run_script(tmp_path, """
+            import ctypes, threading, dlslime
+            a = dlslime.TcpEndpoint("127.0.0.1", 0)
+            b = dlslime.TcpEndpoint("127.0.0.1", 0)
+            a.connect(b.endpoint_info()); b.connect(a.endpoint_info())
+            inbox, msg = ctypes.create_string_buffer(64), ctypes.create_string_buffer(b"x" * 64, 64)
+            counts = [0]
+            started = threading.Event()
+            def pump():
+                while True:
+                    r = a.recv((ctypes.addressof(inbox), 0, 64))
+                    r.on_complete(lambda f: counts.__setitem__(0, counts[0] + 1))
+                    b.send((ctypes.addressof(msg), 0, 64)).on_complete(lambda f: started.set())
+                    r.wait_for(5)
+            threading.Thread(target=pump, daemon=True).start()
+            assert started.wait(10)
+            print("OK", flush=True)
+        """)
+
+
 # --- wait_any / wait_all ---------------------------------------------------------------------
 
 
