@@ -26,14 +26,13 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// Counts events from any thread; a test waits for a count with a deadline.
+// Counts events from any thread; a test waits for a count with a deadline. add() notifies
+// under the lock: the waiter may destroy the Counter as soon as it sees the count.
 class Counter {
  public:
   void add() {
-    {
-      std::lock_guard lock(mu_);
-      ++n_;
-    }
+    std::lock_guard lock(mu_);
+    ++n_;
     cv_.notify_all();
   }
   bool wait_for(int n, std::chrono::seconds limit = 10s) {
