@@ -142,7 +142,7 @@ class DLSLIME_API Endpoint {
   // connect() in progress returns at once (ConnectionError).
   //
   // Op contract: a future completes exactly once, after the transport has dropped every
-  // reference to the op's memory; its continuation (OpState::on_complete) runs after the
+  // reference to the op's memory; its callbacks (Future::on_complete) run after the
   // transport's bookkeeping, on the completing I/O thread. A peer's answer that does not
   // match its op (wrong kind, a second answer, a lane that owes none) fails the
   // connection and its ops with PROTOCOL_ERROR; it never completes an op early.

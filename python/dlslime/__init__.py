@@ -4,7 +4,8 @@ Every transport's endpoint is a ``dlslime.Endpoint`` (``TcpEndpoint`` moves byte
 two processes over TCP); ``available_transports()`` says which this build and host have
 and ``make_endpoint(transport, **options)`` makes one. ``PeerAgent`` finds peers and
 connects them through the NanoCtrl control plane (``dlslime.nanoctrl``). Every operation
-returns a ``Future``. See docs/quickstart.md.
+returns a ``Future``: wait on it, on several (``wait_any``, ``wait_all``), register a
+callback (``Future.on_complete``) or ``await`` it in asyncio. See docs/quickstart.md.
 
 Scripts written for upstream DLSlime 0.1.23 find its names here too (``TcpMemoryPool``,
 ``RDMAContext``, ``RDMAMemoryPool``, ``SlimeTcp*Future``, ``Slime*Future``,
@@ -20,6 +21,8 @@ from ._dlslime import (  # noqa: F401
     __version__,
     available_transports,
     make_endpoint,
+    wait_all,
+    wait_any,
 )
 from .logging import get_log_level, get_logger, set_log_level  # noqa: E402
 from .memory_pool import MemoryPool, TcpMemoryPool  # noqa: E402
@@ -59,6 +62,8 @@ __all__ = [
     "get_logger",
     "make_endpoint",
     "set_log_level",
+    "wait_all",
+    "wait_any",
 ]
 
 # The parts below are bound only when they are built (BUILD_TCP, BUILD_RDMA, BUILD_NANOCTRL).

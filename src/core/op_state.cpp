@@ -70,7 +70,7 @@ bool OpState::finish_part(const Status& status, uint64_t nbytes) {
 }
 
 bool OpState::complete(Status status, uint64_t nbytes) {
-  std::function<void(const OpState&)> continuation;
+  std::vector<std::pair<uint64_t, Continuation>> continuations;
   {
     std::lock_guard lock(mu_);
     if (done_.load(std::memory_order_relaxed) != 0) return false;
@@ -79,11 +79,14 @@ bool OpState::complete(Status status, uint64_t nbytes) {
     // seq_cst, as is the waiter's increment of waiters_ before it re-checks done_: either
     // this load sees the waiter, or the waiter sees done_ (and the futex refuses to sleep).
     done_.store(1, std::memory_order_seq_cst);
-    continuation = std::move(continuation_);
+    continuations.swap(continuations_);
   }
   if (waiters_.load(std::memory_order_seq_cst) > 0) futex_wake_all(done_);
-  if (continuation && !CompletionScope::defer(weak_from_this().lock(), continuation)) {
-    run_continuation(*this, continuation);
+  if (continuations.empty()) return true;
+  // Deferred ones queue in order behind each other; without a scope they run here, in order.
+  auto self = weak_from_this().lock();
+  for (auto& [key, fn] : continuations) {
+    if (!CompletionScope::defer(self, fn)) run_continuation(*this, fn);
   }
   return true;
 }
@@ -119,15 +122,31 @@ bool OpState::wait_for(std::chrono::nanoseconds timeout) const {
   return block(&deadline);
 }
 
-void OpState::on_complete(std::function<void(const OpState&)> fn) {
+uint64_t OpState::add_continuation(Continuation fn) {
+  if (!fn) return 0;
   {
     std::lock_guard lock(mu_);
     if (done_.load(std::memory_order_relaxed) == 0) {
-      continuation_ = std::move(fn);
-      return;
+      const uint64_t key = next_key_++;
+      continuations_.emplace_back(key, std::move(fn));
+      return key;
     }
   }
   if (!CompletionScope::defer(weak_from_this().lock(), fn)) run_continuation(*this, fn);
+  return 0;
+}
+
+bool OpState::remove_continuation(uint64_t key) {
+  Continuation removed;  // destroyed after the lock is released: it may own anything
+  std::lock_guard lock(mu_);
+  for (auto it = continuations_.begin(); it != continuations_.end(); ++it) {
+    if (it->first == key) {
+      removed = std::move(it->second);
+      continuations_.erase(it);
+      return true;
+    }
+  }
+  return false;
 }
 
 CompletionScope::CompletionScope() noexcept { ++scope_depth; }

@@ -6,6 +6,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "dlslime/endpoint.h"
 #include "dlslime/status.h"
@@ -14,8 +16,10 @@ namespace dlslime {
 
 // The completion object behind every Future (UCX/MORI pattern): an atomic done flag that
 // waiters block on (a futex: no condition variable to build and tear down per op, and no
-// wake-up syscall when nobody waits), a sticky first error and an optional continuation. An op may be split into parts (lanes, chunks); it completes when the last
-// part finishes, with the first error any part reported.
+// wake-up syscall when nobody waits), a sticky first error and its continuations (the
+// agent's own and any number of users', each run once, in registration order). An op may
+// be split into parts (lanes, chunks); it completes when the last part finishes, with the
+// first error any part reported.
 //
 // Ownership: the Future handles and the transport's pending-op table share it. The
 // transport completes it from an I/O thread, never while holding a transport lock.
@@ -45,9 +49,19 @@ class OpState : public std::enable_shared_from_this<OpState> {
   void set_imm_data(uint32_t imm) noexcept { imm_data_.store(imm, std::memory_order_relaxed); }
   uint32_t imm_data() const noexcept { return imm_data_.load(std::memory_order_relaxed); }
 
+  using Continuation = std::function<void(const OpState&)>;
+
   // Runs `fn` once the op completes (at once if it already has), on the completing thread;
-  // inside a CompletionScope, when that scope closes.
-  void on_complete(std::function<void(const OpState&)> fn);
+  // inside a CompletionScope, when that scope closes. Adds to the continuations registered
+  // before: they all run, in registration order. An exception from `fn` is logged and
+  // goes no further.
+  void on_complete(Continuation fn) { (void)add_continuation(std::move(fn)); }
+  // on_complete() that can be taken back: returns a key for remove_continuation(), or 0
+  // when the op had already completed (and `fn` has run).
+  uint64_t add_continuation(Continuation fn);
+  // Drops a continuation that has not started; false if it has (or `key` is unknown).
+  // For waits that give up (wait_any's timeout): they must not leave one behind per try.
+  bool remove_continuation(uint64_t key);
 
  private:
   void record_error(const Status& status);
@@ -60,10 +74,12 @@ class OpState : public std::enable_shared_from_this<OpState> {
   mutable std::atomic<uint32_t> waiters_{0};  // threads in block(): complete() wakes only if > 0
   std::atomic<uint64_t> nbytes_{0};
   std::atomic<uint32_t> imm_data_{0};
-  mutable std::mutex mu_;  // first_error_, status_ and continuation_; never held while waiting
+  mutable std::mutex mu_;  // first_error_, status_ and continuations_; never held while waiting
   Status first_error_;  // guarded by mu_
   Status status_;       // written once under mu_ before done_ is released
-  std::function<void(const OpState&)> continuation_;
+  // Registration order; taken (emptied) by complete(). Most ops have none or one.
+  std::vector<std::pair<uint64_t, Continuation>> continuations_;  // guarded by mu_
+  uint64_t next_key_ = 1;                                          // guarded by mu_
 };
 
 // Continuations of ops completed while a CompletionScope is open on this thread run when

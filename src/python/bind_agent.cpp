@@ -454,7 +454,7 @@ void bind_agent(py::module_& m) {
             check_stream_arg(stream);
             const auto peer = peer_arg_of(peer_arg, peer_alias, "send");
             const auto on = filter_of(local_nic, remote_nic);
-            const auto timeout = timeout_arg(timeout_ms);
+            const auto timeout = op_timeout_arg(timeout_ms);
             const Chunk c = to_chunk(chunk);
             ReleaseGil release;
             return a.send(peer, c, on, timeout);
@@ -469,7 +469,7 @@ void bind_agent(py::module_& m) {
             check_stream_arg(stream);
             const auto peer = peer_arg_of(peer_arg, peer_alias, "recv");
             const auto on = filter_of(local_nic, remote_nic);
-            const auto timeout = timeout_arg(timeout_ms);
+            const auto timeout = op_timeout_arg(timeout_ms);
             const Chunk c = to_chunk(chunk);
             const bool exact = bool_arg(exact_size, "exact_size");
             ReleaseGil release;
@@ -486,7 +486,7 @@ void bind_agent(py::module_& m) {
             check_stream_arg(stream);
             const auto peer = peer_arg_of(peer_arg, peer_alias, "read");
             const auto on = filter_of(local_nic, remote_nic);
-            const auto timeout = timeout_arg(timeout_ms);
+            const auto timeout = op_timeout_arg(timeout_ms);
             return one_sided(
                 renamed_arg(assignments, assign, "read", "assignments", "assign"),
                 [&](const std::vector<NamedAssignment>& n) { return a.read(peer, n, on, timeout); },
@@ -503,7 +503,7 @@ void bind_agent(py::module_& m) {
             check_stream_arg(stream);
             const auto peer = peer_arg_of(peer_arg, peer_alias, "write");
             const auto on = filter_of(local_nic, remote_nic);
-            const auto timeout = timeout_arg(timeout_ms);
+            const auto timeout = op_timeout_arg(timeout_ms);
             return one_sided(
                 renamed_arg(assignments, assign, "write", "assignments", "assign"),
                 [&](const std::vector<NamedAssignment>& n) { return a.write(peer, n, on, timeout); },
@@ -520,7 +520,7 @@ void bind_agent(py::module_& m) {
             check_stream_arg(stream);
             const auto peer = peer_arg_of(peer_arg, peer_alias, "write_with_imm");
             const auto on = filter_of(local_nic, remote_nic);
-            const auto timeout = timeout_arg(timeout_ms);
+            const auto timeout = op_timeout_arg(timeout_ms);
             auto batch = to_assignments(renamed_arg(assignments, assign, "write_with_imm", "assignments", "assign"));
             const auto imm = int_arg<uint32_t>(imm_data, "imm_data");
             ReleaseGil release;
@@ -537,7 +537,7 @@ void bind_agent(py::module_& m) {
             check_stream_arg(stream);
             const auto peer = peer_arg_of(peer_arg, peer_alias, "imm_recv");
             const auto on = filter_of(local_nic, remote_nic);
-            const auto timeout = timeout_arg(timeout_ms);
+            const auto timeout = op_timeout_arg(timeout_ms);
             ReleaseGil release;
             return a.imm_recv(peer, on, timeout);
           },

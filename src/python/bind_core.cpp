@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
+#include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "bindings.h"
 #include "dlslime/errors.h"
@@ -52,6 +56,27 @@ bool wait_future(const Future& f, std::optional<std::chrono::nanoseconds> timeou
   return wait_interruptibly(timeout, [&](std::chrono::nanoseconds d) { return f.wait_for(d).has_value(); });
 }
 
+// The timeout argument of wait_any()/wait_all(): None is no limit.
+std::optional<std::chrono::nanoseconds> timeout_arg(py::handle timeout) {
+  if (timeout.is_none()) return std::nullopt;
+  return seconds_arg(timeout, "timeout");
+}
+
+// Future._exception(): the exception `await future` raises for a failed op (None on
+// success and while running), of the class a library error with the same code raises.
+py::object exception_of(const Future& f) {
+  const Status s = f.result();
+  if (s.is_ok() || s.code() == StatusCode::kPending) return py::none();
+  py::object exc = py::handle(exception_for(Error(s.code(), s.to_string())))(s.to_string());
+  exc.attr("status") = s.raw_code();
+  exc.attr("future") = f;
+  return exc;
+}
+
+// Future.as_asyncio() and __await__ live in Python (dlslime/_asyncio.py), on top of
+// on_complete().
+py::object asyncio_adapter(const char* name) { return py::module_::import("dlslime._asyncio").attr(name); }
+
 // set_log_level(level): our names (trace ... off) in any case, Python's "WARNING"/"FATAL",
 // or a Python logging level number (logging.INFO = 20), as upstream DLSlime scripts pass.
 // A number maps to the most verbose level it still shows: below DEBUG (10) is trace.
@@ -87,6 +112,8 @@ void bind_core(py::module_& m) {
       PyErr_SetString(PyExc_ValueError, e.what());
     }
   });
+
+  install_exit_gate();  // no library thread takes the GIL once the interpreter is finalizing
 
   py::enum_<StatusCode> codes(m, "StatusCode", "Completion status codes (docs/api.md).");
   for (StatusCode c : {StatusCode::kSuccess, StatusCode::kPending, StatusCode::kBatchOverflow,
@@ -127,10 +154,62 @@ void bind_core(py::module_& m) {
       .def_property_readonly("message", &Future::message, "Why it failed; empty on success.")
       .def_property_readonly("nbytes", &Future::nbytes, "Bytes that arrived (recv) or were placed (read).")
       .def("imm_data", &Future::imm_data, "The immediate value an imm_recv() received (0 for other ops).")
+      .def(
+          "on_complete",
+          [](const Future& f, py::handle callback) {
+            if (!PyCallable_Check(callback.ptr())) {
+              throw py::type_error(fmt::format("on_complete: callback must be callable, not {}",
+                                               Py_TYPE(callback.ptr())->tp_name));
+            }
+            auto fn = std::make_shared<const PyCallable>(callback);
+            f.on_complete([fn](const Future& done) { (*fn)(done); });
+          },
+          py::arg("callback"),
+          "Call callback(future) once the op ends (any status). If it has ended already, the call happens at "
+          "once on this thread; otherwise on a library I/O thread, with the GIL held. It must not block. An "
+          "exception it raises goes to sys.unraisablehook (printed) and no further.")
+      .def("_exception", &exception_of,
+           "The exception `await future` raises for this op's failure; None on success or while running.")
+      .def(
+          "as_asyncio", [](py::object self) { return asyncio_adapter("as_asyncio")(self); },
+          "An asyncio.Future of the running loop that resolves to this Future once the op succeeds, or "
+          "raises the op's error (see `await future`).")
+      .def(
+          "__await__", [](py::object self) { return asyncio_adapter("as_asyncio")(self).attr("__await__")(); },
+          "`await future` in a coroutine: returns the Future on success, raises the op's error otherwise.")
       .def("__repr__", [](const Future& f) {
         if (!f.done()) return std::string("<dlslime.Future running>");
         return "<dlslime.Future " + f.result().to_string() + ">";
       });
+
+  m.def(
+      "wait_any",
+      [](const std::vector<Future>& futures, py::handle timeout) -> std::optional<size_t> {
+        const auto limit = timeout_arg(timeout);
+        // Checks the arguments and takes an op that has ended already without releasing the GIL.
+        std::optional<size_t> index = wait_any(futures, std::chrono::nanoseconds::zero());
+        if (index) return index;
+        wait_interruptibly(limit, [&](std::chrono::nanoseconds d) {
+          index = wait_any(futures, d);
+          return index.has_value();
+        });
+        return index;
+      },
+      py::arg("futures"), py::arg("timeout") = py::none(),
+      "Block until one of `futures` has ended; return its index (the lowest among those already done), or "
+      "None after `timeout` seconds (None: no limit). An empty list is a ValueError. Releases the GIL; "
+      "Ctrl-C raises KeyboardInterrupt.");
+  m.def(
+      "wait_all",
+      [](const std::vector<Future>& futures, py::handle timeout) {
+        const auto limit = timeout_arg(timeout);
+        if (wait_all(futures, std::chrono::nanoseconds::zero())) return true;
+        return wait_interruptibly(limit, [&](std::chrono::nanoseconds d) { return wait_all(futures, d); });
+      },
+      py::arg("futures"), py::arg("timeout") = py::none(),
+      "Block until every one of `futures` has ended (any status): True, or False if one still runs after "
+      "`timeout` seconds (None: no limit). An empty list is True at once. Releases the GIL; Ctrl-C raises "
+      "KeyboardInterrupt.");
 
   m.def(
       "set_log_level", [](py::handle level) { set_log_level(log_level_arg(level)); }, py::arg("level"),

@@ -53,7 +53,7 @@ py::dict capabilities_dict(const Capabilities& c) {
 Future send_op(Endpoint& ep, py::handle chunk, py::handle stream, py::handle timeout_ms) {
   check_stream_arg(stream);
   const Chunk c = to_chunk(chunk);
-  const auto timeout = timeout_arg(timeout_ms);
+  const auto timeout = op_timeout_arg(timeout_ms);
   ReleaseGil release;
   return ep.send(c, timeout);
 }
@@ -64,7 +64,7 @@ Future recv_op(Endpoint& ep, py::handle chunk, py::handle stream, py::handle exa
   check_stream_arg(stream);
   const Chunk c = to_chunk(chunk);
   const bool exact = bool_arg(exact_size, "exact_size");
-  const auto timeout = timeout_arg(timeout_ms);
+  const auto timeout = op_timeout_arg(timeout_ms);
   ReleaseGil release;
   return ep.recv(c, exact, timeout);
 }
@@ -75,7 +75,7 @@ Future one_sided_op(Endpoint& ep, py::handle assignments, py::handle stream, py:
   check_stream_arg(stream);
   const char* call = Kind == OpKind::kRead ? "read" : "write";
   auto batch = to_assignments(renamed_arg(assignments, assign, call, "assignments", "assign"));
-  const auto timeout = timeout_arg(timeout_ms);
+  const auto timeout = op_timeout_arg(timeout_ms);
   ReleaseGil release;
   return Kind == OpKind::kRead ? ep.read(std::move(batch), timeout) : ep.write(std::move(batch), timeout);
 }
@@ -299,7 +299,7 @@ void bind_endpoint(py::module_& m) {
             check_stream_arg(stream);
             auto batch = to_assignments(renamed_arg(assignments, assign, "write_with_imm", "assignments", "assign"));
             const auto imm = int_arg<uint32_t>(imm_data, "imm_data");
-            const auto timeout = timeout_arg(timeout_ms);
+            const auto timeout = op_timeout_arg(timeout_ms);
             ReleaseGil release;
             return ep.write_with_imm(std::move(batch), imm, timeout);
           },
@@ -310,7 +310,7 @@ void bind_endpoint(py::module_& m) {
           "imm_recv",
           [](Endpoint& ep, py::handle stream, py::handle timeout_ms) {
             check_stream_arg(stream);
-            const auto timeout = timeout_arg(timeout_ms);
+            const auto timeout = op_timeout_arg(timeout_ms);
             ReleaseGil release;
             return ep.imm_recv(timeout);
           },

@@ -72,18 +72,13 @@ std::vector<Assignment> nvlink_assignments(const NVLinkEndpoint& ep, py::handle 
   return to_assignments(obj);  // its TypeError
 }
 
-std::chrono::milliseconds timeout_arg(py::handle timeout_ms) {
-  if (timeout_ms.is_none()) return std::chrono::milliseconds{0};
-  return std::chrono::milliseconds{int_arg<uint32_t>(timeout_ms, "timeout_ms")};
-}
-
 template <OpKind Kind>
 Future one_sided(NVLinkEndpoint& ep, py::handle assignments, py::handle stream, py::handle timeout_ms,
                  py::handle assign) {
   const char* call = Kind == OpKind::kRead ? "read" : "write";
   auto batch = nvlink_assignments(ep, renamed_arg(assignments, assign, call, "assignments", "assign"));
   const auto s = stream_arg(stream);
-  const auto timeout = timeout_arg(timeout_ms);
+  const auto timeout = op_timeout_arg(timeout_ms);
   ReleaseGil release;
   if (s) {
     return Kind == OpKind::kRead ? ep.read_on(std::move(batch), *s, timeout) : ep.write_on(std::move(batch), *s, timeout);

@@ -156,7 +156,7 @@ json to_json(py::handle obj, const char* what) { return ToJson(what).convert(obj
 
 py::object from_json(const json& j, const char* what) { return from_json_at(j, what, 0); }
 
-std::chrono::milliseconds timeout_arg(py::handle timeout_ms) {
+std::chrono::milliseconds op_timeout_arg(py::handle timeout_ms) {
   if (timeout_ms.is_none()) return std::chrono::milliseconds{0};
   return std::chrono::milliseconds{int_arg<uint32_t>(timeout_ms, "timeout_ms")};
 }

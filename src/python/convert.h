@@ -77,7 +77,7 @@ T int_arg(pybind11::handle v, const char* what, T lo = std::numeric_limits<T>::m
 bool bool_arg(pybind11::handle v, const char* what);  // True/False only
 // An op's deadline argument: upstream's timeout_ms (an int of milliseconds). None or 0: the
 // endpoint's op_timeout, for recv and imm_recv its recv_timeout (OpRequest::timeout).
-std::chrono::milliseconds timeout_arg(pybind11::handle timeout_ms);
+std::chrono::milliseconds op_timeout_arg(pybind11::handle timeout_ms);
 // An op's `stream` (upstream's CUDA stream): None, a stream handle (an int, e.g.
 // torch.cuda.current_stream().cuda_stream) or an object with .cuda_stream (a torch
 // Stream); anything else is a TypeError. No transport orders its ops on it yet.

@@ -15,9 +15,9 @@ namespace dlslime::py_bind {
 
 // Releases the GIL for its lifetime; usable as a py::call_guard. Unlike
 // py::gil_scoped_release it never takes the GIL back on a thread other than the main one
-// once the interpreter is finalizing: CPython would end that thread with pthread_exit,
-// whose forced unwind through this (noexcept) destructor calls std::terminate and aborts
-// the process. Such a thread (a daemon thread whose wait ended at exit) parks until the
+// once the interpreter is exiting (from dlslime's atexit hook on, install_exit_gate):
+// CPython would end that thread with pthread_exit, whose forced unwind through this
+// (noexcept) destructor calls std::terminate and aborts the process. Such a thread (a daemon thread whose wait ended at exit) parks until the
 // process exits instead. The main thread is the one that finalizes; it always takes the
 // GIL back.
 class ReleaseGil {
@@ -34,6 +34,42 @@ class ReleaseGil {
   PyThreadState* state_;
   bool main_thread_;
 };
+
+// True once Python may no longer run: the interpreter is not initialized or is finalizing.
+// A library thread must then neither take the GIL (CPython would end the thread with
+// pthread_exit, see ReleaseGil) nor touch a Python object.
+bool python_gone() noexcept;
+
+// A Python callable that library code holds and calls from any thread (an op continuation
+// on an I/O thread). Each call takes the GIL (PyGILState_Ensure: works on threads Python
+// never saw and on threads that already hold it) and reports an exception the callable
+// raises through sys.unraisablehook instead of propagating it. Once the interpreter is
+// exiting (install_exit_gate), calls are skipped and the last release leaks
+// the reference: taking the GIL during finalization would end the thread with
+// pthread_exit, aborting the process. Made with the GIL held.
+class PyCallable {
+ public:
+  explicit PyCallable(pybind11::handle fn) : fn_(fn.inc_ref().ptr()) {}
+  ~PyCallable();
+  PyCallable(const PyCallable&) = delete;
+  PyCallable& operator=(const PyCallable&) = delete;
+
+  // fn(arg), converting `arg` to Python with the GIL held. Never throws.
+  template <class Arg>
+  void operator()(const Arg& arg) const noexcept {
+    call([&] { return pybind11::cast(arg); });
+  }
+
+ private:
+  void call(const std::function<pybind11::object()>& make_arg) const noexcept;
+  PyObject* fn_;  // a strong reference
+};
+
+// Registers the atexit hook after which no thread of ours but the main one takes the GIL
+// (ReleaseGil parks, PyCallable skips the call): the hook waits, GIL released, for those
+// already on their way to it, which would otherwise get it only once finalizing and be
+// ended by CPython mid-frame. Called once, at import.
+void install_exit_gate();
 
 // How often a wait on the main thread takes the GIL to run signal handlers, so that
 // Ctrl-C raises KeyboardInterrupt within this long.

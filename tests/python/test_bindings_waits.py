@@ -66,6 +66,8 @@ BLOCKING_CALLS = [
     ("future_wait_for_3600", ENDPOINT, "fut.wait_for(3600)"),
     ("future_wait_for_inf", ENDPOINT, "fut.wait_for(float('inf'))"),
     ("future_wait_for_none", ENDPOINT, "fut.wait_for(None)"),
+    ("wait_any_none", ENDPOINT, "dlslime.wait_any([fut])"),
+    ("wait_all_3600", ENDPOINT, "dlslime.wait_all([fut], timeout=3600)"),
     ("connection_wait_3600", AGENT, "conn.wait(3600)"),
     ("connection_wait_inf", AGENT, "conn.wait(float('inf'))"),
     ("client_recv_3600", AGENT, "client.recv(box, timeout=3600)"),
