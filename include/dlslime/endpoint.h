@@ -2,7 +2,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,7 +35,9 @@ struct Chunk {
   uint64_t length = 0;
 };
 
-enum class OpKind : uint8_t { kRead, kWrite, kWriteWithImm, kSend, kRecv, kImmRecv };
+// kSendNotify/kRecvNotify: notifications (docs/api.md "Notifications"), which every
+// transport carries on its own channel.
+enum class OpKind : uint8_t { kRead, kWrite, kWriteWithImm, kSend, kRecv, kImmRecv, kSendNotify, kRecvNotify };
 DLSLIME_API const char* op_kind_name(OpKind kind) noexcept;
 
 // Everything a transport needs to start one operation. read/write/send/recv and the imm
@@ -57,8 +61,13 @@ struct OpRequest {
   // with the same status, so that the sender learns the message was refused, as for a
   // message longer than the buffer (kMessageTooLarge). Ignored by other ops.
   bool exact_size = false;
+  // write: a notification the peer's recv_notify receives once every byte of this write is
+  // in place there; kSendNotify: the notification itself. At most kMaxNotificationBytes
+  // (InvalidArgumentError past that); ignored by other ops.
+  std::optional<std::string> notification;
 
   static constexpr std::chrono::milliseconds kMaxOpTimeout{365LL * 24 * 3600 * 1000};  // a year
+  static constexpr size_t kMaxNotificationBytes = 4096;
 };
 
 // The status every transport fails a recv(exact_size) with when its message (`message_bytes`)
@@ -74,10 +83,12 @@ struct Capabilities {
   bool send_recv = false;
   bool write_with_imm = false;
   bool imm_recv = false;
+  bool notify = false;  // send_notify, recv_notify and write(..., notification)
   bool host_memory = false;
   bool device_memory = false;
 
-  // Whether an op of this kind is among them (send and recv share send_recv).
+  // Whether an op of this kind is among them (send and recv share send_recv, the two
+  // notification ops share notify).
   DLSLIME_API bool supports(OpKind kind) const noexcept;
 };
 
@@ -130,12 +141,22 @@ class DLSLIME_API Endpoint {
   // `timeout`: OpRequest::timeout (zero: the endpoint's op_timeout); `exact_size`:
   // OpRequest::exact_size.
   Future read(std::vector<Assignment> assignments, std::chrono::milliseconds timeout = {});
-  Future write(std::vector<Assignment> assignments, std::chrono::milliseconds timeout = {});
+  // `notification`: OpRequest::notification. The future completes once the write is done
+  // and its notification has reached the peer (docs/api.md "Notifications").
+  Future write(std::vector<Assignment> assignments, std::chrono::milliseconds timeout = {},
+               std::optional<std::string> notification = std::nullopt);
   Future write_with_imm(std::vector<Assignment> assignments, uint32_t imm_data = 0,
                         std::chrono::milliseconds timeout = {});
   Future send(const Chunk& chunk, std::chrono::milliseconds timeout = {});
   Future recv(const Chunk& chunk, bool exact_size = false, std::chrono::milliseconds timeout = {});
   Future imm_recv(std::chrono::milliseconds timeout = {});
+  // Notifications (every transport; docs/api.md "Notifications"). send_notify delivers
+  // `notification` (at most OpRequest::kMaxNotificationBytes) after every write submitted
+  // to this peer before it has completed; it completes once the peer holds it (or refused
+  // it: a full inbox). recv_notify completes with the peer's oldest notification not yet
+  // received (Future::notification()), waiting at most `timeout` (zero: recv_timeout).
+  Future send_notify(std::string notification, std::chrono::milliseconds timeout = {});
+  Future recv_notify(std::chrono::milliseconds timeout = {});
 
   virtual Capabilities capabilities() const = 0;
   // Idempotent. Pending ops complete with kCancelled; later ops fail the same way. A
@@ -164,9 +185,17 @@ class DLSLIME_API Endpoint {
   // kernel objects) for the rest of the process, never destroyed, and returns true, so
   // nothing is touched; false in the process that made the endpoint.
   bool leave_if_inherited(std::shared_ptr<const void> impl) const;
+  // A transport whose channel carries notifications calls this in its constructor, with
+  // a way to submit to it that stays safe after this object is gone (a weak pointer to
+  // its state). submit() then orders notifications after the writes before them here,
+  // in core, and hands `submit_notify` only kSendNotify requests, in order. A transport
+  // that does not call it (a wrapper forwarding to another endpoint) gets every request
+  // as is, and orders them itself.
+  void order_notifications(std::function<Future(OpRequest)> submit_notify);
 
  private:
   unsigned long fork_generation_;
+  std::shared_ptr<class NotifyFence> fence_;  // see order_notifications()
 };
 
 }  // namespace dlslime

@@ -42,6 +42,8 @@ class DLSLIME_API Future {
   uint64_t nbytes() const;
   // imm_recv: the immediate value of the write_with_imm that completed it (0 otherwise).
   uint32_t imm_data() const;
+  // recv_notify: the notification's bytes (empty otherwise).
+  std::string notification() const;
 
   // Runs `callback` once, when the op ends (success or not), with a handle to this op.
   //   - If the op has not ended yet, the callback runs on a library thread: the I/O thread

@@ -21,6 +21,9 @@ struct DLSLIME_API NvlinkOptions {
   // Deadline of read and write ops, from submission; 0 = none. A GPU copy cannot be taken
   // back, so an op past its deadline completes with TIMEOUT once its copies have finished.
   std::chrono::milliseconds op_timeout{30000};
+  // How long a recv_notify waits when it sets no timeout of its own (0: no limit), as the
+  // other transports' recv_timeout.
+  std::chrono::milliseconds recv_timeout{0};
 
   // `base` with the keys of `options` applied (the keys of to_json()). Throws
   // InvalidArgumentError for an unknown key, a value of the wrong type or out of range.
@@ -65,7 +68,8 @@ class DLSLIME_API NVLinkEndpoint final : public Endpoint {
   // read/write with their copies queued on `stream` (a cudaStream_t; nullptr: the device's
   // default stream) instead of the endpoint's own, so they run after the work already on it.
   Future read_on(std::vector<Assignment> assignments, void* stream, std::chrono::milliseconds timeout = {});
-  Future write_on(std::vector<Assignment> assignments, void* stream, std::chrono::milliseconds timeout = {});
+  Future write_on(std::vector<Assignment> assignments, void* stream, std::chrono::milliseconds timeout = {},
+                  std::optional<std::string> notification = std::nullopt);
 
   // The handles named regions have (upstream's named assignments), or nullopt.
   std::optional<int32_t> local_handle(const std::string& name) const;

@@ -207,15 +207,22 @@ class DLSLIME_API PeerAgent {
               std::chrono::milliseconds timeout = {});
   Future read(const std::string& peer, std::vector<Assignment> assignments, const ConnectionFilter& on = {},
               std::chrono::milliseconds timeout = {});
+  // write: `notification` as Endpoint::write's (the peer's recv_notify gets it once the
+  // bytes are in place); a named write resolved again sends it with the attempt that works.
   Future write(const std::string& peer, std::vector<Assignment> assignments, const ConnectionFilter& on = {},
-               std::chrono::milliseconds timeout = {});
+               std::chrono::milliseconds timeout = {}, std::optional<std::string> notification = std::nullopt);
   Future read(const std::string& peer, const std::vector<NamedAssignment>& assignments,
               const ConnectionFilter& on = {}, std::chrono::milliseconds timeout = {});
   Future write(const std::string& peer, const std::vector<NamedAssignment>& assignments,
-               const ConnectionFilter& on = {}, std::chrono::milliseconds timeout = {});
+               const ConnectionFilter& on = {}, std::chrono::milliseconds timeout = {},
+               std::optional<std::string> notification = std::nullopt);
   Future write_with_imm(const std::string& peer, std::vector<Assignment> assignments, uint32_t imm_data = 0,
                         const ConnectionFilter& on = {}, std::chrono::milliseconds timeout = {});
   Future imm_recv(const std::string& peer, const ConnectionFilter& on = {}, std::chrono::milliseconds timeout = {});
+  // Notifications (Endpoint::send_notify/recv_notify) on the connection `on` selects.
+  Future send_notify(const std::string& peer, std::string notification, const ConnectionFilter& on = {},
+                     std::chrono::milliseconds timeout = {});
+  Future recv_notify(const std::string& peer, const ConnectionFilter& on = {}, std::chrono::milliseconds timeout = {});
 
   // Removes the agent's records from NanoCtrl (its peers are notified) and shuts down every
   // connection; peers' pending futures on them fail promptly. Idempotent.

@@ -36,8 +36,10 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   void shutdown();
   PeerConnection connect_to(const std::string& peer, const ConnectOptions& options);
   // read/write by region names: resolves and submits on one lookup of the connection.
+  // `notification`: a write's (Endpoint::write), sent with whichever attempt succeeds.
   Future named_op(const std::string& peer, const std::vector<NamedAssignment>& named, OpKind kind,
-                  const ConnectionFilter& on, std::chrono::milliseconds timeout);
+                  const ConnectionFilter& on, std::chrono::milliseconds timeout,
+                  std::optional<std::string> notification = std::nullopt);
   int32_t register_region(const std::string& name, uintptr_t addr, uint64_t offset, uint64_t length) {
     return local_.add(name, addr, offset, length);
   }
@@ -59,8 +61,8 @@ class PeerAgentImpl : public std::enable_shared_from_this<PeerAgentImpl> {
   // A named op that failed with an unknown handle, resolved again and submitted once more
   // on the same connection; `outer` completes with that attempt.
   void retry_named(const std::shared_ptr<PeerConnectionState>& c, const std::vector<NamedAssignment>& named,
-                   OpKind kind, std::chrono::milliseconds timeout, const std::shared_ptr<OpState>& outer,
-                   const Status& first);
+                   OpKind kind, std::chrono::milliseconds timeout, const std::optional<std::string>& notification,
+                   const std::shared_ptr<OpState>& outer, const Status& first);
   // Makes an endpoint through the transport registry (and wrap_endpoint).
   std::shared_ptr<Endpoint> make_endpoint(const std::string& transport, const json& endpoint_options);
   // Closes every connection (shutdown).
@@ -152,33 +154,38 @@ PeerConnection PeerAgentImpl::connect_to(const std::string& peer, const ConnectO
 
 namespace {
 
-Future submit_named(Endpoint& ep, std::vector<Assignment> resolved, OpKind kind, std::chrono::milliseconds timeout) {
-  return kind == OpKind::kRead ? ep.read(std::move(resolved), timeout) : ep.write(std::move(resolved), timeout);
+Future submit_named(Endpoint& ep, std::vector<Assignment> resolved, OpKind kind, std::chrono::milliseconds timeout,
+                    const std::optional<std::string>& notification) {
+  return kind == OpKind::kRead ? ep.read(std::move(resolved), timeout)
+                               : ep.write(std::move(resolved), timeout, notification);
 }
 
 }  // namespace
 
 Future PeerAgentImpl::named_op(const std::string& peer, const std::vector<NamedAssignment>& named, OpKind kind,
-                               const ConnectionFilter& on, std::chrono::milliseconds timeout) {
+                               const ConnectionFilter& on, std::chrono::milliseconds timeout,
+                               std::optional<std::string> notification) {
   // One lookup: the handles are resolved in this connection's remote table, so they must
   // be submitted on this connection's endpoint, even if a reconnect replaces it meanwhile.
   auto c = table.connected(peer, on);
-  Future first = submit_named(*c->ep(), by_name_.resolve(c, named, /*fresh=*/false), kind, timeout);
+  // A failed write sends no notification (the fence drops it): the retry sends it.
+  Future first = submit_named(*c->ep(), by_name_.resolve(c, named, /*fresh=*/false), kind, timeout, notification);
   // An unknown handle means the peer registered a name again (a new buffer, a new handle)
   // since we cached it: resolve once more from NanoCtrl and retry once, off the I/O thread
   // that completes `first` (resolving is an HTTP call).
   auto outer = std::make_shared<OpState>(kind);
   std::weak_ptr<PeerAgentImpl> weak = weak_from_this();
   std::shared_ptr<TaskThreads> tasks = tasks_;
-  first.state()->on_complete([weak, tasks, c, named, kind, timeout, outer](const OpState& done) {
+  first.state()->on_complete([weak, tasks, c, named, kind, timeout, outer,
+                              notification = std::move(notification)](const OpState& done) {
     const Status status = done.status();
     if (status.code() != StatusCode::kUnknownHandle) {
       outer->complete(status, done.nbytes());
       return;
     }
-    const bool spawned = tasks->spawn([weak, c, named, kind, timeout, outer, status] {
+    const bool spawned = tasks->spawn([weak, c, named, kind, timeout, outer, status, notification] {
       if (auto self = weak.lock()) {
-        self->retry_named(c, named, kind, timeout, outer, status);
+        self->retry_named(c, named, kind, timeout, notification, outer, status);
       } else {
         outer->complete(status);
       }
@@ -190,10 +197,11 @@ Future PeerAgentImpl::named_op(const std::string& peer, const std::vector<NamedA
 
 void PeerAgentImpl::retry_named(const std::shared_ptr<PeerConnectionState>& c,
                                 const std::vector<NamedAssignment>& named, OpKind kind,
-                                std::chrono::milliseconds timeout, const std::shared_ptr<OpState>& outer,
-                                const Status& first) {
+                                std::chrono::milliseconds timeout, const std::optional<std::string>& notification,
+                                const std::shared_ptr<OpState>& outer, const Status& first) {
   try {
-    Future again = submit_named(*c->ep(), by_name_.resolve(c, named, /*fresh=*/true), kind, timeout);
+    Future again =
+        submit_named(*c->ep(), by_name_.resolve(c, named, /*fresh=*/true), kind, timeout, notification);
     again.state()->on_complete([outer](const OpState& done) { outer->complete(done.status(), done.nbytes()); });
   } catch (const Error& e) {
     outer->complete(Status(e.code(), fmt::format("{} (resolving again after: {})", e.what(), first.message())));
@@ -304,8 +312,8 @@ Future PeerAgent::read(const std::string& peer, std::vector<Assignment> assignme
 }
 
 Future PeerAgent::write(const std::string& peer, std::vector<Assignment> assignments, const ConnectionFilter& on,
-                        std::chrono::milliseconds timeout) {
-  return impl_->endpoint_for_io(peer, on)->write(std::move(assignments), timeout);
+                        std::chrono::milliseconds timeout, std::optional<std::string> notification) {
+  return impl_->endpoint_for_io(peer, on)->write(std::move(assignments), timeout, std::move(notification));
 }
 
 Future PeerAgent::read(const std::string& peer, const std::vector<NamedAssignment>& assignments,
@@ -314,8 +322,9 @@ Future PeerAgent::read(const std::string& peer, const std::vector<NamedAssignmen
 }
 
 Future PeerAgent::write(const std::string& peer, const std::vector<NamedAssignment>& assignments,
-                        const ConnectionFilter& on, std::chrono::milliseconds timeout) {
-  return impl_->named_op(peer, assignments, OpKind::kWrite, on, timeout);
+                        const ConnectionFilter& on, std::chrono::milliseconds timeout,
+                        std::optional<std::string> notification) {
+  return impl_->named_op(peer, assignments, OpKind::kWrite, on, timeout, std::move(notification));
 }
 
 Future PeerAgent::write_with_imm(const std::string& peer, std::vector<Assignment> assignments, uint32_t imm_data,
@@ -325,6 +334,15 @@ Future PeerAgent::write_with_imm(const std::string& peer, std::vector<Assignment
 
 Future PeerAgent::imm_recv(const std::string& peer, const ConnectionFilter& on, std::chrono::milliseconds timeout) {
   return impl_->endpoint_for_io(peer, on)->imm_recv(timeout);
+}
+
+Future PeerAgent::send_notify(const std::string& peer, std::string notification, const ConnectionFilter& on,
+                              std::chrono::milliseconds timeout) {
+  return impl_->endpoint_for_io(peer, on)->send_notify(std::move(notification), timeout);
+}
+
+Future PeerAgent::recv_notify(const std::string& peer, const ConnectionFilter& on, std::chrono::milliseconds timeout) {
+  return impl_->endpoint_for_io(peer, on)->recv_notify(timeout);
 }
 
 void PeerAgent::shutdown() { impl_->shutdown(); }

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/fork_generation.h"
+#include "core/notify_fence.h"
 #include "dlslime/errors.h"
 
 namespace dlslime {
@@ -16,6 +17,8 @@ const char* op_kind_name(OpKind kind) noexcept {
     case OpKind::kSend: return "send";
     case OpKind::kRecv: return "recv";
     case OpKind::kImmRecv: return "imm_recv";
+    case OpKind::kSendNotify: return "send_notify";
+    case OpKind::kRecvNotify: return "recv_notify";
   }
   return "unknown";
 }
@@ -62,16 +65,41 @@ bool Capabilities::supports(OpKind kind) const noexcept {
     case OpKind::kSend:
     case OpKind::kRecv: return send_recv;
     case OpKind::kImmRecv: return imm_recv;
+    case OpKind::kSendNotify:
+    case OpKind::kRecvNotify: return notify;
   }
   return false;
+}
+
+void Endpoint::order_notifications(std::function<Future(OpRequest)> submit_notify) {
+  fence_ = std::make_shared<NotifyFence>(std::move(submit_notify));
 }
 
 Future Endpoint::submit(OpRequest request) {
   require_own_process();
   const Capabilities caps = capabilities();
   if (!caps.supports(request.kind)) {
-    throw NotImplementedError(fmt::format("{} is not supported by the {} transport", op_kind_name(request.kind),
-                                          caps.transport));
+    // Notifications are the completion signal at the target that every transport has.
+    const bool imm = request.kind == OpKind::kWriteWithImm || request.kind == OpKind::kImmRecv;
+    throw NotImplementedError(fmt::format("{} is not supported by the {} transport{}", op_kind_name(request.kind),
+                                          caps.transport,
+                                          imm && caps.notify ? "; for a signal at the target once a write's bytes "
+                                                               "are in place, use write(..., notify=...) and "
+                                                               "recv_notify()"
+                                                             : ""));
+  }
+  const bool carries_notification = request.kind == OpKind::kSendNotify || request.kind == OpKind::kWrite;
+  if (request.notification && carries_notification) {
+    if (!caps.notify) {
+      throw NotImplementedError(fmt::format("notifications are not supported by the {} transport", caps.transport));
+    }
+    if (request.notification->size() > OpRequest::kMaxNotificationBytes) {
+      throw InvalidArgumentError(fmt::format("{}: a notification of {} bytes is larger than the limit of {} bytes",
+                                             op_kind_name(request.kind), request.notification->size(),
+                                             OpRequest::kMaxNotificationBytes));
+    }
+  } else if (request.kind == OpKind::kSendNotify) {
+    throw InvalidArgumentError("send_notify: no notification given");
   }
   if (request.timeout.count() < 0 || request.timeout > OpRequest::kMaxOpTimeout) {
     throw InvalidArgumentError(fmt::format("{}: timeout {} ms is outside [0, {}] ms", op_kind_name(request.kind),
@@ -96,9 +124,33 @@ Future Endpoint::submit(OpRequest request) {
                                                op_kind_name(request.kind), c.addr, c.offset, c.length));
       }
       break;
-    case OpKind::kImmRecv: break;
+    case OpKind::kImmRecv:
+    case OpKind::kSendNotify:
+    case OpKind::kRecvNotify: break;
   }
-  return do_submit(std::move(request));
+  if (!request.notification || !carries_notification) request.notification.reset();
+  if (!fence_) return do_submit(std::move(request));  // the transport orders them itself
+  switch (request.kind) {
+    case OpKind::kSendNotify: return fence_->send_notify(std::move(request));
+    case OpKind::kWrite:
+      if (request.notification) {
+        return fence_->write_then_notify(std::move(request), [this](OpRequest r) { return do_submit(std::move(r)); });
+      }
+      [[fallthrough]];
+    case OpKind::kWriteWithImm: {
+      const uint64_t epoch = fence_->current_epoch();
+      Future f;
+      try {
+        f = do_submit(std::move(request));
+      } catch (...) {
+        fence_->write_done(epoch);
+        throw;
+      }
+      fence_->track_write(f, epoch);
+      return f;
+    }
+    default: return do_submit(std::move(request));
+  }
 }
 
 namespace {
@@ -128,8 +180,11 @@ Future Endpoint::read(std::vector<Assignment> assignments, std::chrono::millisec
   return submit(one_sided(OpKind::kRead, std::move(assignments), 0, timeout));
 }
 
-Future Endpoint::write(std::vector<Assignment> assignments, std::chrono::milliseconds timeout) {
-  return submit(one_sided(OpKind::kWrite, std::move(assignments), 0, timeout));
+Future Endpoint::write(std::vector<Assignment> assignments, std::chrono::milliseconds timeout,
+                       std::optional<std::string> notification) {
+  OpRequest r = one_sided(OpKind::kWrite, std::move(assignments), 0, timeout);
+  r.notification = std::move(notification);
+  return submit(std::move(r));
 }
 
 Future Endpoint::write_with_imm(std::vector<Assignment> assignments, uint32_t imm_data,
@@ -147,6 +202,16 @@ Future Endpoint::recv(const Chunk& chunk, bool exact_size, std::chrono::millisec
 
 Future Endpoint::imm_recv(std::chrono::milliseconds timeout) {
   return submit(two_sided(OpKind::kImmRecv, Chunk{}, timeout, false));
+}
+
+Future Endpoint::send_notify(std::string notification, std::chrono::milliseconds timeout) {
+  OpRequest r = two_sided(OpKind::kSendNotify, Chunk{}, timeout, false);
+  r.notification = std::move(notification);
+  return submit(std::move(r));
+}
+
+Future Endpoint::recv_notify(std::chrono::milliseconds timeout) {
+  return submit(two_sided(OpKind::kRecvNotify, Chunk{}, timeout, false));
 }
 
 }  // namespace dlslime

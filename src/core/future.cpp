@@ -41,6 +41,10 @@ Status Future::result() const {
 uint64_t Future::nbytes() const { return checked(state_).nbytes(); }
 
 uint32_t Future::imm_data() const { return checked(state_).imm_data(); }
+std::string Future::notification() const {
+  const OpState& s = checked(state_);
+  return s.done() ? s.notification() : std::string();
+}
 
 void Future::on_complete(std::function<void(const Future&)> callback) const {
   checked(state_);

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -48,6 +49,9 @@ class OpState : public std::enable_shared_from_this<OpState> {
   // imm_recv: the immediate value that arrived. Set before complete(), which publishes it.
   void set_imm_data(uint32_t imm) noexcept { imm_data_.store(imm, std::memory_order_relaxed); }
   uint32_t imm_data() const noexcept { return imm_data_.load(std::memory_order_relaxed); }
+  // recv_notify: the notification that arrived. Set before complete(), which publishes it.
+  void set_notification(std::string bytes) { notification_ = std::move(bytes); }
+  const std::string& notification() const noexcept { return notification_; }
 
   using Continuation = std::function<void(const OpState&)>;
 
@@ -74,6 +78,7 @@ class OpState : public std::enable_shared_from_this<OpState> {
   mutable std::atomic<uint32_t> waiters_{0};  // threads in block(): complete() wakes only if > 0
   std::atomic<uint64_t> nbytes_{0};
   std::atomic<uint32_t> imm_data_{0};
+  std::string notification_;  // written once before complete(), read once done()
   mutable std::mutex mu_;  // first_error_, status_ and continuations_; never held while waiting
   Status first_error_;  // guarded by mu_
   Status status_;       // written once under mu_ before done_ is released

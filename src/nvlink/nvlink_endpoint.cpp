@@ -35,6 +35,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/notify_fence.h"
 #include "core/log.h"
 #include "core/memory_registry.h"
 #include "core/op_state.h"
@@ -258,9 +259,11 @@ NvlinkOptions NvlinkOptions::from_json(const nlohmann::json& options, NvlinkOpti
       base.device = static_cast<int>(int_option(item.key(), item.value(), 0, 1 << 16));
     } else if (item.key() == "op_timeout_ms") {
       base.op_timeout = std::chrono::milliseconds(int_option(item.key(), item.value(), 0, kMaxTimeoutMs));
+    } else if (item.key() == "recv_timeout_ms") {
+      base.recv_timeout = std::chrono::milliseconds(int_option(item.key(), item.value(), 0, kMaxTimeoutMs));
     } else {
-      throw InvalidArgumentError(
-          fmt::format("unknown NVLinkEndpoint option '{}' (known: device, op_timeout_ms)", item.key()));
+      throw InvalidArgumentError(fmt::format(
+          "unknown NVLinkEndpoint option '{}' (known: device, op_timeout_ms, recv_timeout_ms)", item.key()));
     }
   }
   base.validate();
@@ -275,9 +278,15 @@ void NvlinkOptions::validate() const {
     throw InvalidArgumentError(fmt::format("NVLinkEndpoint option op_timeout_ms={} must be in 0..{}",
                                            op_timeout.count(), kMaxTimeoutMs));
   }
+  if (recv_timeout.count() < 0 || recv_timeout.count() > kMaxTimeoutMs) {
+    throw InvalidArgumentError(fmt::format("NVLinkEndpoint option recv_timeout_ms={} must be in 0..{}",
+                                           recv_timeout.count(), kMaxTimeoutMs));
+  }
 }
 
-nlohmann::json NvlinkOptions::to_json() const { return {{"device", device}, {"op_timeout_ms", op_timeout.count()}}; }
+nlohmann::json NvlinkOptions::to_json() const {
+  return {{"device", device}, {"op_timeout_ms", op_timeout.count()}, {"recv_timeout_ms", recv_timeout.count()}};
+}
 
 // --- NVLinkEndpointImpl --------------------------------------------------------------------
 
@@ -298,6 +307,7 @@ void NVLinkEndpointImpl::start() {
   regions->watch(std::static_pointer_cast<RegionRevoker>(shared_from_this()));
   // The thread holds the endpoint alive until its last op's copies have run.
   thread_.start([self = shared_from_this()] { self->run(); });
+  notes_->start();
 }
 
 NVLinkEndpointImpl::~NVLinkEndpointImpl() {
@@ -315,7 +325,7 @@ NVLinkEndpointImpl::~NVLinkEndpointImpl() {
 nlohmann::json NVLinkEndpointImpl::endpoint_info() const {
   return {{"transport", "nvlink"},    {"device", options.device}, {"host", boot_id()},
           {"pid", getpid()},          {"pid_ns", pid_namespace()}, {"process", process_token()},
-          {"mr_info", mr_info()}};
+          {"notify_socket", notes_->address()}, {"mr_info", mr_info()}};
 }
 
 nlohmann::json NVLinkEndpointImpl::mr_info() const { return regions->mr_info(*domain_); }
@@ -353,6 +363,9 @@ void NVLinkEndpointImpl::connect(const nlohmann::json& peer) {
   }
   const nlohmann::json mrs = peer.contains("mr_info") ? peer["mr_info"] : nlohmann::json::object();
   if (!mrs.is_object()) throw ConnectionError("peer endpoint_info: 'mr_info' must be an object");
+  // A peer without one (an older version) takes no notifications: send_notify fails
+  // NOT_CONNECTED, naming it.
+  const std::string notify_socket = peer.contains("notify_socket") ? text("notify_socket") : std::string();
   {
     std::lock_guard lock(mu_);
     if (closed_) throw ConnectionError("NVLinkEndpoint is shut down");
@@ -383,6 +396,11 @@ void NVLinkEndpointImpl::connect(const nlohmann::json& peer) {
   try {
     // Every published region, opened now; one that cannot be opened fails only its own ops.
     for (const auto& item : mrs.items()) add_remote(item.key(), item.value(), /*strict=*/false);
+    if (!notify_socket.empty()) {
+      // Whose dial our channel accepts: the peer's pid where it means the same process.
+      const int64_t accept_from = process == process_token() ? int64_t{getpid()} : pid_ns == pid_namespace() ? pid : 0;
+      notes_->connect(notify_socket, accept_from);
+    }
   } catch (...) {
     std::lock_guard lock(mu_);
     connecting_ = false;
@@ -517,6 +535,16 @@ Future NVLinkEndpointImpl::submit(OpRequest request, std::optional<gpu::Stream> 
     const void* src;
     uint64_t n;
   };
+  if (request.kind == OpKind::kSendNotify || request.kind == OpKind::kRecvNotify) {
+    {
+      std::lock_guard lock(mu_);
+      if (closed_) return fail(Status::cancelled("NVLinkEndpoint is shut down"));
+    }
+    if (request.kind == OpKind::kRecvNotify) {
+      return notes_->receive(OpLimit::of(request.timeout, options.recv_timeout, "recv_timeout"));
+    }
+    return notes_->send(std::move(*request.notification), OpLimit::of(request.timeout, options.op_timeout, "op_timeout"));
+  }
   std::vector<Copy> copies;
   copies.reserve(request.assignments.size());
   std::unique_lock lock(mu_);
@@ -722,6 +750,7 @@ void NVLinkEndpointImpl::shutdown() {
     }
   }
   waker_->notify();  // an idle completion thread ends now; a busy one once its ops are done
+  notes_->shutdown();
 }
 
 void NVLinkEndpointImpl::revoke_region(const RegionLifetime& lifetime) {
@@ -756,6 +785,7 @@ NVLinkEndpoint::NVLinkEndpoint(NvlinkOptions options)
 NVLinkEndpoint::NVLinkEndpoint(NvlinkOptions options, std::shared_ptr<MemoryRegistry> regions)
     : impl_(std::make_shared<NVLinkEndpointImpl>(std::move(options), std::move(regions))) {
   impl_->start();
+  order_notifications(submit_while_alive(impl_));
 }
 
 NVLinkEndpoint::~NVLinkEndpoint() {
@@ -815,9 +845,10 @@ Future NVLinkEndpoint::read_on(std::vector<Assignment> assignments, void* stream
   StreamScope scope(stream);
   return read(std::move(assignments), timeout);
 }
-Future NVLinkEndpoint::write_on(std::vector<Assignment> assignments, void* stream, std::chrono::milliseconds timeout) {
+Future NVLinkEndpoint::write_on(std::vector<Assignment> assignments, void* stream, std::chrono::milliseconds timeout,
+                                std::optional<std::string> notification) {
   StreamScope scope(stream);
-  return write(std::move(assignments), timeout);
+  return write(std::move(assignments), timeout, std::move(notification));
 }
 
 std::optional<int32_t> NVLinkEndpoint::local_handle(const std::string& name) const { return impl_->regions->find(name); }
@@ -826,7 +857,7 @@ std::optional<int32_t> NVLinkEndpoint::remote_handle(const std::string& name) co
 Capabilities NVLinkEndpoint::capabilities() const {
   Capabilities caps;
   caps.transport = "nvlink";
-  caps.read = caps.write = true;
+  caps.read = caps.write = caps.notify = true;
   caps.device_memory = true;
   return caps;
 }

@@ -24,6 +24,7 @@
 #include "core/remote_regions.h"
 #include "dlslime/nvlink_endpoint.h"
 #include "gpu/device_runtime.h"
+#include "nvlink/notify_channel.h"
 
 namespace dlslime {
 namespace nvlink {
@@ -113,9 +114,12 @@ class NVLinkEndpointImpl final : public RegionRevoker, public std::enable_shared
   nlohmann::json mr_info() const;
   nlohmann::json mr_info_of(const std::string& name) const;
   // stream: nullopt = the endpoint's own stream.
-  Future submit(OpRequest request, std::optional<gpu::Stream> stream);
+  Future submit(OpRequest request, std::optional<gpu::Stream> stream = std::nullopt);
   void shutdown();
-  void join_thread() { thread_.join(); }  // after shutdown(): the completion thread ends
+  void join_thread() {  // after shutdown(): the completion and notification threads end
+    thread_.join();
+    notes_->join();
+  }
   std::optional<int32_t> remote_handle(const std::string& name) const;
   std::optional<std::string> export_refusal(int32_t handle) const { return domain_->refusal(handle); }
 
@@ -179,6 +183,8 @@ class NVLinkEndpointImpl final : public RegionRevoker, public std::enable_shared
 
   RemoteRegions<RemoteKey> remote_;
   CompletionThread thread_;
+  // Notifications (send_notify, recv_notify): their own channel to the peer.
+  const std::shared_ptr<nvlink::NotifyChannel> notes_ = std::make_shared<nvlink::NotifyChannel>();
 };
 
 }  // namespace dlslime

@@ -499,20 +499,25 @@ void bind_agent(py::module_& m) {
       .def(
           "write",
           [](PeerAgent& a, py::handle peer_arg, py::handle assignments, py::handle stream, py::handle peer_alias,
-             py::handle assign, py::handle local_nic, py::handle remote_nic, py::handle timeout_ms) {
+             py::handle assign, py::handle local_nic, py::handle remote_nic, py::handle timeout_ms,
+             py::handle notify) {
             check_stream_arg(stream);
             const auto peer = peer_arg_of(peer_arg, peer_alias, "write");
             const auto on = filter_of(local_nic, remote_nic);
             const auto timeout = op_timeout_arg(timeout_ms);
+            const auto note = notification_arg(notify, "notify", /*optional=*/true);
             return one_sided(
                 renamed_arg(assignments, assign, "write", "assignments", "assign"),
-                [&](const std::vector<NamedAssignment>& n) { return a.write(peer, n, on, timeout); },
-                [&](std::vector<Assignment> b) { return a.write(peer, std::move(b), on, timeout); });
+                [&](const std::vector<NamedAssignment>& n) { return a.write(peer, n, on, timeout, note); },
+                [&](std::vector<Assignment> b) { return a.write(peer, std::move(b), on, timeout, note); });
           },
           py::arg_v("peer", missing_arg(), "<required>"), py::arg_v("assignments", missing_arg(), "<required>"),
           py::arg("stream") = py::none(), py::kw_only(), py::arg_v("peer_alias", missing_arg(), "<unset>"),
           py::arg_v("assign", missing_arg(), "<unset>"),
-          py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none(), py::arg("timeout_ms") = py::none())
+          py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none(), py::arg("timeout_ms") = py::none(),
+          py::arg("notify") = py::none(),
+          "notify=b\"...\" (at most 4 KiB): reaches the peer's recv_notify(alias) once every byte of this write "
+          "is in place there.")
       .def(
           "write_with_imm",
           [](PeerAgent& a, py::handle peer_arg, py::handle assignments, py::handle imm_data, py::handle stream,
@@ -544,6 +549,33 @@ void bind_agent(py::module_& m) {
           py::arg_v("peer", missing_arg(), "<required>"), py::arg("stream") = py::none(), py::kw_only(),
           py::arg_v("peer_alias", missing_arg(), "<unset>"),
           py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none(), py::arg("timeout_ms") = py::none())
+      .def(
+          "send_notify",
+          [](PeerAgent& a, py::handle peer, py::handle data, py::handle local_nic, py::handle remote_nic,
+             py::handle timeout_ms) {
+            const auto p = str_arg(peer, "peer");
+            auto note = *notification_arg(data, "data", /*optional=*/false);
+            const auto on = filter_of(local_nic, remote_nic);
+            const auto timeout = op_timeout_arg(timeout_ms);
+            ReleaseGil release;
+            return a.send_notify(p, std::move(note), on, timeout);
+          },
+          py::arg("peer"), py::arg("data"), py::kw_only(), py::arg("local_nic") = py::none(),
+          py::arg("remote_nic") = py::none(), py::arg("timeout_ms") = py::none(),
+          "A notification (bytes, at most 4 KiB) to the peer's recv_notify(), after every write to it submitted "
+          "before this one has completed.")
+      .def(
+          "recv_notify",
+          [](PeerAgent& a, py::handle peer, py::handle local_nic, py::handle remote_nic, py::handle timeout_ms) {
+            const auto p = str_arg(peer, "peer");
+            const auto on = filter_of(local_nic, remote_nic);
+            const auto timeout = op_timeout_arg(timeout_ms);
+            ReleaseGil release;
+            return a.recv_notify(p, on, timeout);
+          },
+          py::arg("peer"), py::kw_only(), py::arg("local_nic") = py::none(), py::arg("remote_nic") = py::none(),
+          py::arg("timeout_ms") = py::none(),
+          "The peer's next notification (future.notification() once done), in the order the peer sent them.")
       .def("shutdown", &PeerAgent::shutdown, py::call_guard<ReleaseGil>())
       .def("__enter__", [](std::shared_ptr<PeerAgent> a) { return a; })
       .def("__exit__",

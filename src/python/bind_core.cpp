@@ -155,6 +155,9 @@ void bind_core(py::module_& m) {
       .def_property_readonly("nbytes", &Future::nbytes, "Bytes that arrived (recv) or were placed (read).")
       .def("imm_data", &Future::imm_data, "The immediate value an imm_recv() received (0 for other ops).")
       .def(
+          "notification", [](const Future& f) { return py::bytes(f.notification()); },
+          "The bytes a recv_notify() received, once done (b\"\" for other ops).")
+      .def(
           "on_complete",
           [](const Future& f, py::handle callback) {
             if (!PyCallable_Check(callback.ptr())) {

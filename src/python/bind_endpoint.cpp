@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <optional>
 #include <memory>
 #include <string>
 
@@ -43,6 +44,7 @@ py::dict capabilities_dict(const Capabilities& c) {
   d["send_recv"] = c.send_recv;
   d["write_with_imm"] = c.write_with_imm;
   d["imm_recv"] = c.imm_recv;
+  d["notify"] = c.notify;
   d["host_memory"] = c.host_memory;
   d["device_memory"] = c.device_memory;
   return d;
@@ -71,13 +73,19 @@ Future recv_op(Endpoint& ep, py::handle chunk, py::handle stream, py::handle exa
 
 template <OpKind Kind>
 Future one_sided_op(Endpoint& ep, py::handle assignments, py::handle stream, py::handle timeout_ms,
-                    py::handle assign) {
+                    py::handle assign, py::handle notify) {
   check_stream_arg(stream);
   const char* call = Kind == OpKind::kRead ? "read" : "write";
   auto batch = to_assignments(renamed_arg(assignments, assign, call, "assignments", "assign"));
   const auto timeout = op_timeout_arg(timeout_ms);
+  std::optional<std::string> note;
+  if (Kind == OpKind::kWrite) {
+    note = notification_arg(notify, "notify", /*optional=*/true);
+  } else if (!notify.is_none()) {
+    throw py::type_error("read() takes no notify: notifications ride on writes (or send_notify)");
+  }
   ReleaseGil release;
-  return Kind == OpKind::kRead ? ep.read(std::move(batch), timeout) : ep.write(std::move(batch), timeout);
+  return Kind == OpKind::kRead ? ep.read(std::move(batch), timeout) : ep.write(std::move(batch), timeout, std::move(note));
 }
 
 void def_send(py::class_<Endpoint, std::shared_ptr<Endpoint>>& cls, const char* name) {
@@ -98,10 +106,11 @@ template <OpKind Kind>
 void def_one_sided(py::class_<Endpoint, std::shared_ptr<Endpoint>>& cls, const char* name) {
   cls.def(name, &one_sided_op<Kind>, py::arg_v("assignments", missing_arg(), "<required>"),
           py::arg("stream") = py::none(), py::arg("timeout_ms") = py::none(), py::kw_only(),
-          py::arg_v("assign", missing_arg(), "<unset>"),
+          py::arg_v("assign", missing_arg(), "<unset>"), py::arg("notify") = py::none(),
           "A batch of (local_handle, remote_handle, target_offset, source_offset, length) items (or one); "
           "`assign` is upstream's name for `assignments`. timeout_ms: this op's deadline (None or 0: the "
-          "endpoint's op_timeout).");
+          "endpoint's op_timeout). write only: notify=b\"...\" (at most 4 KiB) reaches the peer's recv_notify() "
+          "once every byte of this write is in place there.");
 }
 
 // The pool's name for a region registered without one (upstream's RDMAMemoryPool takes
@@ -317,6 +326,29 @@ void bind_endpoint(py::module_& m) {
           py::arg("stream") = py::none(), py::arg("timeout_ms") = py::none(),
           "Wait for the peer's next write_with_imm; future.imm_data() is its immediate. timeout_ms: how long it "
           "waits (None or 0: the endpoint's recv_timeout); then it fails with TIMEOUT.")
+      .def(
+          "send_notify",
+          [](Endpoint& ep, py::handle data, py::handle timeout_ms) {
+            auto note = *notification_arg(data, "data", /*optional=*/false);
+            const auto timeout = op_timeout_arg(timeout_ms);
+            ReleaseGil release;
+            return ep.send_notify(std::move(note), timeout);
+          },
+          py::arg("data"), py::arg("timeout_ms") = py::none(),
+          "Send a notification (bytes, at most 4 KiB: ValueError past that) to the peer's recv_notify(), after "
+          "every write submitted before it has completed. The future completes once the peer holds it, or fails "
+          "(BATCH_OVERFLOW) if the peer's unclaimed notifications fill its budget.")
+      .def(
+          "recv_notify",
+          [](Endpoint& ep, py::handle timeout_ms) {
+            const auto timeout = op_timeout_arg(timeout_ms);
+            ReleaseGil release;
+            return ep.recv_notify(timeout);
+          },
+          py::arg("timeout_ms") = py::none(),
+          "The peer's next notification: future.notification() gives its bytes once done. Each is received once, "
+          "in the order the peer sent them. timeout_ms: how long it waits (None or 0: the endpoint's "
+          "recv_timeout); a timed-out one takes nothing.")
       .def("capabilities", [](const Endpoint& ep) { return capabilities_dict(ep.capabilities()); })
       .def(
           "get_pool", [](const std::shared_ptr<Endpoint>& ep) { return pool_of(ep); },

@@ -74,27 +74,35 @@ std::vector<Assignment> nvlink_assignments(const NVLinkEndpoint& ep, py::handle 
 
 template <OpKind Kind>
 Future one_sided(NVLinkEndpoint& ep, py::handle assignments, py::handle stream, py::handle timeout_ms,
-                 py::handle assign) {
+                 py::handle assign, py::handle notify) {
   const char* call = Kind == OpKind::kRead ? "read" : "write";
   auto batch = nvlink_assignments(ep, renamed_arg(assignments, assign, call, "assignments", "assign"));
   const auto s = stream_arg(stream);
   const auto timeout = op_timeout_arg(timeout_ms);
+  std::optional<std::string> note;
+  if (Kind == OpKind::kWrite) {
+    note = notification_arg(notify, "notify", /*optional=*/true);
+  } else if (!notify.is_none()) {
+    throw py::type_error("read() takes no notify: notifications ride on writes (or send_notify)");
+  }
   ReleaseGil release;
   if (s) {
-    return Kind == OpKind::kRead ? ep.read_on(std::move(batch), *s, timeout) : ep.write_on(std::move(batch), *s, timeout);
+    return Kind == OpKind::kRead ? ep.read_on(std::move(batch), *s, timeout)
+                                 : ep.write_on(std::move(batch), *s, timeout, std::move(note));
   }
-  return Kind == OpKind::kRead ? ep.read(std::move(batch), timeout) : ep.write(std::move(batch), timeout);
+  return Kind == OpKind::kRead ? ep.read(std::move(batch), timeout) : ep.write(std::move(batch), timeout, std::move(note));
 }
 
 template <OpKind Kind>
 void def_one_sided(py::class_<NVLinkEndpoint, Endpoint, std::shared_ptr<NVLinkEndpoint>>& cls, const char* name) {
   cls.def(name, &one_sided<Kind>, py::arg_v("assignments", missing_arg(), "<required>"),
           py::arg("stream") = py::none(), py::arg("timeout_ms") = py::none(), py::kw_only(),
-          py::arg_v("assign", missing_arg(), "<unset>"),
+          py::arg_v("assign", missing_arg(), "<unset>"), py::arg("notify") = py::none(),
           "A batch of (local_handle, remote_handle, target_offset, source_offset, length) items, or upstream's "
           "(local_name, remote_name, target_offset, source_offset, length). stream: None (the endpoint's own), "
           "a cudaStream_t int or a torch.cuda.Stream: the copies run after the work queued on it. The future "
-          "completes once the copies have finished.");
+          "completes once the copies have finished. write only: notify=b\"...\" (at most 4 KiB) reaches the peer's "
+          "recv_notify() after the copies.");
 }
 
 }  // namespace

@@ -185,6 +185,18 @@ std::string str_arg(py::handle v, const char* what) {
   return v.cast<std::string>();
 }
 
+std::optional<std::string> notification_arg(py::handle v, const char* what, bool optional) {
+  if (optional && v.is_none()) return std::nullopt;
+  if (PyBytes_Check(v.ptr())) return v.cast<std::string>();
+  if (PyByteArray_Check(v.ptr()) || PyMemoryView_Check(v.ptr())) {
+    PyObject* copy = PyBytes_FromObject(v.ptr());  // a non-contiguous view raises here
+    if (!copy) throw py::error_already_set();
+    return py::reinterpret_steal<py::bytes>(copy).cast<std::string>();
+  }
+  throw py::type_error(fmt::format("{} must be bytes, bytearray or memoryview{}, not {}", what,
+                                   optional ? " (or None)" : "", type_name(v)));
+}
+
 std::string optional_str_arg(py::handle v, const char* what) {
   if (v.is_none()) return "";
   if (!PyUnicode_Check(v.ptr())) {

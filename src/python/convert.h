@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -83,6 +84,10 @@ std::chrono::milliseconds op_timeout_arg(pybind11::handle timeout_ms);
 // Stream); anything else is a TypeError. No transport orders its ops on it yet.
 void check_stream_arg(pybind11::handle stream);
 std::string str_arg(pybind11::handle v, const char* what);
+// A notification (notify=, send_notify): bytes, bytearray or memoryview (a str is a
+// TypeError: encode it); its size is checked by the endpoint (at most 4 KiB: ValueError).
+// None -> nullopt where `optional`.
+std::optional<std::string> notification_arg(pybind11::handle v, const char* what, bool optional);
 // None -> "" (the caller's default).
 std::string optional_str_arg(pybind11::handle v, const char* what);
 // A list or tuple of str.

@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "core/notify_fence.h"
 #include "core/log.h"
 #include "dlslime/errors.h"
 
@@ -79,7 +80,10 @@ Mtu mtu_of_bytes(uint64_t bytes) {
 }  // namespace
 
 RdmaEndpointImpl::RdmaEndpointImpl(RdmaOptions opts, std::shared_ptr<MemoryRegistry> regs)
-    : options(std::move(opts)), regions(std::move(regs)) {
+    : options(std::move(opts)),
+      regions(std::move(regs)),
+      notes_(uint64_t{std::max<uint32_t>(1, options.max_recv_wr / 4)} * kEagerBuffer,
+             "RdmaOptions::max_recv_wr: a quarter of it times 8 KiB") {
   options.validate();
   device_ = open_device(options);
   domain_ = std::make_shared<RdmaMemoryDomain>(device_);
@@ -350,6 +354,7 @@ void RdmaEndpointImpl::reopen_if_failed(std::unique_lock<std::mutex>& lock) {
   revoked_rkeys_.clear();
   owed_revokes_.clear();
   imm_events_.clear();
+  notes_.connected(/*drop_held=*/true);  // the next peer may be another process
   arm_messages();
 }
 
@@ -435,6 +440,7 @@ Future RdmaEndpointImpl::submit(OpRequest request) {
     return future;
   }
   if (request.kind == OpKind::kRecv && !lanes_[0].failed) return submit_recv(request, state, lock);
+  if (request.kind == OpKind::kRecvNotify) return submit_recv_notify(request, state, lock);
   if (!connected_) {
     return lock.unlock(), fail(Status::not_connected(
                               previous_failure_.is_ok()
@@ -447,7 +453,7 @@ Future RdmaEndpointImpl::submit(OpRequest request) {
     if (peer_closed_) return lock.unlock(), fail(Status::peer_closed("the peer shut its endpoint down"));
     return lock.unlock(), fail(lane_failed_status(lanes_[i], i));
   }
-  if (request.kind == OpKind::kSend) return submit_send(request, state, lock);
+  if (request.kind == OpKind::kSend || request.kind == OpKind::kSendNotify) return submit_send(request, state, lock);
 
   // Resolve every item first: a bad one fails the whole op before anything is posted.
   const auto& items = request.assignments;
@@ -830,6 +836,9 @@ void RdmaEndpointImpl::expire_waits(PendingOps<Op>::TimePoint now, std::vector<D
   };
   sweep(recvs_, OpKind::kRecv);
   sweep(imm_waiters_, OpKind::kImmRecv);
+  NotificationInbox::EndedList ended;
+  wait_deadline_ = std::min(wait_deadline_, notes_.expire(now, ended));
+  take_ended(ended, done);
 }
 
 bool RdmaEndpointImpl::keepalive_applies() const {
@@ -991,6 +1000,7 @@ RDMAEndpoint::RDMAEndpoint(RdmaOptions options) : RDMAEndpoint(std::move(options
 RDMAEndpoint::RDMAEndpoint(RdmaOptions options, std::shared_ptr<MemoryRegistry> regions)
     : impl_(std::make_shared<RdmaEndpointImpl>(std::move(options), std::move(regions))) {
   impl_->start();
+  order_notifications(submit_while_alive(impl_));
 }
 
 RDMAEndpoint::~RDMAEndpoint() {
@@ -1046,7 +1056,7 @@ nlohmann::json RDMAEndpoint::mr_info_of(const std::string& name) const { return 
 Capabilities RDMAEndpoint::capabilities() const {
   Capabilities caps;
   caps.transport = "rdma";
-  caps.read = caps.write = caps.write_with_imm = caps.imm_recv = caps.send_recv = true;
+  caps.read = caps.write = caps.write_with_imm = caps.imm_recv = caps.send_recv = caps.notify = true;
   caps.host_memory = true;
   caps.device_memory = true;  // registered for the NIC itself (docs/rdma.md, "GPU memory")
   return caps;

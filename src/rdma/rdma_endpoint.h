@@ -23,6 +23,7 @@
 #include "core/batch_planner.h"
 #include "core/completion_thread.h"
 #include "core/memory_registry.h"
+#include "core/notification_inbox.h"
 #include "core/op_limit.h"
 #include "core/op_state.h"
 #include "core/pending_ops.h"
@@ -185,6 +186,10 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
   void arm_messages();  // frees every send slot and posts every receive buffer on lane 0
   Future submit_send(const OpRequest& request, std::shared_ptr<OpState> state, std::unique_lock<std::mutex>& lock);
   Future submit_recv(const OpRequest& request, std::shared_ptr<OpState> state, std::unique_lock<std::mutex>& lock);
+  Future submit_recv_notify(const OpRequest& request, std::shared_ptr<OpState> state,
+                            std::unique_lock<std::mutex>& lock);
+  // Moves what the inbox ended into `done` (completed once mu_ is released).
+  static void take_ended(NotificationInbox::EndedList& ended, std::vector<Done>& done);
   // Queues a control message on lane 0 (header + payload copied into a send slot).
   // `reason`: a DONE's DoneReason (rdma_messages.cpp), 0 for other messages.
   bool post_control(uint32_t type, uint32_t status, uint64_t seq, uint64_t length, uint64_t addr, uint32_t rkey,
@@ -217,10 +222,14 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
   struct PendingSend {
     uint64_t op_id = 0;
     Chunk chunk;
+    std::optional<std::string> notification;  // send_notify: an eager NOTIFY instead of a message
   };
   std::deque<PendingSend> pending_sends_;  // beyond the credit
   std::deque<PostedRecv> recvs_;
   std::deque<Unexpected> unexpected_;
+  // The peer's notifications, answered DONE as they arrive (so they take no credit) and
+  // held within credit x kEagerBuffer bytes: the budget its unmatched messages have.
+  NotificationInbox notes_;
   bool peer_closed_ = false;
   uint32_t recvs_posted_ = 0;  // receive WRs on lane 0 not yet completed (or flushed)
   Status previous_failure_;    // why the last connection failed, for NOT_CONNECTED's message

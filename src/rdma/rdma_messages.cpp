@@ -31,7 +31,9 @@ using namespace rdma;
 
 namespace {
 
-enum MsgType : uint32_t { kEager = 1, kRts = 2, kDone = 3, kBye = 4, kRevoke = 5, kRevoked = 6 };
+// kNotify: a notification (eager, at most OpRequest::kMaxNotificationBytes), answered by a
+// DONE as soon as it is held, so notifications never take the peer's message credit.
+enum MsgType : uint32_t { kEager = 1, kRts = 2, kDone = 3, kBye = 4, kRevoke = 5, kRevoked = 6, kNotify = 7 };
 
 // Why a receiver failed a message (DONE's `reason`), so the sender's status names it.
 enum DoneReason : uint32_t {
@@ -40,6 +42,7 @@ enum DoneReason : uint32_t {
   kReasonTooLarge = 2,    // longer than the recv's buffer; DONE's addr: the buffer's length
   kReasonRecvBuffer = 3,  // the receiver could not register its recv buffer
   kReasonRecvRead = 4,    // the receiver's READ of the sender's buffer (rendezvous) failed
+  kReasonNotifyRefused = 5,  // a notification the receiver's full inbox refused; the DONE's payload says why
 };
 
 struct MsgHeader {
@@ -53,10 +56,12 @@ struct MsgHeader {
 };
 constexpr uint32_t kEagerPayload = RdmaEndpointImpl::kEagerBuffer - sizeof(MsgHeader);
 
-// The sender's status for the receiver's DONE.
-Status done_status(const MsgHeader& h) {
+// The sender's status for the receiver's DONE (`text`: its payload).
+Status done_status(const MsgHeader& h, std::string_view text) {
   if (h.status == 0) return Status::ok();
   switch (h.reason) {
+    case kReasonNotifyRefused:
+      return Status(StatusCode::kBatchOverflow, std::string(text.substr(0, 1024)));
     case kReasonTooLarge:
       return Status(StatusCode::kMessageTooLarge,
                     fmt::format("the receiver refused the message: its {} bytes are more than the {}-byte buffer of "
@@ -214,7 +219,7 @@ Future RdmaEndpointImpl::submit_send(const OpRequest& request, std::shared_ptr<O
   op.nbytes = 0;
   const auto deadline = start_deadline(request, op);
   ops_.insert(op_id, std::move(op), deadline);
-  pending_sends_.push_back({op_id, request.chunk});
+  pending_sends_.push_back({op_id, request.chunk, request.notification});
   std::vector<Done> done;
   start_pending_sends(done);
   lock.unlock();
@@ -232,8 +237,13 @@ void RdmaEndpointImpl::start_pending_sends(std::vector<Done>& done) {
     const uint64_t seq = next_msg_seq_++;
     const uint64_t addr = ps.chunk.addr + ps.chunk.offset;
     const uint64_t len = ps.chunk.length;
-    // GPU memory always goes by rendezvous: the peer's NIC reads it, no CPU copies it.
-    if (len <= kEagerPayload && !device_buffer(addr, len)) {
+    if (ps.notification) {
+      // A SEND on lane 0, posted after the writes before it completed (the core's fence):
+      // the peer receives it once their bytes are in place. Its bytes travel in the slot.
+      const std::string& bytes = *ps.notification;
+      if (!post_control(kNotify, 0, seq, bytes.size(), 0, 0, kReasonNone, bytes.data(), bytes.size(), done)) break;
+    } else if (len <= kEagerPayload && !device_buffer(addr, len)) {
+      // GPU memory always goes by rendezvous: the peer's NIC reads it, no CPU copies it.
       if (!post_control(kEager, 0, seq, len, 0, 0, kReasonNone, reinterpret_cast<const void*>(addr), len, done)) break;
     } else {
       // Rendezvous: the peer reads the bytes; they must stay registered until its DONE.
@@ -316,12 +326,29 @@ void RdmaEndpointImpl::on_message(const uint8_t* buf, uint32_t len, std::vector<
       match(done);
       return;
     }
+    case kNotify: {
+      const uint64_t payload = len - sizeof h;
+      if (h.length != payload || payload > OpRequest::kMaxNotificationBytes) {
+        fail_lane(lanes_[0], 0,
+                  Status::protocol_error(fmt::format("a notification of {} bytes ({} in the header; at most {})",
+                                                     payload, h.length, OpRequest::kMaxNotificationBytes)),
+                  done);
+        return;
+      }
+      NotificationInbox::EndedList ended;
+      const Status st = notes_.deliver(std::string(reinterpret_cast<const char*>(buf) + sizeof h, payload), ended);
+      take_ended(ended, done);
+      const std::string& why = st.message();
+      post_control(kDone, st ? 0 : static_cast<uint32_t>(st.code()), h.seq, payload, 0, 0,
+                   st ? kReasonNone : kReasonNotifyRefused, why.data(), std::min<size_t>(why.size(), 1024), done);
+      return;
+    }
     case kDone: {
       auto it = awaiting_done_.find(h.seq);
       if (it == awaiting_done_.end()) return;  // its send already ended (deadline)
       const uint64_t op_id = it->second;
       awaiting_done_.erase(it);
-      const Status st = done_status(h);
+      const Status st = done_status(h, std::string_view(reinterpret_cast<const char*>(buf) + sizeof h, len - sizeof h));
       if (Op* op = ops_.find(op_id); op && st.is_ok()) op->nbytes = h.length;
       finish_wr(op_id, 0, st, done);
       start_pending_sends(done);
@@ -345,6 +372,23 @@ void RdmaEndpointImpl::on_message(const uint8_t* buf, uint32_t len, std::vector<
     default:
       fail_lane(lanes_[0], 0, Status::protocol_error(fmt::format("a message of unknown type {}", h.type)), done);
   }
+}
+
+Future RdmaEndpointImpl::submit_recv_notify(const OpRequest& request, std::shared_ptr<OpState> state,
+                                           std::unique_lock<std::mutex>& lock) {
+  Future future(state);
+  const MessageWait wait = start_wait(request);  // lowers wait_deadline_ for the inbox's deadline
+  NotificationInbox::EndedList ended;
+  notes_.post(std::move(state), wait.limit, ended);
+  lock.unlock();
+  for (auto& e : ended) e.complete();
+  wake_for_deadline(wait.deadline);
+  return future;
+}
+
+void RdmaEndpointImpl::take_ended(NotificationInbox::EndedList& ended, std::vector<Done>& done) {
+  for (auto& e : ended) done.push_back({std::move(e.state), std::move(e.status), 0});
+  ended.clear();
 }
 
 void RdmaEndpointImpl::match(std::vector<Done>& done) {
@@ -435,6 +479,10 @@ void RdmaEndpointImpl::fail_messages(const Status& cause, std::vector<Done>& don
   recvs_.clear();
   for (auto& w : imm_waiters_) done.push_back({std::move(w.state), recv_status, 0});  // review F3
   imm_waiters_.clear();
+  // Held notifications were answered: they stay to be received, unless shut down.
+  NotificationInbox::EndedList ended;
+  notes_.gone(recv_status, closed_, ended);
+  take_ended(ended, done);
   unexpected_.clear();
   const Status send_status = closed_ ? Status::cancelled("RDMAEndpoint was shut down") : cause;
   for (const auto& [seq, op_id] : awaiting_done_) finish_wr(op_id, 0, send_status, done);

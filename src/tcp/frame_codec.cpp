@@ -13,7 +13,9 @@ uint64_t payload_size(const FrameHeader& h) noexcept {
     case FrameType::kWriteAck:
     case FrameType::kSendAck:
     case FrameType::kReadData:
-    case FrameType::kReadRequest: return h.length;
+    case FrameType::kReadRequest:
+    case FrameType::kNotify:
+    case FrameType::kNotifyAck: return h.length;
     case FrameType::kGoodbye: return 0;
   }
   return 0;
@@ -57,7 +59,7 @@ Status parse_frame_header(const uint8_t* in, FrameHeader* out) noexcept {
     return Status::protocol_error(fmt::format("bad frame magic {:#06x} (expected {:#06x})", magic, kFrameMagic));
   }
   const uint8_t type = r.u8();
-  if (type < static_cast<uint8_t>(FrameType::kWriteData) || type > static_cast<uint8_t>(FrameType::kGoodbye)) {
+  if (type < static_cast<uint8_t>(FrameType::kWriteData) || type > static_cast<uint8_t>(FrameType::kNotifyAck)) {
     return Status(StatusCode::kUnknownOpcode, fmt::format("unknown frame type {}", type));
   }
   FrameHeader h;
@@ -88,8 +90,10 @@ Status parse_frame_header(const uint8_t* in, FrameHeader* out) noexcept {
     }
   } else {
     const bool carries_text = h.type == FrameType::kWriteAck || h.type == FrameType::kSendAck ||
-                              (h.type == FrameType::kReadData && h.status != 0);
-    const uint64_t limit = carries_text ? kMaxErrorText : kMaxDataPayload;
+                              h.type == FrameType::kNotifyAck || (h.type == FrameType::kReadData && h.status != 0);
+    const uint64_t limit = carries_text                      ? kMaxErrorText
+                           : h.type == FrameType::kNotify ? kMaxNotification
+                                                            : kMaxDataPayload;
     if (payload_size(h) > limit) {
       return Status::protocol_error(
           fmt::format("frame length {} exceeds the limit {} (type {})", h.length, limit, static_cast<int>(type)));

@@ -18,6 +18,8 @@ inline constexpr size_t kFrameHeaderSize = 40;
 inline constexpr uint64_t kMaxDataPayload = 64ull << 20;
 // Error text carried by acknowledgement frames.
 inline constexpr uint64_t kMaxErrorText = 1024;
+// A notification's payload (OpRequest::kMaxNotificationBytes).
+inline constexpr uint64_t kMaxNotification = 4096;
 
 // One-sided frames name up to kMaxPieces pieces of the target's regions: a write frame
 // carries their list and then all their bytes, a read request their list, and its answer all
@@ -44,6 +46,8 @@ enum class FrameType : uint8_t {
   kSendData = 5,     // ->receiver: message bytes [offset, offset+length) of message op_id
   kSendAck = 6,      // ->sender: the message was matched (status 0) or refused; payload = error text
   kGoodbye = 7,      // orderly shutdown: the sender will send nothing more
+  kNotify = 8,       // ->receiver: one notification (lane 0, after the writes before it completed); payload = its bytes
+  kNotifyAck = 9,    // ->sender: notification op_id is held or received (status 0), or refused; payload = error text
 };
 
 // Flag bits.

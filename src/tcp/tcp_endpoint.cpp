@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/notify_fence.h"
 #include "core/remote_regions.h"
 #include "tcp/tcp_endpoint_impl.h"
 
@@ -16,6 +17,7 @@ TcpEndpoint::TcpEndpoint(const std::string& ip, uint16_t port, TcpOptions option
                          std::shared_ptr<MemoryRegistry> regions)
     : impl_(std::make_shared<TcpEndpointImpl>(ip, port, std::move(options), std::move(regions))) {
   impl_->start();
+  order_notifications(submit_while_alive(impl_));
 }
 
 TcpEndpoint::~TcpEndpoint() { impl_->shutdown(); }
@@ -42,7 +44,7 @@ nlohmann::json TcpEndpoint::mr_info_of(const std::string& name) const { return i
 Capabilities TcpEndpoint::capabilities() const {
   Capabilities caps;
   caps.transport = "tcp";
-  caps.read = caps.write = caps.send_recv = true;
+  caps.read = caps.write = caps.send_recv = caps.notify = true;
   caps.host_memory = true;
   caps.device_memory = true;  // staged through pinned host buffers (docs/tcp.md "GPU memory")
   return caps;

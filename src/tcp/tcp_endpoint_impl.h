@@ -111,14 +111,20 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
  private:
   using Submission = Initiator::Submission;
   using PostedRecv = MessageMatcher::PostedRecv;
+  // A recv_notify on its way to the I/O thread.
+  struct NotifyWait {
+    std::shared_ptr<OpState> state;
+    OpLimit limit;
+  };
   // A submitted op or recv on its way to the I/O thread (by value: no allocation of its own).
-  using Handoff = std::variant<Submission, PostedRecv>;
+  using Handoff = std::variant<Submission, PostedRecv, NotifyWait>;
 
   Future fail_now(OpKind kind, Status status) const;
   // False (and *error) if the op is invalid.
   bool prepare_one_sided(const OpRequest& req, uint64_t op_id, Submission& sub, Status* error);
   // `device`: the GPU of the message's buffer (-1: host memory), see message_device().
   void prepare_send(const OpRequest& req, uint64_t op_id, int device, Submission& sub);
+  void prepare_notify(const OpRequest& req, uint64_t op_id, Submission& sub);
   // The GPU whose memory holds a send/recv buffer (-1: host memory). Asks the device
   // runtime only where one is present (found out once per endpoint), so a host without a
   // GPU runtime pays nothing per message. Makes the staging for a GPU buffer.

@@ -2,8 +2,8 @@
 
 // TcpEndpointImpl's frame dispatch (tcp::FrameHandler), on the I/O thread: each frame
 // from the peer goes to the part that owns its state. Answers to our ops go to the
-// Initiator, the peer's reads and writes to the TargetServer, messages to the
-// MessageMatcher, and a goodbye to the Pairing.
+// Initiator, the peer's reads and writes to the TargetServer, messages and notifications to
+// the MessageMatcher, and a goodbye to the Pairing.
 namespace dlslime {
 
 using tcp::FrameHeader;
@@ -21,7 +21,9 @@ RxAction TcpEndpointImpl::on_header(TcpConnection& conn, const FrameHeader& h, P
       sink.collect = true;
       return gpu_.regions.any() ? target_.admit_read(conn) : RxAction::kContinue;
     case FrameType::kWriteAck:
-    case FrameType::kSendAck: sink.collect = true; return RxAction::kContinue;
+    case FrameType::kSendAck:
+    case FrameType::kNotify:
+    case FrameType::kNotifyAck: sink.collect = true; return RxAction::kContinue;
     case FrameType::kReadData: return initiator_.on_read_header(conn, h, sink);
     case FrameType::kSendData: return matcher_.on_header(conn, h, sink);
     case FrameType::kGoodbye: return RxAction::kContinue;
@@ -43,6 +45,8 @@ void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const 
     case FrameType::kReadData: initiator_.on_read_frame(conn, h, text); return;
     case FrameType::kSendAck: initiator_.on_send_ack(conn, h, text); return;
     case FrameType::kSendData: matcher_.on_frame(conn, h); return;
+    case FrameType::kNotify: matcher_.on_notification(conn, h, text); return;
+    case FrameType::kNotifyAck: initiator_.on_notify_ack(conn, h, text); return;
     case FrameType::kGoodbye:
       // The peer sends nothing more on this connection, but what it sent earlier on its
       // other connections (the acknowledgement of a message, say) may still be unread

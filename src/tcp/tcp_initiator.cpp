@@ -43,7 +43,10 @@ Initiator::Clock::time_point Initiator::start_op(Submission& sub) {
     state->complete(Status::ok());
     return Clock::time_point::max();
   }
-  const bool is_send = state->kind() == OpKind::kSend;
+  // Notifications leave on lane 0 in their turn among messages, but are acknowledged
+  // apart from them (on_notify_ack).
+  const bool is_message = state->kind() == OpKind::kSend;
+  const bool is_send = is_message || state->kind() == OpKind::kSendNotify;
   if (state->kind() == OpKind::kWrite || state->kind() == OpKind::kWriteWithImm) {
     // Each lane's frames end in one acknowledgement, on that lane (on_write_ack).
     for (const auto& [lane, item] : sub.items) {
@@ -86,7 +89,7 @@ Initiator::Clock::time_point Initiator::start_op(Submission& sub) {
     gpu_queue_.emplace_back(sub.op_id, std::move(staged));
     pump_gpu();
   }
-  if (is_send) {
+  if (is_message) {
     sends_.push_back(sub.op_id);
     // Messages that expired unacknowledged need no acknowledgement any more.
     while (sends_.size() > options_.max_inflight_ops && !pending_.contains(sends_.front())) sends_.pop_front();
@@ -237,6 +240,16 @@ void Initiator::on_send_ack(TcpConnection& conn, const FrameHeader& h, std::stri
   }
 }
 
+void Initiator::on_notify_ack(TcpConnection& conn, const FrameHeader& h, std::string_view text) {
+  const PendingOp* op = pending_.find(h.op_id);
+  if (!op) return;  // it already ended (expired); a late answer
+  if (op->state->kind() != OpKind::kSendNotify) {
+    return violation(conn, fmt::format("a notification acknowledgement for op {}, which is a {}", h.op_id,
+                                       op_kind_name(op->state->kind())));
+  }
+  finish_op(h.op_id, h.status == 0 ? Status::ok() : remote_status(h, text));
+}
+
 void Initiator::on_write_ack(TcpConnection& conn, const FrameHeader& h, std::string_view text) {
   // One acknowledgement per lane that carried the op's frames, on that lane: anything
   // else (an ack for a read or a message, a second one, one on another lane) is a peer
@@ -255,7 +268,10 @@ void Initiator::on_write_ack(TcpConnection& conn, const FrameHeader& h, std::str
   }
   op.ack_lanes &= ~bit;
   if (h.status != 0 && op.error.is_ok()) op.error = remote_status(h, text);
-  if (--op.parts_left == 0) finish_op(h.op_id, std::move(op.error));
+  if (--op.parts_left == 0) {
+    const uint64_t nbytes = op.error.is_ok() ? op.nbytes : 0;
+    finish_op(h.op_id, std::move(op.error), nbytes);
+  }
 }
 
 RxAction Initiator::on_read_header(TcpConnection& conn, const FrameHeader& h, PayloadSink& sink) {

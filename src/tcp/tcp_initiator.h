@@ -77,7 +77,7 @@ class Initiator {
     // read: at the first piece of each request not answered yet, its piece count (an
     // answer must match one exactly, once)
     std::vector<uint16_t> read_runs;
-    uint64_t nbytes = 0;      // read: bytes placed so far
+    uint64_t nbytes = 0;      // read: bytes placed so far; write: the batch's bytes
     Status error;             // the first error an answer reported
     OpLimit limit;  // its deadline's source, for the timeout's message
     std::shared_ptr<GpuOp> gpu;  // local memory on a GPU (null: the host path)
@@ -105,6 +105,9 @@ class Initiator {
   // The peer's answers to our ops.
   void on_write_ack(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view text);
   void on_send_ack(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view text);
+  // A notification's own acknowledgement (not cumulative: notifications are answered
+  // as they arrive, messages possibly later).
+  void on_notify_ack(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view text);
   tcp::RxAction on_read_header(tcp::TcpConnection& conn, const tcp::FrameHeader& h, tcp::PayloadSink& sink);
   void on_read_frame(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view text);
   // Stages the next frames of device-memory writes while staging slots are free.

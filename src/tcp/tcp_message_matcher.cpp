@@ -17,7 +17,38 @@ using tcp::RxAction;
 using tcp::TcpConnection;
 
 MessageMatcher::MessageMatcher(const TcpOptions& options, const Pairing& pairing, tcp::GpuPath& gpu)
-    : options_(options), pairing_(pairing), gpu_(gpu) {}
+    : options_(options),
+      pairing_(pairing),
+      gpu_(gpu),
+      notes_(options.unexpected_buffer_bytes, "TcpOptions::unexpected_buffer_bytes") {}
+
+namespace {
+void complete_all(NotificationInbox::EndedList& ended) {
+  for (auto& e : ended) e.complete();
+}
+}  // namespace
+
+void MessageMatcher::on_notification(TcpConnection& conn, const FrameHeader& h, std::string_view bytes) {
+  NotificationInbox::EndedList ended;
+  const Status st = notes_.deliver(std::string(bytes), ended);
+  TargetServer::ack(conn, tcp::FrameType::kNotifyAck, h.op_id, st);
+  complete_all(ended);
+}
+
+MessageMatcher::Clock::time_point MessageMatcher::post_notify(std::shared_ptr<OpState> state, const OpLimit& limit) {
+  NotificationInbox::EndedList ended;
+  const auto deadline = notes_.post(std::move(state), limit, ended);
+  complete_all(ended);
+  return deadline;
+}
+
+void MessageMatcher::paired(bool new_peer) {
+  if (new_peer) {
+    unexpected_.clear();
+    unexpected_bytes_ = 0;
+  }
+  notes_.connected(/*drop_held=*/new_peer);
+}
 
 RxAction MessageMatcher::on_header(TcpConnection& conn, const FrameHeader& h, PayloadSink& sink) {
   if (current_msg_ && current_msg_->op_id != h.op_id) {
@@ -291,6 +322,9 @@ void MessageMatcher::expire(Clock::time_point now) {
     it = recvs_.erase(it);
   }
   for (auto& [state, why] : expired) state->complete(std::move(why));
+  NotificationInbox::EndedList ended;
+  notes_.expire(now, ended);
+  complete_all(ended);
   if (auto msg = current_msg_; msg && msg->matched && msg->recv.state && msg->recv.deadline <= now) {
     auto conn = msg->conn.lock();
     end_recv(*msg, timeout(msg->recv));
@@ -303,17 +337,12 @@ void MessageMatcher::expire(Clock::time_point now) {
 }
 
 MessageMatcher::Clock::time_point MessageMatcher::next_deadline() const {
-  Clock::time_point next = Clock::time_point::max();
+  Clock::time_point next = notes_.next_deadline();
   for (const PostedRecv& r : recvs_) next = std::min(next, r.deadline);
   if (current_msg_ && current_msg_->matched && current_msg_->recv.state) {
     next = std::min(next, current_msg_->recv.deadline);
   }
   return next;
-}
-
-void MessageMatcher::drop_held() {
-  unexpected_.clear();
-  unexpected_bytes_ = 0;
 }
 
 MessageMatcher::Dropped MessageMatcher::drop_all(bool shutting_down) {
@@ -339,6 +368,8 @@ MessageMatcher::Dropped MessageMatcher::drop_all(bool shutting_down) {
   unexpected_bytes_ = 0;
   for (const auto& m : unexpected_) unexpected_bytes_ += m->buffered.size() + kHeldMessageOverhead;
   paused_conn_.reset();
+  // Notifications that arrived were acknowledged: they stay to be received, as messages.
+  notes_.gone(Status::peer_closed("the connection to the peer was lost"), shutting_down, dropped.notify_waits);
   return dropped;
 }
 
@@ -346,6 +377,7 @@ void MessageMatcher::Dropped::fail(const Status& why) {
   for (auto& r : recvs) r.state->complete(why);
   if (arriving) arriving->complete(why);
   for (auto& [state, own] : copying) state->complete(own.is_ok() ? why : own);
+  for (auto& e : notify_waits) e.state->complete(why);
 }
 
 }  // namespace dlslime

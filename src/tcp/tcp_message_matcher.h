@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/notification_inbox.h"
 #include "core/op_limit.h"
 #include "core/op_state.h"
 #include "dlslime/tcp_endpoint.h"
@@ -49,6 +50,7 @@ class MessageMatcher {
     // GPU recvs whose copies were pending (they have finished: the staging was drained),
     // with the status they had ended with, if any (else they fail with `why`).
     std::vector<std::pair<std::shared_ptr<OpState>, Status>> copying;
+    NotificationInbox::EndedList notify_waits;  // recv_notifys waiting
     void fail(const Status& why);
   };
 
@@ -61,13 +63,19 @@ class MessageMatcher {
   // A message frame's header (kSendData) and its arrival.
   tcp::RxAction on_header(tcp::TcpConnection& conn, const tcp::FrameHeader& h, tcp::PayloadSink& sink);
   void on_frame(tcp::TcpConnection& conn, const tcp::FrameHeader& h);
-  // Fails the recvs past their deadline (closing the lane of a message still streaming
-  // into one: only that stops its bytes).
+  // A notification from the peer (kNotify): held or handed to a recv_notify, and
+  // acknowledged at once (kNotifyAck), or refused when the held ones fill the budget.
+  void on_notification(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view bytes);
+  // A recv_notify; returns the deadline it now waits for (max: none).
+  Clock::time_point post_notify(std::shared_ptr<OpState> state, const OpLimit& limit);
+  // A peer was paired (`new_peer`: another one than before, whose held messages and
+  // notifications are dropped).
+  void paired(bool new_peer);
+  // Fails the recvs and recv_notifys past their deadline (closing the lane of a message
+  // still streaming into one: only that stops its bytes).
   void expire(Clock::time_point now);
   // The earliest deadline of a recv still waiting (max: none).
   Clock::time_point next_deadline() const;
-  // Forgets the messages held from a peer this endpoint is no longer paired with.
-  void drop_held();
   // The peer is gone: takes the recvs and the arriving message out. Held messages that
   // arrived whole stay deliverable (they were acknowledged), unless `shutting_down`.
   Dropped drop_all(bool shutting_down);
@@ -124,6 +132,9 @@ class MessageMatcher {
   std::shared_ptr<InboundMessage> current_msg_;  // message whose frames are arriving
   uint64_t unexpected_bytes_ = 0;
   std::weak_ptr<tcp::TcpConnection> paused_conn_;
+  // Notifications: held ones are bounded by unexpected_buffer_bytes, as messages are
+  // (each budget on its own, so that one kind cannot starve the other).
+  NotificationInbox notes_;
 };
 
 }  // namespace dlslime

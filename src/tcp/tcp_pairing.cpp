@@ -86,8 +86,9 @@ void Pairing::add_dialed(asio::ip::tcp::socket socket) {
 void Pairing::pair_with(uint64_t peer_id) {
   // Messages held from an earlier peer stay deliverable after it left (its sends were
   // acknowledged), but not to the recvs of a different peer's conversation.
-  if (previous_peer_id_ != 0 && previous_peer_id_ != peer_id) {
-    held_.drop_held();
+  const bool new_peer = previous_peer_id_ != 0 && previous_peer_id_ != peer_id;
+  held_.paired(new_peer);
+  if (new_peer) {
     remote_regions_.drop_all(
         fmt::format("was dropped: it was peer {:#x}'s, and peer {:#x} is connected now; register the new peer's "
                     "region again",

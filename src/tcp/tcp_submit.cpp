@@ -175,6 +175,14 @@ Future TcpEndpointImpl::submit(OpRequest req) {
     // frames are copied off the device before they go out, a recv's copied onto it.
     device = message_device(c, req.kind);
   }
+  if (req.kind == OpKind::kRecvNotify) {
+    NotifyWait wait;
+    wait.state = std::make_shared<OpState>(OpKind::kRecvNotify);
+    wait.limit = OpLimit::of(req.timeout, options_.recv_timeout, "recv_timeout");
+    Future f(wait.state);
+    hand_off(std::move(wait));
+    return f;
+  }
   if (req.kind == OpKind::kRecv) {
     PostedRecv recv;
     recv.state = std::make_shared<OpState>(OpKind::kRecv);
@@ -198,6 +206,8 @@ Future TcpEndpointImpl::submit(OpRequest req) {
   sub.op.slot = std::move(slot);
   if (req.kind == OpKind::kSend) {
     prepare_send(req, op_id, device, sub);
+  } else if (req.kind == OpKind::kSendNotify) {
+    prepare_notify(req, op_id, sub);
   } else if (Status error; !prepare_one_sided(req, op_id, sub, &error)) {
     return fail_now(req.kind, std::move(error));
   }
@@ -212,12 +222,16 @@ void TcpEndpointImpl::drain_handoffs() {
   handoffs_.drain(
       [this](Handoff& h) {
     auto* sub = std::get_if<Submission>(&h);
+    auto* wait = std::get_if<NotifyWait>(&h);
     if (shut_down_) {
-      (sub ? sub->op.state : std::get<PostedRecv>(h).state)->complete(Status::cancelled("the endpoint is shut down"));
+      (sub ? sub->op.state : wait ? wait->state : std::get<PostedRecv>(h).state)
+          ->complete(Status::cancelled("the endpoint is shut down"));
       return;
     }
     if (sub) {
       arm_sweeper(initiator_.start_op(*sub));
+    } else if (wait) {
+      arm_sweeper(matcher_.post_notify(std::move(wait->state), wait->limit));
     } else {
       auto& recv = std::get<PostedRecv>(h);
       const auto deadline = recv.limit.deadline();
@@ -286,6 +300,8 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
   if (is_read) {
     sub.op.reads.reserve(plan.pieces.size());
     sub.op.read_runs.assign(plan.pieces.size(), 0);
+  } else {
+    for (const Assignment& a : items) sub.op.nbytes += a.length;  // what the write reports moved
   }
   // Every lane's pieces go to the lanes' own mover today (the seam: another mover could
   // claim some of them here). The op completes once each claimed part is done.
@@ -298,6 +314,26 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
   }
   sub.op.state = std::make_shared<OpState>(req.kind);
   return true;
+}
+
+void TcpEndpointImpl::prepare_notify(const OpRequest& req, uint64_t op_id, Submission& sub) {
+  // One frame on lane 0, its bytes copied into it: the caller's string may go at once.
+  // The core's fence (Endpoint::order_notifications) submits it once the writes before it
+  // have completed, so the peer has their bytes in place when it arrives.
+  sub.op_id = op_id;
+  sub.op.limit = OpLimit::of(req.timeout, options_.op_timeout, "op_timeout");
+  sub.deadline = sub.op.limit.deadline();
+  sub.op.state = std::make_shared<OpState>(OpKind::kSendNotify);
+  const std::string& bytes = *req.notification;
+  WriteItem item(op_id);
+  FrameHeader h;
+  h.type = FrameType::kNotify;
+  h.op_id = op_id;
+  h.length = bytes.size();
+  h.flags = tcp::kFlagLast;
+  item.add_header(h);
+  item.add_copy(bytes.data(), bytes.size());
+  sub.items.emplace_back(0, std::move(item));
 }
 
 void TcpEndpointImpl::prepare_send(const OpRequest& req, uint64_t op_id, int device, Submission& sub) {

@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <chrono>
 #include <cstring>
@@ -227,13 +228,46 @@ std::vector<uint8_t> from_hex(const std::string& hex) {
   return out;
 }
 
+// What a recv_notify ended with (Side::recv_notify).
+struct NotifyResult {
+  int status = -1;    // -1: it did not end within 60 s
+  int in_place = -1;  // 1: the checked bytes were in place when it completed, 0: not, -1: not checked
+  std::string notification;
+  std::string message;
+};
+
+// A recv_notify on `ep`; the result's function waits for it (see Side::recv_notify).
+std::function<NotifyResult()> wait_notification(Endpoint& ep, std::chrono::milliseconds timeout, const Region* check,
+                                                size_t n, uint8_t seed) {
+  auto in_place = std::make_shared<std::atomic<int>>(-1);
+  Future f = ep.recv_notify(timeout);
+  if (check) {
+    f.on_complete([in_place, check, n, seed](const Future&) { *in_place = check->read(0, n) == pattern(n, seed); });
+  }
+  return [f, in_place, check] {
+    NotifyResult r;
+    r.status = f.wait_for(60s).value_or(-1);
+    if (r.status < 0) return r;
+    r.notification = f.notification();
+    r.message = f.message();
+    if (check) {
+      const auto deadline = std::chrono::steady_clock::now() + 60s;
+      while (*in_place < 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+      r.in_place = *in_place;
+    }
+    return r;
+  };
+}
+
 // --- the peer process ----------------------------------------------------------------------
 
 // The peer (this binary with --peer <transport>): one endpoint and its buffers. It prints
 // "ready" (or "error <why>"), then answers one line per command: "buffer <n>" -> "<id>
 // <addr>" (zeroed memory its endpoint registers), "write <id> <offset> <hex>", "read <id>
 // <offset> <n>" -> hex, "register <name> <addr> <offset> <length>" -> handle, "unregister
-// <name>", "info" -> endpoint_info as one line of JSON, "connect <json>", "shutdown";
+// <name>", "info" -> endpoint_info as one line of JSON, "connect <json>", "recv_notify
+// <timeout_ms> <buffer id or -1> <n> <seed>" -> "<status> <in_place> <hex or -> <message>"
+// (Side::recv_notify; it answers once the recv_notify has ended), "shutdown";
 // "ok" where nothing else is due, "error <why>" for a command that threw. Ends at EOF.
 int run_peer(const std::string& transport) {
   std::shared_ptr<Endpoint> ep;
@@ -282,6 +316,17 @@ int run_peer(const std::string& transport) {
         std::string info;
         std::getline(in >> std::ws, info);
         ep->connect(json::parse(info));
+      } else if (cmd == "recv_notify") {
+        int64_t timeout_ms = 0, id = -1;
+        size_t n = 0;
+        int seed = 0;
+        in >> timeout_ms >> id >> n >> seed;
+        const Region* check = id >= 0 ? buffers.at(static_cast<size_t>(id)).get() : nullptr;
+        const NotifyResult r =
+            wait_notification(*ep, std::chrono::milliseconds(timeout_ms), check, n, static_cast<uint8_t>(seed))();
+        const std::vector<uint8_t> note(r.notification.begin(), r.notification.end());
+        answer = std::to_string(r.status) + " " + std::to_string(r.in_place) + " " +
+                 (note.empty() ? std::string("-") : to_hex(note)) + " " + r.message;
       } else if (cmd == "shutdown") {
         ep->shutdown();
       } else {
@@ -303,6 +348,12 @@ int run_peer(const std::string& transport) {
 class Side {
  public:
   virtual ~Side() = default;
+  // Posts a recv_notify on this side's endpoint (with its own `timeout`) and returns what
+  // waits for its end. With `check`: whether check[0, n) held pattern(n, seed) at the
+  // moment it completed (in its continuation, before anything else could run). Call the
+  // result before this side's next command.
+  virtual std::function<NotifyResult()> recv_notify(std::chrono::milliseconds timeout, const Region* check = nullptr,
+                                                    size_t n = 0, uint8_t seed = 0) = 0;
   virtual std::unique_ptr<Region> buffer(size_t n) = 0;  // zeroed, of the kind its endpoint registers
   virtual int32_t register_memory_region(const std::string& name, const Region& r, uint64_t offset,
                                          uint64_t length) = 0;
@@ -325,6 +376,10 @@ class LocalSide final : public Side {
   void connect(const json& peer_info) override { ep_->connect(peer_info); }
   void shutdown() override { ep_->shutdown(); }
   Endpoint& endpoint() override { return *ep_; }
+  std::function<NotifyResult()> recv_notify(std::chrono::milliseconds timeout, const Region* check, size_t n,
+                                            uint8_t seed) override {
+    return wait_notification(*ep_, timeout, check, n, seed);
+  }
 
  private:
   std::shared_ptr<Endpoint> ep_;
@@ -363,13 +418,20 @@ class PeerSide final : public Side {
 
   // One command and its answer; throws with the peer's reason, or if it does not answer.
   std::string ask(const std::string& command) {
+    tell(command);
+    return answer(command);
+  }
+  // A command whose answer is read later (answer()), in order.
+  void tell(const std::string& command) {
     const std::string data = command + "\n";
     for (size_t done = 0; done < data.size();) {
       const ssize_t n = ::write(to_child_, data.data() + done, data.size() - done);
       if (n <= 0) throw std::runtime_error("the peer process is gone");
       done += static_cast<size_t>(n);
     }
-    auto answer = read_line(60s);
+  }
+  std::string answer(const std::string& command) {
+    auto answer = read_line(90s);
     if (!answer) throw std::runtime_error("the peer process did not answer '" + command.substr(0, 40) + "'");
     if (answer->rfind("error ", 0) == 0) throw std::runtime_error("peer: " + answer->substr(6));
     return *answer;
@@ -394,7 +456,28 @@ class PeerSide final : public Side {
   }
   Endpoint& endpoint() override {
     throw std::logic_error(transport_ + "'s peer process serves the region owner's calls only (register, fill, "
-                                        "read, info, connect, unregister, shutdown), not two-sided ops");
+                                        "read, info, connect, unregister, recv_notify, shutdown), not two-sided ops");
+  }
+  std::function<NotifyResult()> recv_notify(std::chrono::milliseconds timeout, const Region* check, size_t n,
+                                            uint8_t seed) override {
+    const auto* remote = dynamic_cast<const Remote*>(check);
+    if (check && !remote) throw std::logic_error("recv_notify checks a buffer of this peer only");
+    const std::string command = "recv_notify " + std::to_string(timeout.count()) + " " +
+                                std::to_string(remote ? int64_t(remote->id()) : -1) + " " + std::to_string(n) + " " +
+                                std::to_string(int(seed));
+    tell(command);
+    return [this, command] {
+      std::istringstream in(answer(command));
+      NotifyResult r;
+      std::string hex;
+      in >> r.status >> r.in_place >> hex;
+      if (hex != "-") {
+        const auto note = from_hex(hex);
+        r.notification.assign(note.begin(), note.end());
+      }
+      std::getline(in >> std::ws, r.message);
+      return r;
+    };
   }
 
   // SIGKILL, and waits until the kernel says it is gone.
@@ -409,6 +492,7 @@ class PeerSide final : public Side {
   class Remote final : public Region {
    public:
     Remote(PeerSide& peer, size_t id, uintptr_t addr, size_t size) : peer_(peer), id_(id), addr_(addr), size_(size) {}
+    size_t id() const { return id_; }
     uintptr_t addr() const override { return addr_; }
     size_t size() const override { return size_; }
     std::vector<uint8_t> read(size_t offset, size_t n) const override {
@@ -1411,11 +1495,199 @@ CONFORMANCE_TEST(APeerKilledWhileThisSideOnlyWaitsIsNoticedWithinABound, always,
   auto box = buffer(64);
   std::vector<Future> waiting{a_->recv({box->addr(), 0, box->size()})};
   if (caps_.supports(OpKind::kImmRecv)) waiting.push_back(a_->imm_recv());
+  if (caps_.supports(OpKind::kRecvNotify)) waiting.push_back(a_->recv_notify());
   peer.kill();
   const auto t0 = std::chrono::steady_clock::now();
   for (auto& f : waiting) EXPECT_EQ(status_within(f, 15s), code(StatusCode::kPeerClosed)) << f.message();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s) << "past the documented bound";
   EXPECT_TRUE(wait_until([&] { return !a_->is_connected(); })) << "the dead peer was not noticed";
+}
+
+// --- notifications (docs/api.md "Notifications") ------------------------------------------
+
+// A notification is received only once every byte of the write that carried it is in place
+// at the target: checked at the moment recv_notify completes (in its continuation, before
+// anything else can run), for writes from 1 B to 64 MiB.
+CONFORMANCE_TEST(ANotificationArrivesOnlyOnceItsWritesBytesAreInPlace, always, OpKind::kWrite,
+                 OpKind::kSendNotify) {
+  constexpr size_t kMax = 64u << 20;
+  auto src = buffer(kMax);
+  auto dst = b_->buffer(kMax);
+  const int32_t h_src = a_->register_memory_region("src", src->addr(), 0, kMax);
+  b_->register_memory_region("dst", *dst, 0, kMax);
+  connect();
+  const int32_t h_dst = remote("dst");
+  uint8_t seed = 1;
+  for (const size_t n : {size_t{1}, size_t{4096}, size_t{1} << 20, kMax}) {
+    src->write(0, pattern(n, seed));
+    auto received = b_->recv_notify(30s, dst.get(), n, seed);
+    const std::string note = "wrote " + std::to_string(n);
+    auto w = a_->write({{h_src, h_dst, 0, 0, n}}, {}, note);
+    ASSERT_EQ(status_within(w, 60s), 0) << n << ": " << w.message();
+    EXPECT_EQ(w.nbytes(), n);
+    const NotifyResult r = received();
+    ASSERT_EQ(r.status, 0) << n << ": " << r.message;
+    EXPECT_EQ(r.notification, note);
+    EXPECT_EQ(r.in_place, 1) << "the notification of a " << n << "-byte write arrived before its bytes";
+    ++seed;
+  }
+}
+
+// Each notification is received exactly once, in the order the peer sent them, whether its
+// recv_notify was posted before it arrived or after; send_notify alone orders after the
+// writes before it; and once all are taken, one more recv_notify times out.
+CONFORMANCE_TEST(NotificationsArriveExactlyOnceInOrder, always, OpKind::kWrite, OpKind::kSendNotify) {
+  constexpr size_t kItem = 256;
+  constexpr int kWrites = 100;
+  auto src = buffer(kItem * kWrites);
+  auto dst = b_->buffer(kItem * kWrites);
+  const int32_t h_src = a_->register_memory_region("src", src->addr(), 0, src->size());
+  b_->register_memory_region("dst", *dst, 0, dst->size());
+  connect();
+  const int32_t h_dst = remote("dst");
+  src->write(0, pattern(src->size(), 9));
+  std::vector<std::function<NotifyResult()>> early;  // posted before anything was sent
+  for (int i = 0; i < 20; ++i) early.push_back(b_->recv_notify(30s));
+  std::vector<Future> sent;
+  std::vector<std::string> order;
+  for (int i = 0; i < kWrites; ++i) {
+    const std::string note = "w" + std::to_string(i);
+    sent.push_back(a_->write({{h_src, h_dst, uint64_t(i) * kItem, uint64_t(i) * kItem, kItem}}, {}, note));
+    order.push_back(note);
+    if (i % 10 == 9) {
+      const std::string alone = "n" + std::to_string(i);
+      sent.push_back(a_->send_notify(alone));
+      order.push_back(alone);
+    }
+  }
+  for (auto& f : sent) ASSERT_EQ(status_within(f), 0) << f.message();
+  std::vector<std::string> got;
+  for (auto& wait : early) {
+    const NotifyResult r = wait();
+    ASSERT_EQ(r.status, 0) << r.message;
+    got.push_back(r.notification);
+  }
+  while (got.size() < order.size()) {
+    const NotifyResult r = b_->recv_notify(10s)();
+    ASSERT_EQ(r.status, 0) << r.message;
+    got.push_back(r.notification);
+  }
+  EXPECT_EQ(got, order);
+  EXPECT_EQ(dst->bytes(), src->bytes());
+  EXPECT_EQ(b_->recv_notify(200ms)().status, code(StatusCode::kTimeout)) << "a notification was delivered twice";
+}
+
+// A timed-out recv_notify takes nothing: the notification that arrives later goes to the
+// next one.
+CONFORMANCE_TEST(ATimedOutRecvNotifyTakesNothing, always, OpKind::kSendNotify) {
+  connect();
+  const NotifyResult late = b_->recv_notify(150ms)();
+  EXPECT_EQ(late.status, code(StatusCode::kTimeout)) << late.message;
+  EXPECT_NE(late.message.find("its timeout"), std::string::npos) << late.message;
+  EXPECT_TRUE(late.notification.empty());
+  ASSERT_EQ(status_within(a_->send_notify("after the timeout")), 0);
+  const NotifyResult next = b_->recv_notify(10s)();
+  ASSERT_EQ(next.status, 0) << next.message;
+  EXPECT_EQ(next.notification, "after the timeout");
+}
+
+// Notifications are at most 4 KiB: a larger one is refused before anything is sent, and
+// the limit itself goes through, byte-exact (binary bytes included); an empty one is one.
+CONFORMANCE_TEST(ANotificationOver4KiBIsInvalidAndOneOf4KiBArrivesWhole, always, OpKind::kWrite,
+                 OpKind::kSendNotify) {
+  auto src = buffer(64);
+  auto dst = b_->buffer(64);
+  const int32_t h_src = a_->register_memory_region("src", src->addr(), 0, 64);
+  b_->register_memory_region("dst", *dst, 0, 64);
+  connect();
+  const int32_t h_dst = remote("dst");
+  const std::string too_big(OpRequest::kMaxNotificationBytes + 1, 'x');
+  EXPECT_THROW(a_->send_notify(too_big), InvalidArgumentError);
+  EXPECT_THROW(a_->write({{h_src, h_dst, 0, 0, 64}}, {}, too_big), InvalidArgumentError);
+  std::string limit(OpRequest::kMaxNotificationBytes, '\0');
+  for (size_t i = 0; i < limit.size(); ++i) limit[i] = static_cast<char>(i * 7);
+  ASSERT_EQ(status_within(a_->write({{h_src, h_dst, 0, 0, 64}}, {}, limit)), 0);
+  ASSERT_EQ(status_within(a_->send_notify("")), 0);
+  const NotifyResult first = b_->recv_notify(10s)();
+  ASSERT_EQ(first.status, 0) << first.message;
+  EXPECT_EQ(first.notification, limit);
+  const NotifyResult second = b_->recv_notify(10s)();
+  ASSERT_EQ(second.status, 0) << second.message;
+  EXPECT_EQ(second.notification, "");
+}
+
+// Unclaimed notifications are held within a budget: a peer that keeps sending while
+// nobody receives is refused (BATCH_OVERFLOW, its op fails) instead of growing the
+// receiver's memory, and what was accepted is all delivered, in order, afterwards.
+CONFORMANCE_TEST(AFloodOfUnclaimedNotificationsIsRefusedAndNothingAcceptedIsLost, always, OpKind::kSendNotify) {
+  connect();
+  const std::string payload(OpRequest::kMaxNotificationBytes, 'f');
+  int accepted = 0;
+  Future refused;
+  for (int i = 0; i < 100000 && !refused.valid(); ++i) {
+    const std::string tag = std::to_string(i);
+    auto f = a_->send_notify(tag + payload.substr(tag.size()));
+    ASSERT_NE(status_within(f), -1);
+    if (f.status() == 0) {
+      ++accepted;
+    } else {
+      refused = f;
+    }
+  }
+  ASSERT_TRUE(refused.valid()) << "100000 unclaimed 4 KiB notifications were all held";
+  EXPECT_EQ(refused.status(), code(StatusCode::kBatchOverflow)) << refused.message();
+  EXPECT_NE(refused.message().find("budget"), std::string::npos) << refused.message();
+  EXPECT_TRUE(a_->is_connected());
+  for (int i = 0; i < accepted; ++i) {
+    const NotifyResult r = b_->recv_notify(10s)();
+    ASSERT_EQ(r.status, 0) << r.message;
+    ASSERT_EQ(r.notification.substr(0, std::to_string(i).size()), std::to_string(i));
+  }
+  ASSERT_EQ(status_within(a_->send_notify("room again")), 0);
+  const NotifyResult again = b_->recv_notify(10s)();
+  ASSERT_EQ(again.status, 0) << again.message;
+  EXPECT_EQ(again.notification, "room again");
+}
+
+// A peer that dies while this side only waits for a notification is noticed within a
+// bound on every transport (TCP: EOF, RDMA: keepalive, NVLink: its channel's EOF and the
+// pidfd), and a fresh peer is then accepted at once: no op has to fail first.
+CONFORMANCE_TEST(APeerKilledWhileOnlyARecvNotifyWaitsIsNoticedAndAFreshPeerIsAccepted, always, OpKind::kWrite,
+                 OpKind::kSendNotify) {
+  auto local = buffer(4096);
+  const int32_t h_local = a_->register_memory_region("local", local->addr(), 0, local->size());
+  {
+    PeerSide peer(GetParam());
+    auto region = peer.buffer(4096);
+    peer.register_memory_region("peer", *region, 0, 4096);
+    const json peer_info = peer.endpoint_info();
+    a_->connect(peer_info);
+    peer.connect(a_->endpoint_info());
+    const int32_t h_peer = a_->register_remote_memory_region("peer", peer_info["mr_info"]["peer"]);
+    auto w = a_->write({{h_local, h_peer, 0, 0, 4096}});  // the peer has answered once
+    ASSERT_EQ(status_within(w), 0) << w.message();
+    auto waiting = a_->recv_notify();
+    peer.kill();
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(status_within(waiting, 15s), code(StatusCode::kPeerClosed)) << waiting.message();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s) << "past the documented bound";
+    EXPECT_TRUE(wait_until([&] { return !a_->is_connected(); })) << "the dead peer was not noticed";
+  }
+  PeerSide fresh(GetParam());
+  auto region = fresh.buffer(4096);
+  fresh.register_memory_region("fresh", *region, 0, 4096);
+  const json fresh_info = fresh.endpoint_info();
+  a_->connect(fresh_info);
+  fresh.connect(a_->endpoint_info());
+  const int32_t h_fresh = a_->register_remote_memory_region("fresh", fresh_info["mr_info"]["fresh"]);
+  local->write(0, pattern(4096, 3));
+  auto received = fresh.recv_notify(10s, region.get(), 4096, 3);
+  auto w = a_->write({{h_local, h_fresh, 0, 0, 4096}}, {}, "to the fresh peer");
+  ASSERT_EQ(status_within(w), 0) << w.message();
+  const NotifyResult r = received();
+  ASSERT_EQ(r.status, 0) << r.message;
+  EXPECT_EQ(r.notification, "to the fresh peer");
+  EXPECT_EQ(r.in_place, 1);
 }
 
 }  // namespace

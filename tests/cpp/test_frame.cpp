@@ -92,12 +92,26 @@ TEST(Frame, RejectsWrongMagic) {
 }
 
 TEST(Frame, RejectsUnknownType) {
-  for (uint8_t type : {uint8_t{0}, uint8_t{8}, uint8_t{200}}) {
+  for (uint8_t type : {uint8_t{0}, uint8_t{10}, uint8_t{200}}) {
     auto raw = encode(sample(FrameType::kWriteData));
     raw[2] = type;
     FrameHeader out;
     EXPECT_EQ(parse_frame_header(raw.data(), &out).code(), StatusCode::kUnknownOpcode) << int(type);
   }
+}
+
+// A notification carries at most 4 KiB (OpRequest::kMaxNotificationBytes); its ack, error
+// text at most.
+TEST(Frame, BoundsNotificationsAndTheirAcks) {
+  auto h = sample(FrameType::kNotify);
+  h.length = 4096;
+  FrameHeader out;
+  EXPECT_TRUE(parse_frame_header(encode(h).data(), &out).is_ok());
+  h.length = 4097;
+  EXPECT_EQ(parse_frame_header(encode(h).data(), &out).code(), StatusCode::kProtocolError);
+  auto ack = sample(FrameType::kNotifyAck);
+  ack.length = tcp::kMaxErrorText + 1;
+  EXPECT_EQ(parse_frame_header(encode(ack).data(), &out).code(), StatusCode::kProtocolError);
 }
 
 TEST(Frame, RejectsUnknownFlags) {

@@ -125,7 +125,8 @@ def capabilities_of(transport):
 
 
 CAPABILITY_OF = {"read": "read", "write": "write", "send": "send_recv", "recv": "send_recv",
-                 "write_with_imm": "write_with_imm", "imm_recv": "imm_recv"}
+                 "write_with_imm": "write_with_imm", "imm_recv": "imm_recv", "send_notify": "notify",
+                 "recv_notify": "notify"}
 
 
 def transports_with(*ops):
@@ -526,11 +527,110 @@ def test_ops_the_capabilities_exclude_raise_not_implemented(pair, transport, new
         "send": lambda: a.send((box.ptr, 0, 16)),
         "recv": lambda: a.recv((box.ptr, 0, 16)),
         "imm_recv": lambda: a.imm_recv(),
+        "send_notify": lambda: a.send_notify(b"x"),
+        "recv_notify": lambda: a.recv_notify(),
     }
     for op, call in calls.items():
         if not caps[CAPABILITY_OF[op]]:
             with pytest.raises(NotImplementedError):
                 call()
+
+
+# --- notifications (docs/api.md "Notifications") ---------------------------------------
+
+
+# The check runs in the receiver's continuation, so the receiver is in this process (the C++
+# suite checks nvlink's peer process the same way, in that process).
+@over("write", "send_notify", where=lambda t: not peer_in_another_process(t))
+@pytest.mark.parametrize("size", [1, 4096, 1 << 20, 64 << 20])
+def test_a_notification_arrives_only_once_its_writes_bytes_are_in_place(pair, new_buffer, size):
+    """Checked at the moment recv_notify completes (its continuation runs before anything
+    else can), for writes from 1 B to 64 MiB."""
+    a, b = pair
+    data = os.urandom(size)
+    src, dst = new_buffer(a, size, data), new_buffer(b, size)
+    h_src = a.register_memory_region("src", src.ptr, 0, size)
+    b.register_memory_region("dst", dst.ptr, 0, size)
+    connect(a, b)
+    h_dst = remote(a, b, "dst")
+    in_place = []
+    got = b.recv_notify(timeout_ms=60_000)
+    got.on_complete(lambda f: in_place.append(contents(dst) == data))
+    w = a.write([(h_src, h_dst, 0, 0, size)], notify=f"wrote {size}".encode())
+    assert w.wait_for(60) == OK, w.message
+    assert got.wait_for(60) == OK, got.message
+    assert got.notification() == f"wrote {size}".encode()
+    wait_until(lambda: in_place, what="the recv_notify continuation")
+    assert in_place == [True], f"the notification of a {size}-byte write arrived before its bytes"
+
+
+@over("write", "send_notify")
+def test_notifications_arrive_exactly_once_in_order(pair, new_buffer):
+    a, b = pair
+    src, dst = new_buffer(a, 100 * 64, b"\x05"), new_buffer(b, 100 * 64)
+    h_src = a.register_memory_region("src", src.ptr, 0, 100 * 64)
+    b.register_memory_region("dst", dst.ptr, 0, 100 * 64)
+    connect(a, b)
+    h_dst = remote(a, b, "dst")
+    early = [b.recv_notify(timeout_ms=30_000) for _ in range(10)]  # posted before any arrived
+    order, sent = [], []
+    for i in range(100):
+        sent.append(a.write([(h_src, h_dst, i * 64, i * 64, 64)], notify=b"w%d" % i))
+        order.append(b"w%d" % i)
+        if i % 10 == 9:
+            sent.append(a.send_notify(b"n%d" % i))
+            order.append(b"n%d" % i)
+    for f in sent:
+        assert f.wait_for(DEADLINE) == OK, f.message
+    got = []
+    for f in early:
+        assert f.wait_for(DEADLINE) == OK, f.message
+        got.append(f.notification())
+    while len(got) < len(order):
+        f = b.recv_notify(timeout_ms=10_000)
+        assert f.wait_for(DEADLINE) == OK, f.message
+        got.append(f.notification())
+    assert got == order
+    assert contents(dst) == contents(src)
+    extra = b.recv_notify(timeout_ms=200)
+    assert extra.wait_for(DEADLINE) == TIMEOUT, "a notification was delivered twice"
+
+
+@over("send_notify")
+def test_a_timed_out_recv_notify_takes_nothing(pair):
+    a, b = pair
+    connect(a, b)
+    late = b.recv_notify(timeout_ms=150)
+    assert late.wait_for(DEADLINE) == TIMEOUT, late.message
+    assert late.notification() == b""
+    assert a.send_notify(bytearray(b"after the timeout")).wait_for(DEADLINE) == OK
+    nxt = b.recv_notify(timeout_ms=10_000)
+    assert nxt.wait_for(DEADLINE) == OK, nxt.message
+    assert nxt.notification() == b"after the timeout"
+
+
+@over("write", "send_notify")
+def test_notification_arguments_are_checked(pair, new_buffer):
+    a, b = pair
+    src, dst = new_buffer(a, 64), new_buffer(b, 64)
+    h_src = a.register_memory_region("src", src.ptr, 0, 64)
+    b.register_memory_region("dst", dst.ptr, 0, 64)
+    connect(a, b)
+    h_dst = remote(a, b, "dst")
+    with pytest.raises(ValueError, match="4096"):
+        a.send_notify(bytes(4097))
+    with pytest.raises(ValueError, match="4096"):
+        a.write([(h_src, h_dst, 0, 0, 64)], notify=bytes(4097))
+    with pytest.raises(TypeError, match="notify"):
+        a.write([(h_src, h_dst, 0, 0, 64)], notify="a str")
+    with pytest.raises(TypeError, match="data"):
+        a.send_notify(None)
+    with pytest.raises(TypeError, match="notify"):
+        a.read([(h_src, h_dst, 0, 0, 64)], notify=b"x")
+    limit = bytes(range(256)) * 16
+    assert a.write([(h_src, h_dst, 0, 0, 64)], notify=memoryview(limit)).wait_for(DEADLINE) == OK
+    got = b.recv_notify(timeout_ms=10_000)
+    assert got.wait_for(DEADLINE) == OK and got.notification() == limit
 
 
 # --- unregister during traffic ---------------------------------------------------------

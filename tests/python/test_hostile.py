@@ -38,7 +38,7 @@ AUTHENTICATION_FAILED = 414
 BATCH_OVERFLOW = 400
 
 # Frame types (docs/tcp.md).
-WRITE_DATA, WRITE_ACK, READ_REQUEST, READ_DATA, SEND_DATA, SEND_ACK, GOODBYE = range(1, 8)
+WRITE_DATA, WRITE_ACK, READ_REQUEST, READ_DATA, SEND_DATA, SEND_ACK, GOODBYE, NOTIFY, NOTIFY_ACK = range(1, 10)
 LAST = 0x1
 HEADER = 40
 REGION = 4096
@@ -397,7 +397,7 @@ def test_hello_flood_from_many_senders_pairs_with_the_first_only(server):
     "data",
     [
         write_frame([(1, 0, 4)], magic=0x0000),
-        frame(9),  # unknown frame type
+        frame(10),  # unknown frame type
         frame(0),
         write_frame([(1, 0, 4)], flags=0x80),  # unknown flags
         write_frame([(1, 0, 0)], data=b"", length=PIECE + MAX_PAYLOAD + 1),  # D > 64 MiB per frame
@@ -420,13 +420,15 @@ def test_hello_flood_from_many_senders_pairs_with_the_first_only(server):
         frame(READ_DATA, offset=0, length=4) + b"none",  # an answer for 0 pieces
         frame(READ_DATA, offset=MAX_PIECES + 1, length=4) + b"many",
         frame(SEND_DATA, flags=0, offset=4, length=4) + b"oops",  # message without its start
+        frame(NOTIFY, length=4097) + bytes(4097),  # a notification over 4 KiB
+        frame(NOTIFY_ACK, status=400, length=1025),  # its ack's error text > 1 KiB
         bytes(random.Random(2).randrange(256) for _ in range(4096)),
     ],
-    ids=["magic", "type9", "type0", "flags", "write-64MiB+1", "write-1TiB", "write-2^64", "write-0-pieces",
+    ids=["magic", "type10", "type0", "flags", "write-64MiB+1", "write-1TiB", "write-2^64", "write-0-pieces",
          "write-0-pieces-24", "write-1025-pieces", "write-2^64-pieces", "write-length-below-list",
          "write-1024-length-below-list", "send-2^64", "read-list-64MiB+1",
          "read-list-empty", "read-list-25", "read-list-1025-pieces", "ack-text", "send-ack-1GiB", "read-data-text",
-         "read-data-0-pieces", "read-data-1025-pieces", "send-offset", "random"],
+         "read-data-0-pieces", "read-data-1025-pieces", "send-offset", "notify-4097", "notify-ack-text", "random"],
 )
 def test_corrupt_stream_closes_that_connection(server, data):
     rss0 = rss_bytes()
@@ -900,6 +902,34 @@ def test_unmatched_message_flood_is_bounded_by_flow_control():
         assert sent < 64 << 20, f"{sent} bytes were taken without a recv posted"
         assert rss_bytes() - rss0 < (48 << 20) + RSS_SLACK
         c.close()
+    finally:
+        s.shutdown()
+
+
+def test_unclaimed_notification_flood_is_refused_within_the_budget():
+    """Notifications nobody receives are held up to unexpected_buffer_bytes (each costs its
+    bytes plus 256); past it each one is refused (NOTIFY_ACK with BATCH_OVERFLOW) and the
+    connection lives: memory stays bounded, nothing accepted is lost."""
+    s = Server(unexpected_buffer_bytes=1 << 20)
+    try:
+        rss0 = rss_bytes()
+        c = paired_raw(s)
+        note = b"n" * 4096
+        statuses = []
+        for i in range(2000):  # 8 MiB, if nothing refused it
+            c.send(frame(NOTIFY, op_id=i + 1, length=len(note)) + note)
+            ack, text = c.recv_frame()
+            assert ack["type"] == NOTIFY_ACK and ack["op_id"] == i + 1, ack
+            statuses.append(ack["status"])
+        accepted = statuses.count(OK)
+        assert accepted == (1 << 20) // (4096 + 256), statuses[:5]
+        assert set(statuses[accepted:]) == {BATCH_OVERFLOW}
+        assert b"budget" in text
+        assert rss_bytes() - rss0 < (16 << 20) + RSS_SLACK
+        got = [s.ep.recv_notify(timeout_ms=5000) for _ in range(accepted)]
+        assert all(f.wait_for(10) == OK and f.notification() == note for f in got)
+        leave(c)
+        assert s.serves_a_legit_peer()
     finally:
         s.shutdown()
 

@@ -149,10 +149,50 @@ def test_imm_operations_raise_not_implemented_on_tcp(ctrl_url, unique):
     conn = agent_a.connect_to(f"tcp_b_{unique}", transport="tcp")
     agent_b.connect_to(f"tcp_a_{unique}", transport="tcp")
     conn.wait(10)
-    with pytest.raises(NotImplementedError):
+    # The error points at the completion signal TCP has: notifications.
+    with pytest.raises(NotImplementedError, match="notify"):
         agent_a.write_with_imm(f"tcp_b_{unique}", [(0, 0, 0, 0, 8)], 1)
     with pytest.raises(NotImplementedError):
         agent_a.imm_recv(f"tcp_b_{unique}")
+    agent_a.shutdown()
+    agent_b.shutdown()
+
+
+def test_notifications_through_the_agent_follow_the_writes_they_ride_on(ctrl_url, unique):
+    # Issue 24, "Notifications": PeerAgent has write(notify=), send_notify and recv_notify,
+    # peer alias first; a named write resolved again still delivers its notification once.
+    agent_a, agent_b = agent_pair(ctrl_url, unique)
+    a, b = f"tcp_a_{unique}", f"tcp_b_{unique}"
+    kv_a, kv_b = Buffer(4096, b"n"), Buffer(4096)
+    agent_a.register_memory_region("kv", kv_a.addr, 0, 4096)
+    agent_b.register_memory_region("kv", kv_b.addr, 0, 4096)
+    conn = agent_a.connect_to(b, transport="tcp")
+    agent_b.connect_to(a, transport="tcp").wait(10)
+    conn.wait(10)
+    seen = []
+    got = agent_b.recv_notify(a, timeout_ms=10_000)
+    got.on_complete(lambda f: seen.append(kv_b.bytes(0, 4096)))
+    assert agent_a.write(b, [("kv", 0, 0, 4096)], notify=b"layer-0").wait_for(10) == OK
+    assert got.wait_for(10) == OK, got.message
+    assert got.notification() == b"layer-0"
+    wait_until(lambda: seen, what="the recv_notify continuation")
+    assert seen[0] == kv_a.bytes(0, 4096), "the notification arrived before the bytes"
+    # The peer registers "kv" again (a new handle): the named write resolves again, and
+    # its notification arrives once.
+    kv_b2 = Buffer(4096)
+    agent_b.register_memory_region("kv", kv_b2.addr, 0, 4096)
+    assert agent_a.write(b, [("kv", 0, 0, 4096)], notify=b"layer-1").wait_for(10) == OK
+    assert agent_a.send_notify(b, b"done").wait_for(10) == OK
+    first, second = agent_b.recv_notify(a, timeout_ms=10_000), agent_b.recv_notify(a, timeout_ms=10_000)
+    assert first.wait_for(10) == OK and first.notification() == b"layer-1"
+    assert kv_b2.bytes(0, 4096) == kv_a.bytes(0, 4096)
+    assert second.wait_for(10) == OK and second.notification() == b"done"
+    extra = agent_b.recv_notify(a, timeout_ms=200)
+    assert extra.wait_for(10) == TIMEOUT, "a notification was delivered twice"
+    with pytest.raises(ValueError, match="4096"):
+        agent_a.send_notify(b, bytes(4097))
+    with pytest.raises(TypeError, match="notify"):
+        agent_a.write(b, [("kv", 0, 0, 8)], notify="text")
     agent_a.shutdown()
     agent_b.shutdown()
 
