@@ -221,6 +221,27 @@ TEST(FaultyEndpoint, DelayedOpReachesTheInnerEndpointLaterWithItsResult) {
   EXPECT_EQ(d.plan->counts().delayed, 1u);
 }
 
+// Future::cancel of a held op withdraws it before it reaches the inner endpoint; once
+// forwarded, cancel is the inner op's (the recording endpoint's cannot be withdrawn).
+TEST(FaultyEndpoint, CancelWithdrawsAHeldOpAndForwardsToTheInnerOpOnceItWentThrough) {
+  Decorated d;
+  d.plan->add(FaultRule::delay_ops(OpKind::kWrite, 50ms, 1));
+  d.plan->add(FaultRule::delay_ops(OpKind::kRead, 100ms, 1));
+  Future held = d.ep->write(kItem);
+  Future later = d.ep->read(kItem);  // released after the write would have been
+  ASSERT_TRUE(held.cancel());
+  EXPECT_EQ(held.status(), code(StatusCode::kCancelled));
+  EXPECT_NE(held.message().find("cancelled by the user"), std::string::npos) << held.message();
+  ASSERT_TRUE(wait_until([&] { return d.inner->ops_seen() == 1; }, 5s)) << "the later op never went through";
+  EXPECT_EQ(d.inner->kinds_seen(), std::vector<OpKind>{OpKind::kRead})
+      << "the cancelled write reached the inner endpoint";
+  EXPECT_FALSE(later.cancel()) << "the inner op cannot be withdrawn, so neither can its wrapper";
+  EXPECT_FALSE(later.done());
+  d.inner->complete_all(Status::ok(), 8);
+  ASSERT_EQ(later.wait_for(5s), std::optional<int>(0));
+  EXPECT_FALSE(held.cancel());
+}
+
 TEST(FaultyEndpoint, ThePlanCanChangeWhileOpsRun) {
   Decorated d;
   Future before = d.ep->write(kItem);  // passes
