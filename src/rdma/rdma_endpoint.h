@@ -76,7 +76,7 @@ class RdmaEndpointImpl final : public RegionRevoker,
   void revoke_region(const RegionLifetime& lifetime) override;
   bool on_own_thread() const override;
 
-  // OpCanceller (Future::cancel, docs/rdma.md "Cancellation"): under mu_, withdraws what the
+  // OpCanceller (Future::cancel, docs/api.md "Cancellation"): under mu_, withdraws what the
   // NIC has not seen: a posted recv or imm_recv still waiting, a send still behind the
   // credit, a one-sided op none of whose WRs has been posted (all of them beyond the send
   // queue's depth). A WR posted to a QP cannot be taken back: false for those.
