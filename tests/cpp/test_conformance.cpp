@@ -94,6 +94,17 @@ json queueing_options(const std::string& transport) {
   if (transport == "rdma") o["max_recv_wr"] = 8;
   return o;
 }
+// Options for the cancels among many ops (CancelsAmongManyOps...): rdma, a send queue of
+// four WRs of 64 KiB, so that most ops wait in the software queue, where they can be
+// withdrawn, and some are on the NIC, where they cannot.
+json cancel_soak_options(const std::string& transport) {
+  json o = transport_options(transport);
+  if (transport == "rdma") {
+    o["max_send_wr"] = 4;
+    o["chunk_size"] = 65536;
+  }
+  return o;
+}
 // Whether a send queued so is withdrawn by Future::cancel.
 bool withdraws_queued_sends(const std::string& transport) { return transport == "tcp" || transport == "rdma"; }
 // Whether cancel() ends a read whose request may be out already (tcp: its answer is
@@ -1237,6 +1248,87 @@ CONFORMANCE_TEST(AWriteCancelledInFlightNeverReadsItsBufferAgain, always, OpKind
       EXPECT_TRUE(all_are(dst->bytes(), 0x11));
     }
   }
+}
+
+// Cancels among many ops in flight at once, in both directions of one-sided traffic: every
+// op that was not withdrawn succeeds byte for byte, every withdrawn one never touches its
+// buffer after cancel() returned true, and the connection keeps serving.
+CONFORMANCE_TEST(CancelsAmongManyOpsInFlightKeepEveryOtherOpExactAndTheConnection, always, OpKind::kWrite,
+                 OpKind::kRead) {
+  if (!peer_in_another_process(GetParam())) {
+    a_ = make_endpoint(GetParam(), cancel_soak_options(GetParam()));
+    b_ = std::make_unique<LocalSide>(make_endpoint(GetParam(), cancel_soak_options(GetParam())));
+  }
+  constexpr size_t slice = 256 << 10, ops = 16, size = slice * ops;
+  auto src = buffer(size), back = buffer(size);
+  auto dst = b_->buffer(size), remote_src = b_->buffer(size);
+  auto value = [](size_t k) { return static_cast<uint8_t>(k % 200 + 1); };  // never 0 or the poison
+  std::vector<uint8_t> remote_bytes(size);
+  for (size_t k = 0; k < ops; ++k) std::fill_n(remote_bytes.begin() + k * slice, slice, value(k + 7));
+  remote_src->write(0, remote_bytes);
+  const int32_t h_src = a_->register_memory_region("src", src->addr(), 0, size);
+  const int32_t h_back = a_->register_memory_region("back", back->addr(), 0, size);
+  b_->register_memory_region("dst", *dst, 0, size);
+  b_->register_memory_region("rsrc", *remote_src, 0, size);
+  connect();
+  const int32_t h_dst = remote("dst"), h_rsrc = remote("rsrc");
+  constexpr uint8_t kPoison = 0xEE;
+  int withdrawn = 0;
+  for (int round = 0; round < 4; ++round) {
+    SCOPED_TRACE(::testing::Message() << "round " << round);
+    std::vector<uint8_t> src_bytes(size);
+    for (size_t k = 0; k < ops; ++k) std::fill_n(src_bytes.begin() + k * slice, slice, value(k + round));
+    src->write(0, src_bytes);
+    dst->fill(0);
+    back->fill(0);
+    std::vector<Future> writes, reads;
+    for (size_t k = 0; k < ops; ++k) {
+      writes.push_back(a_->write({{h_src, h_dst, k * slice, k * slice, slice}}));
+      reads.push_back(a_->read({{h_back, h_rsrc, k * slice, k * slice, slice}}));
+    }
+    std::vector<bool> write_cancelled(ops, false), read_cancelled(ops, false);
+    for (size_t k = 0; k < ops; k += 3) {
+      if (writes[k].cancel()) {
+        write_cancelled[k] = true;
+        src->write(k * slice, std::vector<uint8_t>(slice, kPoison));
+      }
+      if (reads[k].cancel()) {
+        read_cancelled[k] = true;
+        back->write(k * slice, std::vector<uint8_t>(slice, kPoison));
+      }
+    }
+    withdrawn += static_cast<int>(std::count(write_cancelled.begin(), write_cancelled.end(), true) +
+                                  std::count(read_cancelled.begin(), read_cancelled.end(), true));
+    for (size_t k = 0; k < ops; ++k) {
+      const int ws = status_within(writes[k]), rs = status_within(reads[k]);
+      EXPECT_EQ(ws, code(write_cancelled[k] ? StatusCode::kCancelled : StatusCode::kSuccess)) << k << ": "
+                                                                                               << writes[k].message();
+      EXPECT_EQ(rs, code(read_cancelled[k] ? StatusCode::kCancelled : StatusCode::kSuccess)) << k << ": "
+                                                                                              << reads[k].message();
+    }
+    // Later ops on every lane: late answers to the cancelled reads have arrived by then.
+    std::vector<Future> barrier;
+    for (int i = 0; i < 4; ++i) barrier.push_back(a_->read({{h_back, h_rsrc, size - 64, size - 64, 64}}));
+    for (auto& f : barrier) ASSERT_EQ(status_within(f), 0) << f.message();
+    const auto landed = dst->bytes(), read_back = back->bytes();
+    for (size_t k = 0; k < ops; ++k) {
+      const auto begin = landed.begin() + static_cast<ptrdiff_t>(k * slice);
+      if (write_cancelled[k]) {
+        EXPECT_TRUE(std::all_of(begin, begin + slice, [&](uint8_t x) { return x == 0 || x == value(k + round); }))
+            << "write " << k << " read its source after cancel() returned true";
+      } else {
+        EXPECT_TRUE(std::all_of(begin, begin + slice, [&](uint8_t x) { return x == value(k + round); }))
+            << "write " << k;
+      }
+      const auto rbegin = read_back.begin() + static_cast<ptrdiff_t>(k * slice);
+      const size_t checked = k + 1 == ops ? slice - 64 : slice;  // the barrier reads the last 64 bytes
+      const uint8_t want = read_cancelled[k] ? kPoison : value(k + 7);
+      EXPECT_TRUE(std::all_of(rbegin, rbegin + checked, [&](uint8_t x) { return x == want; }))
+          << "read " << k << (read_cancelled[k] ? " wrote its buffer after cancel() returned true" : "");
+    }
+  }
+  RecordProperty("withdrawn", withdrawn);
+  EXPECT_TRUE(a_->is_connected());
 }
 
 // cancel() from a continuation, which runs on the transport's own thread: no deadlock
