@@ -408,6 +408,34 @@ TEST(PeerAgentFaults, ADroppedOpFailsWithinItsDeadlineAndTheNextOneWorks) {
   EXPECT_EQ(p.dst, p.src);
 }
 
+// The agent's named write wraps the endpoint's op: Future::cancel goes through to it. Held
+// by the fault plan (queued, never sent), it is withdrawn and moves no byte; a recv the
+// agent posts is the endpoint's own op, withdrawn by the transport.
+TEST(PeerAgentFaults, CancelOfANamedOpReachesTheEndpointsOp) {
+  AgentPair p("pcx");
+  p.connect_both();
+  p.plan->add(FaultRule::delay_ops(OpKind::kWrite, 200ms, 1));
+  p.plan->add(FaultRule::delay_ops(OpKind::kRead, 400ms, 1));
+  auto w = p.named_write();
+  ASSERT_TRUE(w.cancel()) << "a held write must be withdrawn through the agent's future";
+  EXPECT_EQ(w.status(), code(StatusCode::kCancelled)) << w.message();
+  EXPECT_NE(w.message().find("cancelled by the user"), std::string::npos) << w.message();
+  // A later delayed op goes through after the cancelled write would have: by then the
+  // write would have landed, had it not been withdrawn.
+  std::vector<uint8_t> back(16, 0);
+  p.a.register_memory_region("back", addr_of(back), 0, back.size());
+  auto r = p.a.read(p.b.alias(), std::vector<NamedAssignment>{{"back", "dst", 0, 0, back.size()}});
+  ASSERT_EQ(r.wait_for(10s), std::optional<int>(0)) << r.message();
+  EXPECT_EQ(p.dst, std::vector<uint8_t>(4096, 0)) << "the cancelled write moved bytes";
+  std::vector<uint8_t> inbox(16, 0xAA);
+  auto rv = p.b.recv(p.a.alias(), {addr_of(inbox), 0, inbox.size()});
+  ASSERT_TRUE(rv.cancel());
+  EXPECT_EQ(rv.status(), code(StatusCode::kCancelled)) << rv.message();
+  auto ok = p.named_write();
+  ASSERT_EQ(ok.wait_for(10s), std::optional<int>(0)) << ok.message();
+  EXPECT_EQ(p.dst, p.src);
+}
+
 TEST(PeerAgentFaults, AFailedWriteSurfacesItsStatusThroughPeerAgentWrite) {
   AgentPair p("pff");
   p.connect_both();
