@@ -94,11 +94,13 @@ void let_a_flush(TcpEndpoint& a) {
 }
 
 TEST(TcpCancel, AReadWhoseTargetIsSlowIsCancelledAfterItsRequestIsOutAndItsLateAnswerNeverLands) {
+  // The memory outlives the endpoints (declared first): only their shutdown says that
+  // nothing reads or writes it any more.
+  constexpr size_t size = 4 << 20;
+  std::vector<uint8_t> src = pattern(size), dst(size, 0), other(size, 0);
   SplitPair p;
   ASSERT_EQ(p.runtime->size(), 2u) << "an I/O runtime of another test is still alive; this test needs two threads";
   p.connect();
-  constexpr size_t size = 4 << 20;
-  std::vector<uint8_t> src = pattern(size), dst(size, 0), other(size, 0);
   p.b.register_memory_region("src", addr_of(src), 0, size);
   const int32_t h_dst = p.a.register_memory_region("dst", addr_of(dst), 0, size);
   const int32_t h_other = p.a.register_memory_region("other", addr_of(other), 0, size);
@@ -130,12 +132,12 @@ TEST(TcpCancel, AReadWhoseTargetIsSlowIsCancelledAfterItsRequestIsOutAndItsLateA
 // memory is not read again, the target places the write's bytes (the docs: the target may
 // hold them) and receives the message whole; the late acknowledgements are ignored.
 TEST(TcpCancel, AWriteAndASendWhoseFramesAreOnTheWireAreCancelledAndTheReceiverGetsTheMessageWhole) {
-  SplitPair p;
-  ASSERT_EQ(p.runtime->size(), 2u) << "an I/O runtime of another test is still alive; this test needs two threads";
-  p.connect();
   constexpr size_t size = 16 << 10;  // with the message, well within the sockets' buffers
   const std::vector<uint8_t> bytes = pattern(size);
-  std::vector<uint8_t> src = bytes, dst(size, 0), msg = bytes, inbox(size, 0);
+  std::vector<uint8_t> src = bytes, dst(size, 0), msg = bytes, inbox(size, 0), src2(16, 7);
+  SplitPair p;  // after the memory: shut down before it goes
+  ASSERT_EQ(p.runtime->size(), 2u) << "an I/O runtime of another test is still alive; this test needs two threads";
+  p.connect();
   const int32_t h_src = p.a.register_memory_region("src", addr_of(src), 0, size);
   p.b.register_memory_region("dst", addr_of(dst), 0, size);
   const int32_t h_dst = p.a.register_remote_memory_region("dst", p.b.endpoint_info()["mr_info"]["dst"]);
@@ -154,11 +156,11 @@ TEST(TcpCancel, AWriteAndASendWhoseFramesAreOnTheWireAreCancelledAndTheReceiverG
   std::fill(msg.begin(), msg.end(), 0xEE);
 
   gate.open();
+  EXPECT_EQ(gate.sent().wait_for(20s), std::optional<int>(0)) << gate.sent().message();
   ASSERT_EQ(rv.wait_for(20s), std::optional<int>(0)) << rv.message();
   EXPECT_EQ(rv.nbytes(), size);
   EXPECT_EQ(inbox, bytes) << "the receiver did not get the cancelled message whole";
   // A later write on the same lanes is acknowledged after the cancelled one's frames.
-  std::vector<uint8_t> src2(16, 7);
   const int32_t h_src2 = p.a.register_memory_region("src2", addr_of(src2), 0, src2.size());
   for (int i = 0; i < 2; ++i) {
     auto later = p.a.write({{h_src2, h_dst, size - 16, 0, 16}});
