@@ -32,8 +32,6 @@ std::vector<uint8_t> pattern(size_t n) {
   return v;
 }
 
-}  // namespace
-
 // Two endpoints on different I/O threads (a runtime of two, round robin), connected.
 struct SplitPair {
   std::shared_ptr<IoRuntime> runtime = IoRuntime::shared(two_threads());
@@ -92,6 +90,8 @@ void let_a_flush(TcpEndpoint& a) {
     ASSERT_TRUE(a.recv(chunk_of(unused)).cancel());
   }
 }
+
+}  // namespace
 
 TEST(TcpCancel, AReadWhoseTargetIsSlowIsCancelledAfterItsRequestIsOutAndItsLateAnswerNeverLands) {
   // The memory outlives the endpoints (declared first): only their shutdown says that
