@@ -59,6 +59,18 @@ class DLSLIME_API Future {
   // other callbacks still run. Throws InvalidArgumentError on an empty Future or callback.
   void on_complete(std::function<void(const Future&)> callback) const;
 
+  // Withdraws the op if its transport still can (docs/api.md "Cancellation" has the table
+  // per transport). Returns true only if the op has completed with StatusCode::kCancelled
+  // because of this call; from then on the transport no longer touches the op's local
+  // memory (the same fence unregister_memory_region gives), so it may be reused or freed.
+  // An op still queued is never sent. The peer's side of a cancelled one-sided op may or
+  // may not hold its bytes; a cancelled send is either never matched or received whole.
+  // Returns false if the op has ended already (its status stays), or if the transport
+  // cannot withdraw it now (it then ends as it would have). Any thread may call it, a
+  // continuation (on_complete) included; it may wait briefly for the transport's thread,
+  // never for the op. Throws InvalidArgumentError on an empty Future.
+  bool cancel() const;
+
   bool valid() const noexcept { return state_ != nullptr; }
   const std::shared_ptr<OpState>& state() const noexcept { return state_; }
 

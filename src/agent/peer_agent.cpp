@@ -176,7 +176,9 @@ Future PeerAgentImpl::named_op(const std::string& peer, const std::vector<NamedA
   auto outer = std::make_shared<OpState>(kind);
   std::weak_ptr<PeerAgentImpl> weak = weak_from_this();
   std::shared_ptr<TaskThreads> tasks = tasks_;
-  first.state()->on_complete([weak, tasks, c, named, kind, timeout, outer,
+  // Future::cancel cancels the op on the endpoint (the retry's, once there is one).
+  auto cancel = forward_cancel(*outer, first.state());
+  first.state()->on_complete([weak, tasks, c, named, kind, timeout, outer, cancel,
                               notification = std::move(notification)](const OpState& done) {
     const Status status = done.status();
     if (status.code() != StatusCode::kUnknownHandle) {
@@ -202,7 +204,9 @@ void PeerAgentImpl::retry_named(const std::shared_ptr<PeerConnectionState>& c,
   try {
     Future again =
         submit_named(*c->ep(), by_name_.resolve(c, named, /*fresh=*/true), kind, timeout, notification);
-    again.state()->on_complete([outer](const OpState& done) { outer->complete(done.status(), done.nbytes()); });
+    auto cancel = forward_cancel(*outer, again.state());
+    again.state()->on_complete(
+        [outer, cancel](const OpState& done) { outer->complete(done.status(), done.nbytes()); });
   } catch (const Error& e) {
     outer->complete(Status(e.code(), fmt::format("{} (resolving again after: {})", e.what(), first.message())));
   } catch (const std::exception& e) {

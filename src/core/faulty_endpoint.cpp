@@ -119,8 +119,11 @@ bool later(const std::shared_ptr<HeldOp>& a, const std::shared_ptr<HeldOp>& b) {
 void forward(Endpoint& inner, HeldOp& held) {
   try {
     Future inner_future = inner.submit(std::move(*held.request));
-    inner_future.state()->on_complete(
-        [state = held.state](const OpState& done) { state->complete(done.status(), done.nbytes()); });
+    // Future::cancel from now on cancels the inner op.
+    auto cancel = forward_cancel(*held.state, inner_future.state());
+    inner_future.state()->on_complete([state = held.state, cancel](const OpState& done) {
+      state->complete(done.status(), done.nbytes());
+    });
   } catch (const Error& e) {
     // The caller's submit returned already: a synchronous refusal can only be its status now.
     held.state->complete(Status(e.code(), e.what()));
@@ -131,7 +134,7 @@ void forward(Endpoint& inner, HeldOp& held) {
 
 }  // namespace
 
-struct FaultyEndpoint::Timer {
+struct FaultyEndpoint::Timer final : OpCanceller {
   std::shared_ptr<Endpoint> inner;
   std::mutex mu;
   std::condition_variable cv;                  // wakes the thread and held connect() calls
@@ -198,6 +201,22 @@ struct FaultyEndpoint::Timer {
       }
       lock.lock();
     }
+  }
+
+  // Future::cancel of an op still held (delayed or dropped): it never reaches the inner
+  // endpoint. One already forwarded is the inner op's to cancel (forward_cancel).
+  bool cancel_op(OpState& state, uint64_t) override {
+    std::shared_ptr<HeldOp> found;
+    {
+      std::lock_guard lock(mu);
+      auto it = std::find_if(heap.begin(), heap.end(), [&](const auto& op) { return op->state.get() == &state; });
+      if (it == heap.end()) return false;
+      found = std::move(*it);
+      heap.erase(it);
+      std::make_heap(heap.begin(), heap.end(), later);
+    }
+    cv.notify_all();
+    return found->state->complete(OpState::cancelled_by_user());
   }
 
   // Blocks for `wait`; false if shut down first.
@@ -293,6 +312,7 @@ Future FaultyEndpoint::do_submit(OpRequest request) {
       held->expiry = fmt::format("{} (dropped; deadline {} ms)", rule->message, rule->deadline.count());
       break;
   }
+  state->set_canceller(std::static_pointer_cast<OpCanceller>(timer_), 0);
   if (!timer_->schedule(held)) state->complete(Status::cancelled("the endpoint was shut down"));
   return Future(state);
 }

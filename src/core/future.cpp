@@ -38,6 +38,11 @@ Status Future::result() const {
   return state_->status();
 }
 
+bool Future::cancel() const {
+  checked(state_);
+  return state_->cancel();
+}
+
 uint64_t Future::nbytes() const { return checked(state_).nbytes(); }
 
 uint32_t Future::imm_data() const { return checked(state_).imm_data(); }

@@ -74,6 +74,7 @@ bool OpState::complete(Status status, uint64_t nbytes) {
   {
     std::lock_guard lock(mu_);
     if (done_.load(std::memory_order_relaxed) != 0) return false;
+    canceller_.reset();
     status_ = std::move(status);
     nbytes_.fetch_add(nbytes, std::memory_order_relaxed);
     // seq_cst, as is the waiter's increment of waiters_ before it re-checks done_: either
@@ -147,6 +148,53 @@ bool OpState::remove_continuation(uint64_t key) {
     }
   }
   return false;
+}
+
+void OpState::set_canceller(std::weak_ptr<OpCanceller> canceller, uint64_t op_id) {
+  std::lock_guard lock(mu_);
+  if (done_.load(std::memory_order_relaxed) != 0) return;  // nothing left to withdraw
+  canceller_ = std::move(canceller);
+  cancel_id_ = op_id;
+}
+
+bool OpState::cancel() {
+  if (done()) return false;
+  std::shared_ptr<OpCanceller> canceller;
+  uint64_t op_id = 0;
+  {
+    // Called without mu_: the canceller completes the op, which takes mu_.
+    std::lock_guard lock(mu_);
+    if (done_.load(std::memory_order_relaxed) != 0) return false;
+    canceller = canceller_.lock();
+    op_id = cancel_id_;
+  }
+  if (!canceller || !canceller->cancel_op(*this, op_id)) return false;
+  // The canceller says it completed the op; the status must say so too, else another
+  // completion won and this call must not claim the op was withdrawn.
+  return done() && status_.code() == StatusCode::kCancelled;
+}
+
+Status OpState::cancelled_by_user() {
+  return Status::cancelled("the operation was cancelled by the user (Future.cancel)");
+}
+
+namespace {
+struct ForwardedCancel final : OpCanceller {
+  std::weak_ptr<OpState> inner;
+  bool cancel_op(OpState& outer, uint64_t) override {
+    auto state = inner.lock();
+    if (!state || !state->cancel()) return false;
+    outer.complete(state->status(), state->nbytes());
+    return true;
+  }
+};
+}  // namespace
+
+std::shared_ptr<OpCanceller> forward_cancel(OpState& outer, const std::shared_ptr<OpState>& inner) {
+  auto canceller = std::make_shared<ForwardedCancel>();
+  canceller->inner = inner;
+  outer.set_canceller(canceller, 0);
+  return canceller;
 }
 
 CompletionScope::CompletionScope() noexcept { ++scope_depth; }

@@ -15,6 +15,25 @@
 
 namespace dlslime {
 
+class OpState;
+
+// What a transport implements so that its ops can be cancelled (Future::cancel). One
+// interface for every transport, not a std::function per op: attaching it costs an op
+// no allocation.
+class OpCanceller {
+ public:
+  // Withdraws op `op_id` (`op` is its state) if it still can: completes it with
+  // OpState::cancelled_by_user() after dropping every reference to its local memory (the
+  // fence unregister_memory_region gives) and returns true, only if that completion was
+  // the one that ended the op. False if it has ended already or cannot be withdrawn now.
+  // Called from any thread, an I/O thread's continuation included: it must not deadlock
+  // there. Possibly several times for one op.
+  virtual bool cancel_op(OpState& op, uint64_t op_id) = 0;
+
+ protected:
+  ~OpCanceller() = default;
+};
+
 // The completion object behind every Future (UCX/MORI pattern): an atomic done flag that
 // waiters block on (a futex: no condition variable to build and tear down per op, and no
 // wake-up syscall when nobody waits), a sticky first error and its continuations (the
@@ -67,6 +86,18 @@ class OpState : public std::enable_shared_from_this<OpState> {
   // For waits that give up (wait_any's timeout): they must not leave one behind per try.
   bool remove_continuation(uint64_t key);
 
+  // Cancellation (Future::cancel, docs/api.md "Cancellation"). The transport that owns
+  // the op attaches itself when it submits the op, before handing it to another thread,
+  // with the op's id in its own tables; held weakly: an op must not keep its endpoint alive.
+  void set_canceller(std::weak_ptr<OpCanceller> canceller, uint64_t op_id);
+  // False at once if the op has completed or has no canceller (its transport cannot
+  // withdraw it); else the canceller's answer. True means this op completed with
+  // StatusCode::kCancelled because of this call (first completion wins: a race with the
+  // real completion has exactly one outcome).
+  bool cancel();
+  // The status of an op withdrawn by cancel().
+  static Status cancelled_by_user();
+
  private:
   void record_error(const Status& status);
   // Blocks until done or `deadline` (nullptr: none).
@@ -85,7 +116,17 @@ class OpState : public std::enable_shared_from_this<OpState> {
   // Registration order; taken (emptied) by complete(). Most ops have none or one.
   std::vector<std::pair<uint64_t, Continuation>> continuations_;  // guarded by mu_
   uint64_t next_key_ = 1;                                          // guarded by mu_
+  std::weak_ptr<OpCanceller> canceller_;  // guarded by mu_; dropped by complete()
+  uint64_t cancel_id_ = 0;                 // guarded by mu_
 };
+
+// For an op whose result is another op's (a decorator's or an agent's wrapper): makes
+// outer.cancel() cancel `inner` and, if that worked, complete `outer` with inner's status
+// at once (inner's continuation, which normally completes `outer`, may be deferred by a
+// CompletionScope). Returns the canceller: whoever completes `outer` from `inner` keeps it
+// (in inner's continuation), so it lives as long as there is an inner op to cancel. It
+// holds `inner` weakly.
+std::shared_ptr<OpCanceller> forward_cancel(OpState& outer, const std::shared_ptr<OpState>& inner);
 
 // Continuations of ops completed while a CompletionScope is open on this thread run when
 // the outermost scope closes, not inside complete(): after the code that completed them

@@ -149,6 +149,11 @@ void bind_core(py::module_& m) {
           py::arg_v("timeout_seconds", missing_arg(), "<unset>"),
           "Wait up to `seconds` (None or inf: no limit); None if still running, else the status code.")
       .def("done", &Future::done)
+      .def("cancel", &Future::cancel, py::call_guard<py::gil_scoped_release>(),
+           "Withdraw the op if the transport still can. True only if it ended with StatusCode.CANCELLED "
+           "because of this call; its local memory is then no longer touched (it may be reused or freed). "
+           "False if it has ended already (its status stays) or cannot be withdrawn now (it ends as it "
+           "would have). Releases the GIL; may be called from an on_complete callback.")
       .def_property_readonly("status", &Future::status,
                              "Status code: 0 = success once done, StatusCode.PENDING (1) while running.")
       .def_property_readonly("message", &Future::message, "Why it failed; empty on success.")

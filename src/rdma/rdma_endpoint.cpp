@@ -135,6 +135,7 @@ std::unique_ptr<QueuePair> RdmaEndpointImpl::new_qp(size_t index) {
 }
 
 void RdmaEndpointImpl::start() {
+  canceller_ = std::static_pointer_cast<OpCanceller>(shared_from_this());
   domain_->before_deregister = [weak = weak_from_this()](uint32_t rkey) {
     if (auto self = weak.lock()) self->revoke_remote_access(rkey);
   };
@@ -434,6 +435,7 @@ Future RdmaEndpointImpl::submit(OpRequest request) {
     // never deliver another immediate (imm_events_ kept what it had delivered).
     if (lanes_[0].failed) return lock.unlock(), fail(lane_failed_status(lanes_[0], 0));
     const MessageWait wait = start_wait(request);
+    state->set_canceller(canceller_, 0);  // found by its state (cancel_op)
     imm_waiters_.push_back({state, wait});
     lock.unlock();
     wake_for_deadline(wait.deadline);
@@ -555,6 +557,7 @@ Future RdmaEndpointImpl::submit(OpRequest request) {
     }
   }
   if (op.wrs_left == 0) return lock.unlock(), fail(Status::ok());  // only zero-length items
+  state->set_canceller(canceller_, op_id);
   ops_.insert(op_id, std::move(op), deadline);
   for (size_t l : touched) pump(lanes_[l], l, done);
   plan_.trim(1 << 16);

@@ -41,7 +41,9 @@ struct RdmaRemoteKey {
   bool writable = true;  // false: the owner published it read-only ("access": "read")
 };
 
-class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_from_this<RdmaEndpointImpl> {
+class RdmaEndpointImpl final : public RegionRevoker,
+                               public OpCanceller,
+                               public std::enable_shared_from_this<RdmaEndpointImpl> {
  public:
   RdmaEndpointImpl(RdmaOptions options, std::shared_ptr<MemoryRegistry> regions);
   ~RdmaEndpointImpl() override;
@@ -74,6 +76,12 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
   // RegionRevoker
   void revoke_region(const RegionLifetime& lifetime) override;
   bool on_own_thread() const override;
+
+  // OpCanceller (Future::cancel, docs/api.md "Cancellation"): under mu_, withdraws what the
+  // NIC has not seen: a posted recv or imm_recv still waiting, a send still behind the
+  // credit, a one-sided op none of whose WRs has been posted (all of them beyond the send
+  // queue's depth). A WR posted to a QP cannot be taken back: false for those.
+  bool cancel_op(OpState& op, uint64_t op_id) override;
 
  private:
   // One work request waiting for a send-queue slot.
@@ -300,6 +308,7 @@ class RdmaEndpointImpl final : public RegionRevoker, public std::enable_shared_f
 
   RemoteRegions<RdmaRemoteKey> remote_;
   std::atomic<bool> stop_{false};
+  std::weak_ptr<OpCanceller> canceller_;  // this endpoint, for its ops (set at start())
   CompletionThread thread_;
 };
 

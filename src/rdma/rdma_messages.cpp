@@ -213,6 +213,7 @@ Future RdmaEndpointImpl::submit_send(const OpRequest& request, std::shared_ptr<O
                                      std::unique_lock<std::mutex>& lock) {
   Future future(state);
   const uint64_t op_id = next_op_id_++;
+  state->set_canceller(canceller_, op_id);
   Op op;
   op.state = std::move(state);
   op.wrs_left = 1;  // the receiver's DONE
@@ -287,6 +288,7 @@ Future RdmaEndpointImpl::submit_recv(const OpRequest& request, std::shared_ptr<O
   const Chunk& chunk = request.chunk;
   const uint64_t addr = chunk.addr + chunk.offset;
   const MessageWait wait = start_wait(request);
+  state->set_canceller(canceller_, 0);  // found by its state (cancel_op)
   recvs_.push_back({std::move(state), addr, chunk.length, request.exact_size, device_buffer(addr, chunk.length), wait});
   std::vector<Done> done;
   match(done);

@@ -360,6 +360,21 @@ void TcpConnection::retire_written() {
   if (writing_items_ > 0) budget_->on_drained();
 }
 
+bool TcpConnection::moving(uint64_t op_id) const {
+  if (op_id == 0) return false;
+  if (sink_ready_ && sink_.op_id == op_id && reading_direct_) return true;
+  if (op_id < min_op_hint_) return false;
+  for (size_t i = 0; i < writing_items_ && i < queue_.size(); ++i) {
+    if (queue_[i].op_id() == op_id && queue_[i].borrows_op_memory()) return true;
+  }
+  return false;
+}
+
+bool TcpConnection::has_queued(uint64_t op_id) const {
+  if (op_id < min_op_hint_) return false;
+  return std::any_of(queue_.begin(), queue_.end(), [&](const WriteItem& w) { return w.op_id() == op_id; });
+}
+
 bool TcpConnection::abandon(uint64_t op_id) {
   // Every op ends here, successful ones too, so the common case must not scan the queue:
   // ops are numbered in submission order, and one older than every op with an item queued

@@ -47,6 +47,12 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
   // frame is dropped). Returns false if the kernel is writing into that memory right now
   // (a direct read); only closing the connection stops that.
   bool release(uint64_t op_id);
+  // Whether release(op_id) or abandon(op_id) would refuse now: the kernel is reading from
+  // or writing into the op's memory. Future::cancel asks first and withdraws nothing
+  // while this holds (closing a healthy lane is not a price a cancel may pay).
+  bool moving(uint64_t op_id) const;
+  // Whether an item of `op_id` is queued here (written or not yet).
+  bool has_queued(uint64_t op_id) const;
 
   // Storage for the segments of the frame being read (on_prefix); reused per frame.
   std::vector<PayloadSegment>& segments() { return segments_; }

@@ -164,6 +164,7 @@ void TcpEndpointImpl::run_on_io(std::function<void()> fn) {
 void TcpEndpointImpl::start() {
   local_regions->watch(std::static_pointer_cast<RegionRevoker>(shared_from_this()));
   local_regions->attach(std::static_pointer_cast<MemoryDomain>(shared_from_this()));
+  canceller_ = std::static_pointer_cast<OpCanceller>(shared_from_this());
   std::weak_ptr<TcpEndpointImpl> weak = weak_from_this();
   run_on_io([&] {
     listener_->start(

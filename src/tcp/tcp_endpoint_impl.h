@@ -48,6 +48,7 @@ namespace dlslime {
 class TcpEndpointImpl final : public tcp::FrameHandler,
                               public RegionRevoker,
                               public MemoryDomain,
+                              public OpCanceller,
                               public std::enable_shared_from_this<TcpEndpointImpl> {
  public:
   using Clock = std::chrono::steady_clock;
@@ -100,6 +101,11 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
     return io_.get_executor().running_in_this_thread() || IoRuntime::current_context() == &io_;
   }
 
+  // OpCanceller (Future::cancel): hops to the I/O thread as unregister does (inline when
+  // called there, from a continuation) and withdraws the op there, if it still can:
+  // Initiator::cancel, MessageMatcher::withdraw_recv.
+  bool cancel_op(OpState& op, uint64_t op_id) override;
+
   // MemoryDomain (attached at start()): notes the device regions, and makes the staging
   // at the first one. A peer names regions by handle, as OwnerResolvedDomain describes.
   void region_added(int32_t handle, const LocalRegion& region) override;
@@ -134,6 +140,8 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
   // Queues a Submission or PostedRecv for the I/O thread (built in place in the queue).
   template <class Work>
   void hand_off(Work&& work);
+  // Also called by cancel_op (an op may still be on its way to the I/O thread): an extra
+  // drain is harmless, the one posted for those items finds fewer or none.
   void drain_handoffs();
   // Makes sweep() run at `deadline` (or a little later), unless it is due earlier already.
   void arm_sweeper(Clock::time_point deadline);
@@ -169,6 +177,9 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
   // Submitted ops and recvs not yet taken by the I/O thread: a burst costs one post, and
   // the ops drained in one turn leave in one write per lane.
   SubmissionQueue<Handoff> handoffs_;
+  bool draining_ = false;  // I/O thread only: drain_handoffs() is running
+  // This endpoint as its ops' canceller (set at start(); weak: ops must not keep it alive).
+  std::weak_ptr<OpCanceller> canceller_;
 
   // ---- I/O thread only (Pairing: also the connect waits and lane counts) ----
   // Device regions and their staging: read by the parts below, so declared before them.

@@ -101,7 +101,34 @@ void Initiator::finish_op(uint64_t op_id, Status status, uint64_t nbytes) {
   if (auto op = pending_.take(op_id)) end_op(op_id, *op, std::move(status), nbytes);
 }
 
-void Initiator::end_op(uint64_t op_id, PendingOp& op, Status status, uint64_t nbytes) {
+bool Initiator::cancel(uint64_t op_id) {
+  PendingOp* op = pending_.find(op_id);
+  if (!op) return false;  // ended, or waiting for copies of its memory to finish
+  if (const GpuOp* gpu = op->gpu.get()) {
+    if (gpu->copies > 0) return false;  // a stream is copying its memory: end_op would wait
+    if (gpu->message) {
+      // Its frames leave one by one as they are staged: withdrawn before the first is
+      // staged, or once the last has left lane 0's queue; in between it would be torn.
+      const bool none_out = gpu->frames.size() == gpu->unsent;
+      bool all_out = gpu->unsent == 0;
+      pairing_.for_each_connection([&](const std::shared_ptr<TcpConnection>& conn) {
+        if (conn->has_queued(op_id)) all_out = false;
+      });
+      if (!none_out && !all_out) return false;
+    }
+  }
+  // A host message is one item on lane 0: queued whole (dropped whole), being written
+  // (moving: refused), or written whole (the receiver gets it whole; its ack is ignored).
+  bool moving = false;
+  pairing_.for_each_connection([&](const std::shared_ptr<TcpConnection>& conn) {
+    if (conn->moving(op_id)) moving = true;
+  });
+  if (moving) return false;
+  auto taken = pending_.take(op_id);
+  return end_op(op_id, *taken, OpState::cancelled_by_user());
+}
+
+bool Initiator::end_op(uint64_t op_id, PendingOp& op, Status status, uint64_t nbytes) {
   // The op's memory must not be touched once its future completes. Queued frames are
   // dropped and sinks released; bytes already being written or read can only be stopped
   // by closing that connection (which fails the endpoint's other ops the same way).
@@ -129,7 +156,7 @@ void Initiator::end_op(uint64_t op_id, PendingOp& op, Status status, uint64_t nb
       gpu.nbytes = nbytes;
       gpu.uses = std::move(op.uses);
       gpu.slot = std::move(op.slot);
-      return;
+      return false;
     }
   }
   std::shared_ptr<OpState> state = std::move(op.state);
@@ -137,7 +164,7 @@ void Initiator::end_op(uint64_t op_id, PendingOp& op, Status status, uint64_t nb
   // with its table node, after).
   op.uses.clear();
   op.slot = InflightLimiter::Slot();
-  state->complete(std::move(status), nbytes);
+  return state->complete(std::move(status), nbytes);
 }
 
 void Initiator::copy_finished(GpuOp& gpu) {

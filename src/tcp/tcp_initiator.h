@@ -113,6 +113,13 @@ class Initiator {
   // Stages the next frames of device-memory writes while staging slots are free.
   void pump_gpu();
 
+  // Future::cancel (docs/api.md "Cancellation"): ends op `op_id` with the user's
+  // cancellation if that touches no connection: its frames not yet written are dropped,
+  // a read answer arriving for it is drained, late answers are ignored. False (nothing
+  // changed) if it has ended, or if bytes of its memory are being moved right now (a
+  // frame half on the wire, an answer read straight into it, a GPU copy), or if it is a
+  // message that went out in part (the receiver must see it whole or not at all).
+  bool cancel(uint64_t op_id);
   // Ends the ops that hold `lifetime`'s region (it is being unregistered).
   void revoke(const RegionLifetime& lifetime);
   // Ends the ops past their deadline (O(log n) per op: no scan).
@@ -128,8 +135,9 @@ class Initiator {
   // The one way an initiated op ends (answered, refused, expired, revoked), once it is out
   // of pending_ (`op` is what pending_ handed out, destroyed by the caller after):
   // releases its queued frames, sinks and regions, closes a lane still moving its bytes,
-  // then completes the future.
-  void end_op(uint64_t op_id, PendingOp& op, Status status, uint64_t nbytes = 0);
+  // then completes the future. True if this completed it (false: it waits for GPU copies
+  // of its memory, or it had completed).
+  bool end_op(uint64_t op_id, PendingOp& op, Status status, uint64_t nbytes = 0);
   // Counts an answered read request (its bytes are in local memory).
   void count_read(uint64_t op_id, const tcp::FrameHeader& h, std::string_view text, const Status& copied);
   // A write frame's bytes are in slot `slot`: sends the frame (or drops it: the op ended).

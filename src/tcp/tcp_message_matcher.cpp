@@ -165,6 +165,15 @@ void MessageMatcher::on_frame(TcpConnection& conn, const FrameHeader& h) {
   }
 }
 
+bool MessageMatcher::withdraw_recv(uint64_t local_id) {
+  const auto it =
+      std::find_if(recvs_.begin(), recvs_.end(), [&](const PostedRecv& r) { return r.local_id == local_id; });
+  if (it == recvs_.end()) return false;
+  std::shared_ptr<OpState> state = std::move(it->state);
+  recvs_.erase(it);
+  return state->complete(OpState::cancelled_by_user());
+}
+
 void MessageMatcher::match_held_front(const std::shared_ptr<InboundMessage>& msg) {
   // Only at a frame boundary of msg's connection (or once it is complete): attach().
   if (msg->matched || recvs_.empty() || unexpected_.empty() || unexpected_.front() != msg) return;

@@ -63,6 +63,10 @@ class MessageMatcher {
   // A message frame's header (kSendData) and its arrival.
   tcp::RxAction on_header(tcp::TcpConnection& conn, const tcp::FrameHeader& h, tcp::PayloadSink& sink);
   void on_frame(tcp::TcpConnection& conn, const tcp::FrameHeader& h);
+  // Future::cancel: a recv posted and not matched yet (no message has started into it)
+  // is taken out and completed with the user's cancellation; the next message goes to the
+  // next recv. False if it is not waiting here (matched, or ended).
+  bool withdraw_recv(uint64_t local_id);
   // A notification from the peer (kNotify): held or handed to a recv_notify, and
   // acknowledged at once (kNotifyAck), or refused when the held ones fill the budget.
   void on_notification(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view bytes);

@@ -192,6 +192,7 @@ Future TcpEndpointImpl::submit(OpRequest req) {
     recv.exact_size = req.exact_size;
     recv.device = device >= 0;
     recv.limit = OpLimit::of(req.timeout, options_.recv_timeout, "recv_timeout");
+    recv.state->set_canceller(canceller_, op_id);
     Future f(recv.state);
     hand_off(std::move(recv));
     return f;
@@ -211,6 +212,7 @@ Future TcpEndpointImpl::submit(OpRequest req) {
   } else if (Status error; !prepare_one_sided(req, op_id, sub, &error)) {
     return fail_now(req.kind, std::move(error));
   }
+  sub.op.state->set_canceller(canceller_, op_id);
   Future f(sub.op.state);
   hand_off(std::move(sub));
   return f;
@@ -219,6 +221,12 @@ Future TcpEndpointImpl::submit(OpRequest req) {
 void TcpEndpointImpl::drain_handoffs() {
   // In submission order. A continuation run from here may submit again: a later round
   // takes it, or the drain posted once this one has run its rounds.
+  if (draining_) return;  // cancel_op from a continuation run inside this drain
+  draining_ = true;
+  struct Done {
+    bool& flag;
+    ~Done() { flag = false; }
+  } done{draining_};
   handoffs_.drain(
       [this](Handoff& h) {
     auto* sub = std::get_if<Submission>(&h);
@@ -239,6 +247,28 @@ void TcpEndpointImpl::drain_handoffs() {
     }
       },
       [this] { post([](TcpEndpointImpl& self) { self.drain_handoffs(); }); });
+}
+
+bool TcpEndpointImpl::cancel_op(OpState& op, uint64_t op_id) {
+  if (shut_down_ || inherited()) return false;  // shutdown ends every op (kCancelled) itself
+  const bool is_recv = op.kind() == OpKind::kRecv;
+  bool withdrawn = false;
+  try {
+    // The fence unregister uses: the op's memory is only touched on the I/O thread, so
+    // once this has run there and dropped the op, nothing touches it any more.
+    run_on_io([&] {
+      if (failing_ || shut_down_) return;
+      drain_handoffs();  // the op may still be on its way to this thread
+      withdrawn = is_recv ? matcher_.withdraw_recv(op_id) : initiator_.cancel(op_id);
+    });
+  } catch (const std::exception& e) {
+    // The I/O thread did not take the hop in time (a continuation blocks it): the op was
+    // not withdrawn, and it ends as it would have.
+    DLSLIME_WARN("TcpEndpoint {:#x}: cancel of {} op {} not done: {}", endpoint_id_, op_kind_name(op.kind()), op_id,
+                 e.what());
+    return false;
+  }
+  return withdrawn;
 }
 
 bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Submission& sub, Status* error) {

@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -77,6 +78,39 @@ json refusing_receiver_options(const std::string& transport, std::chrono::millis
   if (transport == "tcp") o["unexpected_buffer_bytes"] = 0;  // holds nothing: the lane pauses
   return o;  // rdma: a send waits for the receiver's DONE, which only a posted recv sends
 }
+
+// Future::cancel (docs/api.md "Cancellation"). Options under which a send submitted behind
+// a large message to a receiver with no recv posted stays queued in the sender, never on
+// the wire, until the receiver posts recvs: tcp, one lane of 4 KiB frames (the large
+// message alone fills one vectored write, so nothing submitted after it joins that write)
+// and a receiver that holds no message; rdma, a credit of two messages (max_recv_wr / 4),
+// so the third send waits for credit.
+json queueing_options(const std::string& transport) {
+  json o = transport_options(transport);
+  if (transport == "tcp") {
+    o["lanes"] = 1;
+    o["chunk_size"] = 4096;
+    o["unexpected_buffer_bytes"] = 0;
+  }
+  if (transport == "rdma") o["max_recv_wr"] = 8;
+  return o;
+}
+// Options for the cancels among many ops (CancelsAmongManyOps...): rdma, a send queue of
+// four WRs of 64 KiB, so that most ops wait in the software queue, where they can be
+// withdrawn, and some are on the NIC, where they cannot.
+json cancel_soak_options(const std::string& transport) {
+  json o = transport_options(transport);
+  if (transport == "rdma") {
+    o["max_send_wr"] = 4;
+    o["chunk_size"] = 65536;
+  }
+  return o;
+}
+// Whether a send queued so is withdrawn by Future::cancel.
+bool withdraws_queued_sends(const std::string& transport) { return transport == "tcp" || transport == "rdma"; }
+// Whether cancel() ends a read whose request may be out already (tcp: its answer is
+// drained), rather than only ops that are still queued.
+bool cancels_reads_in_flight(const std::string& transport) { return transport == "tcp"; }
 
 // Whether a pair's `b` runs in another process. nvlink: one process's two endpoints use
 // each other's pointers (a process cannot open its own CUDA IPC handles), so only two
@@ -1120,6 +1154,296 @@ CONFORMANCE_TEST(NoByteLandsInARegionAfterUnregisterReturns, unregister_revokes_
   auto ok = a_->write({{h_src, remote("other"), 0, 0, other->size()}});
   ASSERT_EQ(status_within(ok), 0) << ok.message();
   EXPECT_TRUE(all_are(other->bytes(), 0x5A));
+}
+
+// --- cancellation (Future::cancel, docs/api.md "Cancellation") ---------------------------
+
+CONFORMANCE_TEST(ACancelledRecvIsWithdrawnAndTheNextMessageGoesToTheNextRecv, always, OpKind::kSend) {
+  connect();
+  Endpoint& b = b_->endpoint();
+  auto box1 = b_->buffer(64), box2 = b_->buffer(64);
+  box1->fill(0xAA);
+  auto r1 = b.recv({box1->addr(), 0, box1->size()});
+  auto r2 = b.recv({box2->addr(), 0, box2->size()});
+  ASSERT_TRUE(r1.cancel()) << "a posted recv that no message has reached must be withdrawn";
+  ASSERT_TRUE(r1.done()) << "cancel() returned true before the op ended";
+  EXPECT_EQ(r1.status(), code(StatusCode::kCancelled)) << r1.message();
+  EXPECT_NE(r1.message().find("cancelled by the user"), std::string::npos) << r1.message();
+  EXPECT_FALSE(r1.cancel()) << "an op is withdrawn once";
+  const auto text = pattern(48, 3);
+  auto msg = buffer(text);
+  auto sd = a_->send({msg->addr(), 0, msg->size()});
+  ASSERT_EQ(status_within(sd), 0) << sd.message();
+  ASSERT_EQ(status_within(r2), 0) << r2.message();
+  EXPECT_EQ(r2.nbytes(), text.size());
+  EXPECT_EQ(box2->read(0, text.size()), text);
+  EXPECT_TRUE(all_are(box1->bytes(), 0xAA)) << "the withdrawn recv's buffer was written";
+  // An op that has ended is not cancelled: its status stays.
+  EXPECT_FALSE(r2.cancel());
+  EXPECT_FALSE(sd.cancel());
+  EXPECT_EQ(r2.status(), 0);
+  EXPECT_EQ(sd.status(), 0);
+}
+
+CONFORMANCE_TEST(ACancelledImmRecvIsWithdrawnAndTheNextImmediateGoesToTheNextOne, always, OpKind::kWriteWithImm,
+                 OpKind::kImmRecv) {
+  auto dst = b_->buffer(64);
+  b_->register_memory_region("dst", *dst, 0, dst->size());
+  auto src = buffer(pattern(64, 4));
+  const int32_t h_src = a_->register_memory_region("src", src->addr(), 0, src->size());
+  connect();
+  Endpoint& b = b_->endpoint();
+  auto first = b.imm_recv();
+  auto second = b.imm_recv();
+  ASSERT_TRUE(first.cancel());
+  EXPECT_EQ(first.status(), code(StatusCode::kCancelled)) << first.message();
+  auto w = a_->write_with_imm({{h_src, remote("dst"), 0, 0, 64}}, 0x1234);
+  ASSERT_EQ(status_within(w), 0) << w.message();
+  ASSERT_EQ(status_within(second), 0) << second.message();
+  EXPECT_EQ(second.imm_data(), 0x1234u);
+  EXPECT_EQ(first.imm_data(), 0u);
+}
+
+// An op still queued is never sent: a send held in the sender behind a large message that
+// the receiver does not take yet is withdrawn, and once the receiver takes messages again,
+// the next one goes where the withdrawn one would have.
+CONFORMANCE_TEST(AQueuedSendThatIsCancelledIsNeverReceived, withdraws_queued_sends, OpKind::kSend) {
+  a_ = make_endpoint(GetParam(), queueing_options(GetParam()));
+  b_ = std::make_unique<LocalSide>(make_endpoint(GetParam(), queueing_options(GetParam())));
+  connect();
+  Endpoint& b = b_->endpoint();
+  constexpr size_t big = 32 << 20, small = 64;
+  const auto big_bytes = pattern(big, 1);
+  auto m1 = buffer(big_bytes);
+  auto f1 = a_->send({m1->addr(), 0, big});
+  std::vector<std::unique_ptr<Region>> fillers;
+  std::vector<Future> filler_sends;
+  for (int i = 0; i < 2; ++i) {
+    fillers.push_back(buffer(pattern(small, static_cast<uint8_t>(10 + i))));
+    filler_sends.push_back(a_->send({fillers.back()->addr(), 0, small}));
+  }
+  auto victim = buffer(pattern(small, 99));
+  auto v = a_->send({victim->addr(), 0, small});
+  ASSERT_TRUE(v.cancel()) << "a send queued behind others must be withdrawn";
+  EXPECT_EQ(v.status(), code(StatusCode::kCancelled)) << v.message();
+  victim->fill(0xEE);  // were it sent after all, its receiver would get these
+  const auto after_bytes = pattern(small, 77);
+  auto after = buffer(after_bytes);
+  auto fa = a_->send({after->addr(), 0, small});
+  // The receiver takes messages in order now: the big one, the fillers, then the next.
+  auto box_big = b_->buffer(big);
+  auto r_big = b.recv({box_big->addr(), 0, big});
+  std::vector<std::unique_ptr<Region>> boxes;
+  std::vector<Future> recvs;
+  for (int i = 0; i < 3; ++i) {
+    boxes.push_back(b_->buffer(small));
+    recvs.push_back(b.recv({boxes.back()->addr(), 0, small}));
+  }
+  ASSERT_EQ(status_within(r_big), 0) << r_big.message();
+  EXPECT_EQ(box_big->bytes(), big_bytes);
+  EXPECT_EQ(status_within(f1), 0) << f1.message();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(status_within(recvs[i]), 0) << recvs[i].message();
+    EXPECT_EQ(boxes[i]->bytes(), pattern(small, static_cast<uint8_t>(10 + i))) << "filler " << i;
+    EXPECT_EQ(status_within(filler_sends[i]), 0) << filler_sends[i].message();
+  }
+  ASSERT_EQ(status_within(recvs[2]), 0) << recvs[2].message();
+  EXPECT_EQ(boxes[2]->bytes(), after_bytes) << "the cancelled send was received";
+  EXPECT_EQ(status_within(fa), 0) << fa.message();
+  EXPECT_EQ(v.status(), code(StatusCode::kCancelled));
+}
+
+// Cancel in flight: whatever cancel() answers, its promise holds. True: the op ended
+// CANCELLED and the transport never writes its buffer again, even once the peer's late
+// answer arrives (later reads on every lane have completed). False: the op ends as usual.
+CONFORMANCE_TEST(AReadCancelledInFlightNeverWritesItsBufferAgain, always, OpKind::kRead) {
+  constexpr size_t size = 4 << 20;
+  const auto src_bytes = pattern(size, 5);
+  auto src = b_->buffer(size);
+  src->write(0, src_bytes);
+  b_->register_memory_region("src", *src, 0, size);
+  auto dst = buffer(size), other = buffer(size);
+  const int32_t h_dst = a_->register_memory_region("dst", dst->addr(), 0, size);
+  const int32_t h_other = a_->register_memory_region("other", other->addr(), 0, size);
+  connect();
+  const int32_t h_src = remote("src");
+  int withdrawn = 0, withdrawn_answering = 0;
+  for (int round = 0; round < 20; ++round) {
+    // Odd rounds cancel once the peer has answered a later read on one lane: the read's own
+    // requests are out then, and answers to it may still be arriving (a late answer).
+    const bool answering = round % 2 == 1;
+    SCOPED_TRACE(::testing::Message() << "round " << round << (answering ? ", requests out" : ""));
+    dst->fill(0);
+    auto rd = a_->read({{h_dst, h_src, 0, 0, size}});
+    if (answering) {
+      auto probe = a_->read({{h_other, h_src, 0, 0, 64}});
+      ASSERT_EQ(status_within(probe), 0) << probe.message();
+    }
+    if (rd.cancel()) {
+      ++(answering ? withdrawn_answering : withdrawn);
+      ASSERT_TRUE(rd.done());
+      EXPECT_EQ(rd.status(), code(StatusCode::kCancelled)) << rd.message();
+      dst->fill(0xEE);  // from here on, no byte of the read may land
+      std::vector<Future> later;
+      for (int i = 0; i < 4; ++i) later.push_back(a_->read({{h_other, h_src, 0, 0, size}}));
+      for (auto& f : later) ASSERT_EQ(status_within(f), 0) << f.message();
+      EXPECT_TRUE(all_are(dst->bytes(), 0xEE)) << "the read wrote its buffer after cancel() returned true";
+      EXPECT_EQ(other->bytes(), src_bytes);
+    } else {
+      ASSERT_EQ(status_within(rd), 0) << rd.message();
+      EXPECT_EQ(dst->bytes(), src_bytes);
+      EXPECT_FALSE(rd.cancel());
+    }
+  }
+  RecordProperty("withdrawn", withdrawn);
+  RecordProperty("withdrawn_with_requests_out", withdrawn_answering);
+  if (cancels_reads_in_flight(GetParam())) EXPECT_GT(withdrawn, 0) << "no read was cancelled in 10 tries";
+}
+
+// The same for writes: after a true cancel the transport never reads the source again (a
+// poison written into it never reaches the peer), and the target holds some, all or none
+// of the bytes (docs/api.md: "the target side may or may not have the bytes").
+CONFORMANCE_TEST(AWriteCancelledInFlightNeverReadsItsBufferAgain, always, OpKind::kWrite) {
+  constexpr size_t size = 2 << 20;
+  auto src = buffer(size);
+  auto dst = b_->buffer(size), dst2 = b_->buffer(size);
+  const int32_t h_src = a_->register_memory_region("src", src->addr(), 0, size);
+  b_->register_memory_region("dst", *dst, 0, size);
+  b_->register_memory_region("dst2", *dst2, 0, size);
+  connect();
+  const int32_t h_dst = remote("dst"), h_dst2 = remote("dst2");
+  for (int round = 0; round < 6; ++round) {
+    SCOPED_TRACE(::testing::Message() << "round " << round);
+    dst->fill(0);
+    src->fill(0x11);
+    auto w = a_->write({{h_src, h_dst, 0, 0, size}});
+    if (w.cancel()) {
+      ASSERT_TRUE(w.done());
+      EXPECT_EQ(w.status(), code(StatusCode::kCancelled)) << w.message();
+      src->fill(0xEE);  // read after the cancel, these would reach dst
+      std::vector<Future> later;
+      for (int i = 0; i < 4; ++i) later.push_back(a_->write({{h_src, h_dst2, 0, 0, size}}));
+      for (auto& f : later) ASSERT_EQ(status_within(f), 0) << f.message();
+      const auto landed = dst->bytes();
+      EXPECT_TRUE(std::all_of(landed.begin(), landed.end(), [](uint8_t x) { return x == 0 || x == 0x11; }))
+          << "the write read its source after cancel() returned true";
+    } else {
+      ASSERT_EQ(status_within(w), 0) << w.message();
+      EXPECT_TRUE(all_are(dst->bytes(), 0x11));
+    }
+  }
+}
+
+// Cancels among many ops in flight at once, in both directions of one-sided traffic: every
+// op that was not withdrawn succeeds byte for byte, every withdrawn one never touches its
+// buffer after cancel() returned true, and the connection keeps serving.
+CONFORMANCE_TEST(CancelsAmongManyOpsInFlightKeepEveryOtherOpExactAndTheConnection, always, OpKind::kWrite,
+                 OpKind::kRead) {
+  if (!peer_in_another_process(GetParam())) {
+    a_ = make_endpoint(GetParam(), cancel_soak_options(GetParam()));
+    b_ = std::make_unique<LocalSide>(make_endpoint(GetParam(), cancel_soak_options(GetParam())));
+  }
+  constexpr size_t slice = 256 << 10, ops = 16, size = slice * ops;
+  auto src = buffer(size), back = buffer(size);
+  auto dst = b_->buffer(size), remote_src = b_->buffer(size);
+  auto value = [](size_t k) { return static_cast<uint8_t>(k % 200 + 1); };  // never 0 or the poison
+  std::vector<uint8_t> remote_bytes(size);
+  for (size_t k = 0; k < ops; ++k) std::fill_n(remote_bytes.begin() + k * slice, slice, value(k + 7));
+  remote_src->write(0, remote_bytes);
+  const int32_t h_src = a_->register_memory_region("src", src->addr(), 0, size);
+  const int32_t h_back = a_->register_memory_region("back", back->addr(), 0, size);
+  b_->register_memory_region("dst", *dst, 0, size);
+  b_->register_memory_region("rsrc", *remote_src, 0, size);
+  connect();
+  const int32_t h_dst = remote("dst"), h_rsrc = remote("rsrc");
+  constexpr uint8_t kPoison = 0xEE;
+  int withdrawn = 0;
+  for (int round = 0; round < 4; ++round) {
+    SCOPED_TRACE(::testing::Message() << "round " << round);
+    std::vector<uint8_t> src_bytes(size);
+    for (size_t k = 0; k < ops; ++k) std::fill_n(src_bytes.begin() + k * slice, slice, value(k + round));
+    src->write(0, src_bytes);
+    dst->fill(0);
+    back->fill(0);
+    std::vector<Future> writes, reads;
+    for (size_t k = 0; k < ops; ++k) {
+      writes.push_back(a_->write({{h_src, h_dst, k * slice, k * slice, slice}}));
+      reads.push_back(a_->read({{h_back, h_rsrc, k * slice, k * slice, slice}}));
+    }
+    std::vector<bool> write_cancelled(ops, false), read_cancelled(ops, false);
+    for (size_t k = 0; k < ops; k += 3) {
+      if (writes[k].cancel()) {
+        write_cancelled[k] = true;
+        src->write(k * slice, std::vector<uint8_t>(slice, kPoison));
+      }
+      if (reads[k].cancel()) {
+        read_cancelled[k] = true;
+        back->write(k * slice, std::vector<uint8_t>(slice, kPoison));
+      }
+    }
+    withdrawn += static_cast<int>(std::count(write_cancelled.begin(), write_cancelled.end(), true) +
+                                  std::count(read_cancelled.begin(), read_cancelled.end(), true));
+    for (size_t k = 0; k < ops; ++k) {
+      const int ws = status_within(writes[k]), rs = status_within(reads[k]);
+      EXPECT_EQ(ws, code(write_cancelled[k] ? StatusCode::kCancelled : StatusCode::kSuccess)) << k << ": "
+                                                                                               << writes[k].message();
+      EXPECT_EQ(rs, code(read_cancelled[k] ? StatusCode::kCancelled : StatusCode::kSuccess)) << k << ": "
+                                                                                              << reads[k].message();
+    }
+    // Later ops on every lane: late answers to the cancelled reads have arrived by then.
+    std::vector<Future> barrier;
+    for (int i = 0; i < 4; ++i) barrier.push_back(a_->read({{h_back, h_rsrc, size - 64, size - 64, 64}}));
+    for (auto& f : barrier) ASSERT_EQ(status_within(f), 0) << f.message();
+    const auto landed = dst->bytes(), read_back = back->bytes();
+    for (size_t k = 0; k < ops; ++k) {
+      const auto begin = landed.begin() + static_cast<ptrdiff_t>(k * slice);
+      if (write_cancelled[k]) {
+        EXPECT_TRUE(std::all_of(begin, begin + slice, [&](uint8_t x) { return x == 0 || x == value(k + round); }))
+            << "write " << k << " read its source after cancel() returned true";
+      } else {
+        EXPECT_TRUE(std::all_of(begin, begin + slice, [&](uint8_t x) { return x == value(k + round); }))
+            << "write " << k;
+      }
+      const auto rbegin = read_back.begin() + static_cast<ptrdiff_t>(k * slice);
+      const size_t checked = k + 1 == ops ? slice - 64 : slice;  // the barrier reads the last 64 bytes
+      const uint8_t want = read_cancelled[k] ? kPoison : value(k + 7);
+      EXPECT_TRUE(std::all_of(rbegin, rbegin + checked, [&](uint8_t x) { return x == want; }))
+          << "read " << k << (read_cancelled[k] ? " wrote its buffer after cancel() returned true" : "");
+    }
+  }
+  RecordProperty("withdrawn", withdrawn);
+  EXPECT_TRUE(a_->is_connected());
+}
+
+// cancel() from a continuation, which runs on the transport's own thread: no deadlock
+// (it does not wait for that thread), and the answer is there when it returns.
+CONFORMANCE_TEST(CancelFromAContinuationOnTheTransportsThreadReturns, always, OpKind::kSend) {
+  connect();
+  Endpoint& b = b_->endpoint();
+  auto box1 = b_->buffer(64), box2 = b_->buffer(64), box3 = b_->buffer(64);
+  auto r1 = b.recv({box1->addr(), 0, 64});
+  auto r2 = b.recv({box2->addr(), 0, 64});
+  auto answer = std::make_shared<std::promise<std::pair<bool, bool>>>();  // (cancelled, done by then)
+  r1.on_complete([answer, r2](const Future&) {
+    const bool cancelled = r2.cancel();
+    answer->set_value({cancelled, r2.done()});
+  });
+  auto got = answer->get_future();
+  const auto text = pattern(64, 8);
+  auto msg = buffer(text);
+  auto sd = a_->send({msg->addr(), 0, 64});
+  ASSERT_EQ(got.wait_for(kDeadline), std::future_status::ready) << "cancel() from a continuation did not return";
+  const auto [cancelled, done] = got.get();
+  EXPECT_TRUE(cancelled);
+  EXPECT_TRUE(done);
+  EXPECT_EQ(r2.status(), code(StatusCode::kCancelled)) << r2.message();
+  // The next message goes to the next recv.
+  auto r3 = b.recv({box3->addr(), 0, 64});
+  auto sd2 = a_->send({msg->addr(), 0, 64});
+  ASSERT_EQ(status_within(r3), 0) << r3.message();
+  EXPECT_EQ(box3->bytes(), text);
+  EXPECT_EQ(status_within(sd), 0);
+  EXPECT_EQ(status_within(sd2), 0);
 }
 
 // --- many ops in flight at once (issue 21) -------------------------------------------------

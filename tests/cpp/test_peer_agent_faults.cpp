@@ -221,6 +221,27 @@ TEST(FaultyEndpoint, DelayedOpReachesTheInnerEndpointLaterWithItsResult) {
   EXPECT_EQ(d.plan->counts().delayed, 1u);
 }
 
+// Future::cancel of a held op withdraws it before it reaches the inner endpoint; once
+// forwarded, cancel is the inner op's (the recording endpoint's cannot be withdrawn).
+TEST(FaultyEndpoint, CancelWithdrawsAHeldOpAndForwardsToTheInnerOpOnceItWentThrough) {
+  Decorated d;
+  d.plan->add(FaultRule::delay_ops(OpKind::kWrite, 50ms, 1));
+  d.plan->add(FaultRule::delay_ops(OpKind::kRead, 100ms, 1));
+  Future held = d.ep->write(kItem);
+  Future later = d.ep->read(kItem);  // released after the write would have been
+  ASSERT_TRUE(held.cancel());
+  EXPECT_EQ(held.status(), code(StatusCode::kCancelled));
+  EXPECT_NE(held.message().find("cancelled by the user"), std::string::npos) << held.message();
+  ASSERT_TRUE(wait_until([&] { return d.inner->ops_seen() == 1; }, 5s)) << "the later op never went through";
+  EXPECT_EQ(d.inner->kinds_seen(), std::vector<OpKind>{OpKind::kRead})
+      << "the cancelled write reached the inner endpoint";
+  EXPECT_FALSE(later.cancel()) << "the inner op cannot be withdrawn, so neither can its wrapper";
+  EXPECT_FALSE(later.done());
+  d.inner->complete_all(Status::ok(), 8);
+  ASSERT_EQ(later.wait_for(5s), std::optional<int>(0));
+  EXPECT_FALSE(held.cancel());
+}
+
 TEST(FaultyEndpoint, ThePlanCanChangeWhileOpsRun) {
   Decorated d;
   Future before = d.ep->write(kItem);  // passes
@@ -382,6 +403,34 @@ TEST(PeerAgentFaults, ADroppedOpFailsWithinItsDeadlineAndTheNextOneWorks) {
   EXPECT_EQ(p.dst, std::vector<uint8_t>(4096, 0)) << "a dropped write moved bytes";
   EXPECT_EQ(p.plan->counts().dropped, 1u);
 
+  auto ok = p.named_write();
+  ASSERT_EQ(ok.wait_for(10s), std::optional<int>(0)) << ok.message();
+  EXPECT_EQ(p.dst, p.src);
+}
+
+// The agent's named write wraps the endpoint's op: Future::cancel goes through to it. Held
+// by the fault plan (queued, never sent), it is withdrawn and moves no byte; a recv the
+// agent posts is the endpoint's own op, withdrawn by the transport.
+TEST(PeerAgentFaults, CancelOfANamedOpReachesTheEndpointsOp) {
+  AgentPair p("pcx");
+  p.connect_both();
+  p.plan->add(FaultRule::delay_ops(OpKind::kWrite, 200ms, 1));
+  p.plan->add(FaultRule::delay_ops(OpKind::kRead, 400ms, 1));
+  auto w = p.named_write();
+  ASSERT_TRUE(w.cancel()) << "a held write must be withdrawn through the agent's future";
+  EXPECT_EQ(w.status(), code(StatusCode::kCancelled)) << w.message();
+  EXPECT_NE(w.message().find("cancelled by the user"), std::string::npos) << w.message();
+  // A later delayed op goes through after the cancelled write would have: by then the
+  // write would have landed, had it not been withdrawn.
+  std::vector<uint8_t> back(16, 0);
+  p.a.register_memory_region("back", addr_of(back), 0, back.size());
+  auto r = p.a.read(p.b.alias(), std::vector<NamedAssignment>{{"back", "dst", 0, 0, back.size()}});
+  ASSERT_EQ(r.wait_for(10s), std::optional<int>(0)) << r.message();
+  EXPECT_EQ(p.dst, std::vector<uint8_t>(4096, 0)) << "the cancelled write moved bytes";
+  std::vector<uint8_t> inbox(16, 0xAA);
+  auto rv = p.b.recv(p.a.alias(), {addr_of(inbox), 0, inbox.size()});
+  ASSERT_TRUE(rv.cancel());
+  EXPECT_EQ(rv.status(), code(StatusCode::kCancelled)) << rv.message();
   auto ok = p.named_write();
   ASSERT_EQ(ok.wait_for(10s), std::optional<int>(0)) << ok.message();
   EXPECT_EQ(p.dst, p.src);

@@ -17,6 +17,7 @@ import functools
 import gc
 import os
 import random
+import threading
 import time
 
 import pytest
@@ -661,6 +662,154 @@ def test_no_byte_lands_in_a_region_after_unregister_returns(pair, new_buffer):
     b.register_memory_region("other", other.ptr, 0, 64)
     assert a.write([(h_src, remote(a, b, "other"), 0, 0, 64)]).wait_for(DEADLINE) == OK
     assert contents(other) == b"\x5a" * 64
+
+
+# --- cancellation (Future.cancel, docs/api.md "Cancellation") ---------------------------
+
+
+def queueing_options(transport):
+    """transport_options() under which a send submitted behind a large message to a receiver
+    with no recv posted stays queued in the sender, never on the wire: tcp, one lane of
+    4 KiB frames (the large message alone fills one vectored write) and a receiver that
+    holds no message; rdma, a credit of two messages (max_recv_wr / 4)."""
+    options = dict(transport_options(transport))
+    if transport == "tcp":
+        options.update(lanes=1, chunk_size=4096, unexpected_buffer_bytes=0)
+    if transport == "rdma":
+        options["max_recv_wr"] = 8
+    return options
+
+
+def withdraws_queued_sends(transport):
+    """Whether a send queued so is withdrawn by Future.cancel()."""
+    return transport in ("tcp", "rdma")
+
+
+def cancels_reads_in_flight(transport):
+    """Whether cancel() ends a read whose request may be out already (tcp drains its answer)."""
+    return transport == "tcp"
+
+
+@over("send", "recv")
+def test_a_cancelled_recv_is_withdrawn_and_the_next_message_goes_to_the_next_recv(pair, new_buffer):
+    a, b = pair
+    connect(a, b)
+    box1, box2 = new_buffer(b, 64, b"\xAA"), new_buffer(b, 64)
+    r1 = b.recv((box1.ptr, 0, 64))
+    r2 = b.recv((box2.ptr, 0, 64))
+    assert r1.cancel() is True, "a posted recv that no message has reached must be withdrawn"
+    assert r1.done() and r1.status == CANCELLED, r1.message
+    assert "cancelled by the user" in r1.message
+    assert r1.cancel() is False  # once
+    msg = new_buffer(a, 48, pattern(48, 3))
+    sd = a.send((msg.ptr, 0, 48))
+    assert sd.wait_for(DEADLINE) == OK, sd.message
+    assert r2.wait_for(DEADLINE) == OK, r2.message
+    assert r2.nbytes == 48 and contents(box2, 0, 48) == contents(msg)
+    assert contents(box1) == b"\xAA" * 64, "the withdrawn recv's buffer was written"
+    # An op that has ended is not cancelled: its status stays.
+    assert r2.cancel() is False and sd.cancel() is False
+    assert r2.status == OK and sd.status == OK
+
+
+@over("send", "recv", where=withdraws_queued_sends)
+def test_a_queued_send_that_is_cancelled_is_never_received(transport):
+    a = dlslime.make_endpoint(transport, **queueing_options(transport))
+    b = dlslime.make_endpoint(transport, **queueing_options(transport))
+    try:
+        connect(a, b)
+        big, small = 32 << 20, 64
+        m1 = buffer_of(a, big, pattern(4096, 1))
+        f1 = a.send((m1.ptr, 0, big))  # b takes none of it until it posts a recv
+        fillers = [buffer_of(a, small, pattern(small, 10 + i)) for i in range(2)]
+        filler_sends = [a.send((f.ptr, 0, small)) for f in fillers]
+        victim = buffer_of(a, small, pattern(small, 99))
+        v = a.send((victim.ptr, 0, small))
+        assert v.cancel() is True, "a send queued behind others must be withdrawn"
+        assert v.status == CANCELLED, v.message
+        victim.write(0, b"\xEE" * small)  # were it sent after all, its receiver would get these
+        after = buffer_of(a, small, pattern(small, 77))
+        fa = a.send((after.ptr, 0, small))
+        # b takes messages in order now: the big one, the fillers, then the next one.
+        box_big = buffer_of(b, big)
+        r_big = b.recv((box_big.ptr, 0, big))
+        boxes = [buffer_of(b, small) for _ in range(3)]
+        recvs = [b.recv((box.ptr, 0, small)) for box in boxes]
+        assert r_big.wait_for(DEADLINE) == OK, r_big.message
+        assert contents(box_big) == contents(m1)
+        assert f1.wait_for(DEADLINE) == OK, f1.message
+        for i in range(2):
+            assert recvs[i].wait_for(DEADLINE) == OK, recvs[i].message
+            assert contents(boxes[i]) == pattern(small, 10 + i)
+            assert filler_sends[i].wait_for(DEADLINE) == OK
+        assert recvs[2].wait_for(DEADLINE) == OK, recvs[2].message
+        assert contents(boxes[2]) == pattern(small, 77), "the cancelled send was received"
+        assert fa.wait_for(DEADLINE) == OK, fa.message
+    finally:
+        a.shutdown()
+        b.shutdown()
+
+
+@over("read")
+def test_a_read_cancelled_in_flight_never_writes_its_buffer_again(pair, new_buffer, transport):
+    """Whatever cancel() answers, its promise holds: True, the op ended CANCELLED and its
+    buffer is never written again (later reads on every lane have completed, so a late
+    answer has arrived); False, the op ends as usual."""
+    a, b = pair
+    size = 4 << 20
+    src = new_buffer(b, size, pattern(4096, 5))
+    dst, other = new_buffer(a, size), new_buffer(a, size)
+    b.register_memory_region("src", src.ptr, 0, size)
+    h_dst = a.register_memory_region("dst", dst.ptr, 0, size)
+    h_other = a.register_memory_region("other", other.ptr, 0, size)
+    connect(a, b)
+    h_src = remote(a, b, "src")
+    expected = contents(src)
+    withdrawn = 0
+    for _ in range(10):
+        dst.write(0, bytes(size))
+        rd = a.read([(h_dst, h_src, 0, 0, size)])
+        if rd.cancel():
+            withdrawn += 1
+            assert rd.done() and rd.status == CANCELLED, rd.message
+            dst.write(0, b"\xEE" * size)  # from here on, no byte of the read may land
+            later = [a.read([(h_other, h_src, 0, 0, size)]) for _ in range(4)]
+            assert [f.wait_for(DEADLINE) for f in later] == [OK] * 4
+            assert contents(dst) == b"\xEE" * size, "the read wrote its buffer after cancel() returned True"
+        else:
+            assert rd.wait_for(DEADLINE) == OK, rd.message
+            assert contents(dst) == expected
+            assert rd.cancel() is False
+    if cancels_reads_in_flight(transport):
+        assert withdrawn > 0, "no read was cancelled in 10 tries"
+
+
+@over("send", "recv")
+def test_cancel_from_an_on_complete_callback_returns(pair, new_buffer):
+    """The callback runs on the transport's own thread: cancel() there must not wait for it."""
+    a, b = pair
+    connect(a, b)
+    box1, box2, box3 = new_buffer(b, 64), new_buffer(b, 64), new_buffer(b, 64)
+    r1 = b.recv((box1.ptr, 0, 64))
+    r2 = b.recv((box2.ptr, 0, 64))
+    answer = []
+    answered = threading.Event()
+
+    def on_first(_):
+        answer.append((r2.cancel(), r2.done()))
+        answered.set()
+
+    r1.on_complete(on_first)
+    msg = new_buffer(a, 64, pattern(64, 8))
+    sd = a.send((msg.ptr, 0, 64))
+    assert answered.wait(DEADLINE), "cancel() from a callback did not return"
+    assert answer == [(True, True)]
+    assert r2.status == CANCELLED, r2.message
+    r3 = b.recv((box3.ptr, 0, 64))
+    sd2 = a.send((msg.ptr, 0, 64))
+    assert r3.wait_for(DEADLINE) == OK, r3.message
+    assert contents(box3) == contents(msg)
+    assert sd.wait_for(DEADLINE) == OK and sd2.wait_for(DEADLINE) == OK
 
 
 # --- a peer process killed mid-transfer ------------------------------------------------
