@@ -44,6 +44,14 @@ NotificationInbox::Clock::time_point NotificationInbox::post(std::shared_ptr<OpS
   return deadline;
 }
 
+bool NotificationInbox::withdraw(const OpState& state, EndedList& ended) {
+  auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const Waiter& w) { return w.state.get() == &state; });
+  if (it == waiting_.end()) return false;
+  ended.push_back({std::move(it->state), OpState::cancelled_by_user()});
+  waiting_.erase(it);
+  return true;
+}
+
 NotificationInbox::Clock::time_point NotificationInbox::expire(Clock::time_point now, EndedList& ended) {
   for (auto it = waiting_.begin(); it != waiting_.end();) {
     if (it->deadline > now) {

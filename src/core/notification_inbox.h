@@ -48,6 +48,9 @@ class NotificationInbox {
   // is gone and none is held (gone()), else waits until `limit` passes (set from now).
   // Returns its deadline (max: none, or it has ended), for the transport's timer.
   Clock::time_point post(std::shared_ptr<OpState> state, const OpLimit& limit, EndedList& ended);
+  // Future::cancel: takes the recv_notify `state` out if it still waits (nothing was
+  // received into it) and ends it with the user's cancellation; false if it does not wait.
+  bool withdraw(const OpState& state, EndedList& ended);
   // Fails the recv_notifys past their deadline (kTimeout); returns the next deadline.
   Clock::time_point expire(Clock::time_point now, EndedList& ended);
   Clock::time_point next_deadline() const;

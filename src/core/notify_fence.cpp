@@ -1,5 +1,6 @@
 #include "core/notify_fence.h"
 
+#include <algorithm>
 #include <utility>
 
 #include <fmt/format.h>
@@ -68,11 +69,35 @@ Future NotifyFence::send_notify(OpRequest request) {
 void NotifyFence::enqueue(Queued q) {
   {
     std::lock_guard lock(mu_);
+    q.id = next_id_++;
+    q.user->set_canceller(weak_from_this(), q.id);
     q.epoch = epoch_++;  // later writes join the next epoch: this one waits only for earlier
     queued_.push_back(std::move(q));
     if (!front_ready_locked()) return;
   }
   pump();
+}
+
+bool NotifyFence::cancel_op(OpState& user, uint64_t id) {
+  Future write;
+  {
+    std::lock_guard lock(mu_);
+    auto it = std::find_if(queued_.begin(), queued_.end(), [id](const Queued& q) { return q.id == id; });
+    if (it == queued_.end()) return false;  // handed to the transport: it may arrive
+    if (it->write.valid()) {
+      write = it->write;  // cancelled below, outside the lock (its end pumps)
+    } else {
+      queued_.erase(it);  // never sent; those behind it may be ready now
+    }
+  }
+  if (write.valid()) {
+    if (!write.state()->cancel()) return false;  // the write goes on, and so will its notification
+    std::lock_guard lock(mu_);
+    std::erase_if(queued_, [id](const Queued& q) { return q.id == id; });
+  }
+  user.complete(OpState::cancelled_by_user());
+  pump();
+  return user.done() && user.status().code() == StatusCode::kCancelled;
 }
 
 void NotifyFence::pump() {

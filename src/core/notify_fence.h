@@ -40,7 +40,12 @@ std::function<Future(OpRequest)> submit_while_alive(const std::shared_ptr<Impl>&
 //
 // Threads: any. submit_notify is called without the lock held, by one thread at a time
 // (the pump), so the transport sees notifications in order.
-class NotifyFence : public std::enable_shared_from_this<NotifyFence> {
+//
+// Future::cancel on what it returns: a notification still queued here is withdrawn (never
+// sent); a write carrying one is cancelled through to the transport's write, and if that
+// is withdrawn, its notification is never sent either. One already handed to the
+// transport is not withdrawn (it may arrive, whole).
+class NotifyFence final : public OpCanceller, public std::enable_shared_from_this<NotifyFence> {
  public:
   explicit NotifyFence(std::function<Future(OpRequest)> submit_notify) : submit_notify_(std::move(submit_notify)) {}
 
@@ -60,8 +65,11 @@ class NotifyFence : public std::enable_shared_from_this<NotifyFence> {
   // send_notify: queued behind every write submitted before it.
   Future send_notify(OpRequest request);
 
+  bool cancel_op(OpState& user, uint64_t id) override;
+
  private:
   struct Queued {
+    uint64_t id = 0;  // for cancel_op
     uint64_t epoch = 0;
     OpRequest request;             // kSendNotify
     std::shared_ptr<OpState> user;  // what the user holds
@@ -75,6 +83,7 @@ class NotifyFence : public std::enable_shared_from_this<NotifyFence> {
   const std::function<Future(OpRequest)> submit_notify_;
   std::mutex mu_;
   uint64_t epoch_ = 0;                       // the epoch new writes join
+  uint64_t next_id_ = 1;
   std::map<uint64_t, uint64_t> in_flight_;  // epoch -> writes of it still running
   std::deque<Queued> queued_;               // submission order
   bool pumping_ = false;

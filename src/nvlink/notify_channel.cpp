@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <random>
@@ -154,6 +155,7 @@ Future NotifyChannel::send(std::string bytes, const OpLimit& limit) {
       return f;
     }
     const uint64_t seq = next_seq_++;
+    state->set_canceller(weak_from_this(), seq);
     sending_.emplace(seq, Sending{state, limit, limit.deadline()});
     outbox_.push_back({seq, message(kNotify, 0, seq, bytes)});
     flush_locked();
@@ -172,11 +174,32 @@ Future NotifyChannel::receive(const OpLimit& limit) {
       state->complete(Status::cancelled("NVLinkEndpoint is shut down"));
       return f;
     }
+    state->set_canceller(weak_from_this(), 0);
     inbox_.post(std::move(state), limit, ended);
   }
   for (auto& e : ended) e.complete();
   wake();  // its deadline
   return f;
+}
+
+bool NotifyChannel::cancel_op(OpState& op, uint64_t seq) {
+  NotificationInbox::EndedList ended;
+  {
+    std::lock_guard lock(mu_);
+    if (closed_) return false;
+    if (op.kind() == OpKind::kRecvNotify) {
+      if (!inbox_.withdraw(op, ended)) return false;
+    } else {
+      auto queued = std::find_if(outbox_.begin(), outbox_.end(), [seq](const Outgoing& o) { return o.seq == seq; });
+      auto it = sending_.find(seq);
+      if (queued == outbox_.end() || it == sending_.end()) return false;  // written: it may arrive
+      outbox_.erase(queued);
+      ended.push_back({std::move(it->second.state), OpState::cancelled_by_user()});
+      sending_.erase(it);
+    }
+  }
+  CompletionScope scope;
+  return ended.front().state->complete(std::move(ended.front().status));
 }
 
 void NotifyChannel::shutdown() {

@@ -26,7 +26,7 @@
 
 namespace dlslime::nvlink {
 
-class NotifyChannel : public std::enable_shared_from_this<NotifyChannel> {
+class NotifyChannel final : public OpCanceller, public std::enable_shared_from_this<NotifyChannel> {
  public:
   // Held notifications no recv_notify has claimed: at most this many bytes (256 each on top).
   static constexpr uint64_t kHeldBudget = 16u << 20;
@@ -49,6 +49,9 @@ class NotifyChannel : public std::enable_shared_from_this<NotifyChannel> {
   // the thread itself).
   void shutdown();
   void join() { thread_.join(); }
+  // Future::cancel: a recv_notify still waiting, or a notification not yet written to the
+  // socket (`seq`), is withdrawn; one written may arrive (whole) and is not.
+  bool cancel_op(OpState& op, uint64_t seq) override;
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -32,7 +32,14 @@ bool RdmaEndpointImpl::cancel_op(OpState& state, uint64_t op_id) {
         imm_waiters_.erase(it);
         break;
       }
-      case OpKind::kSend: {
+      case OpKind::kRecvNotify: {
+        NotificationInbox::EndedList ended;
+        if (!notes_.withdraw(state, ended)) return false;
+        withdrawn = std::move(ended.front().state);
+        break;
+      }
+      case OpKind::kSend:
+      case OpKind::kSendNotify: {
         // Only while it waits for credit: once its EAGER or RTS is posted, the peer may
         // match it (and read its buffer).
         auto it = std::find_if(pending_sends_.begin(), pending_sends_.end(),

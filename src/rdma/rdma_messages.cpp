@@ -381,6 +381,7 @@ Future RdmaEndpointImpl::submit_recv_notify(const OpRequest& request, std::share
   Future future(state);
   const MessageWait wait = start_wait(request);  // lowers wait_deadline_ for the inbox's deadline
   NotificationInbox::EndedList ended;
+  state->set_canceller(canceller_, 0);  // found by its state (cancel_op)
   notes_.post(std::move(state), wait.limit, ended);
   lock.unlock();
   for (auto& e : ended) e.complete();

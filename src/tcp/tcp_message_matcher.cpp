@@ -174,6 +174,12 @@ bool MessageMatcher::withdraw_recv(uint64_t local_id) {
   return state->complete(OpState::cancelled_by_user());
 }
 
+bool MessageMatcher::withdraw_notify(const OpState& state) {
+  NotificationInbox::EndedList ended;
+  if (!notes_.withdraw(state, ended)) return false;
+  return ended.front().state->complete(std::move(ended.front().status));
+}
+
 void MessageMatcher::match_held_front(const std::shared_ptr<InboundMessage>& msg) {
   // Only at a frame boundary of msg's connection (or once it is complete): attach().
   if (msg->matched || recvs_.empty() || unexpected_.empty() || unexpected_.front() != msg) return;

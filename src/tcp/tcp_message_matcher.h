@@ -67,6 +67,8 @@ class MessageMatcher {
   // is taken out and completed with the user's cancellation; the next message goes to the
   // next recv. False if it is not waiting here (matched, or ended).
   bool withdraw_recv(uint64_t local_id);
+  // Future::cancel of a recv_notify still waiting (NotificationInbox::withdraw).
+  bool withdraw_notify(const OpState& state);
   // A notification from the peer (kNotify): held or handed to a recv_notify, and
   // acknowledged at once (kNotifyAck), or refused when the held ones fill the budget.
   void on_notification(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view bytes);

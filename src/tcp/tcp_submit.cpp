@@ -178,6 +178,7 @@ Future TcpEndpointImpl::submit(OpRequest req) {
   if (req.kind == OpKind::kRecvNotify) {
     NotifyWait wait;
     wait.state = std::make_shared<OpState>(OpKind::kRecvNotify);
+    wait.state->set_canceller(canceller_, op_id);
     wait.limit = OpLimit::of(req.timeout, options_.recv_timeout, "recv_timeout");
     Future f(wait.state);
     hand_off(std::move(wait));
@@ -251,7 +252,7 @@ void TcpEndpointImpl::drain_handoffs() {
 
 bool TcpEndpointImpl::cancel_op(OpState& op, uint64_t op_id) {
   if (shut_down_ || inherited()) return false;  // shutdown ends every op (kCancelled) itself
-  const bool is_recv = op.kind() == OpKind::kRecv;
+  const OpKind kind = op.kind();
   bool withdrawn = false;
   try {
     // The fence unregister uses: the op's memory is only touched on the I/O thread, so
@@ -259,7 +260,9 @@ bool TcpEndpointImpl::cancel_op(OpState& op, uint64_t op_id) {
     run_on_io([&] {
       if (failing_ || shut_down_) return;
       drain_handoffs();  // the op may still be on its way to this thread
-      withdrawn = is_recv ? matcher_.withdraw_recv(op_id) : initiator_.cancel(op_id);
+      withdrawn = kind == OpKind::kRecv         ? matcher_.withdraw_recv(op_id)
+                  : kind == OpKind::kRecvNotify ? matcher_.withdraw_notify(op)
+                                                : initiator_.cancel(op_id);
     });
   } catch (const std::exception& e) {
     // The I/O thread did not take the hop in time (a continuation blocks it): the op was

@@ -301,7 +301,8 @@ std::function<NotifyResult()> wait_notification(Endpoint& ep, std::chrono::milli
 // <offset> <n>" -> hex, "register <name> <addr> <offset> <length>" -> handle, "unregister
 // <name>", "info" -> endpoint_info as one line of JSON, "connect <json>", "recv_notify
 // <timeout_ms> <buffer id or -1> <n> <seed>" -> "<status> <in_place> <hex or -> <message>"
-// (Side::recv_notify; it answers once the recv_notify has ended), "shutdown";
+// (Side::recv_notify; it answers once the recv_notify has ended), "send_notify <hex or ->"
+// -> its status, "shutdown";
 // "ok" where nothing else is due, "error <why>" for a command that threw. Ends at EOF.
 int run_peer(const std::string& transport) {
   std::shared_ptr<Endpoint> ep;
@@ -361,6 +362,11 @@ int run_peer(const std::string& transport) {
         const std::vector<uint8_t> note(r.notification.begin(), r.notification.end());
         answer = std::to_string(r.status) + " " + std::to_string(r.in_place) + " " +
                  (note.empty() ? std::string("-") : to_hex(note)) + " " + r.message;
+      } else if (cmd == "send_notify") {
+        std::string hex;
+        in >> hex;
+        const auto bytes = hex == "-" ? std::vector<uint8_t>() : from_hex(hex);
+        answer = std::to_string(ep->send_notify(std::string(bytes.begin(), bytes.end())).wait_for(60s).value_or(-1));
       } else if (cmd == "shutdown") {
         ep->shutdown();
       } else {
@@ -388,6 +394,8 @@ class Side {
   // result before this side's next command.
   virtual std::function<NotifyResult()> recv_notify(std::chrono::milliseconds timeout, const Region* check = nullptr,
                                                     size_t n = 0, uint8_t seed = 0) = 0;
+  // send_notify on this side's endpoint; its final status (-1: none within 60 s).
+  virtual int send_notify(const std::string& bytes) = 0;
   virtual std::unique_ptr<Region> buffer(size_t n) = 0;  // zeroed, of the kind its endpoint registers
   virtual int32_t register_memory_region(const std::string& name, const Region& r, uint64_t offset,
                                          uint64_t length) = 0;
@@ -414,6 +422,7 @@ class LocalSide final : public Side {
                                             uint8_t seed) override {
     return wait_notification(*ep_, timeout, check, n, seed);
   }
+  int send_notify(const std::string& bytes) override { return ep_->send_notify(bytes).wait_for(60s).value_or(-1); }
 
  private:
   std::shared_ptr<Endpoint> ep_;
@@ -491,6 +500,9 @@ class PeerSide final : public Side {
   Endpoint& endpoint() override {
     throw std::logic_error(transport_ + "'s peer process serves the region owner's calls only (register, fill, "
                                         "read, info, connect, unregister, recv_notify, shutdown), not two-sided ops");
+  }
+  int send_notify(const std::string& bytes) override {
+    return std::stoi(ask("send_notify " + (bytes.empty() ? std::string("-") : to_hex({bytes.begin(), bytes.end()}))));
   }
   std::function<NotifyResult()> recv_notify(std::chrono::milliseconds timeout, const Region* check, size_t n,
                                             uint8_t seed) override {
@@ -2012,6 +2024,64 @@ CONFORMANCE_TEST(APeerKilledWhileOnlyARecvNotifyWaitsIsNoticedAndAFreshPeerIsAcc
   ASSERT_EQ(r.status, 0) << r.message;
   EXPECT_EQ(r.notification, "to the fresh peer");
   EXPECT_EQ(r.in_place, 1);
+}
+
+// Future::cancel on notifications: a waiting recv_notify is withdrawn and takes nothing (the
+// next notification goes to the next one); a send_notify still queued behind a write in
+// flight, or the notification of a write that was withdrawn, is never sent. Whether an op
+// in flight can be withdrawn is the transport's (docs/api.md "Cancellation"): each outcome
+// is checked for what it promises.
+CONFORMANCE_TEST(ACancelledRecvNotifyTakesNothingAndAWithdrawnNotificationIsNeverSent, always, OpKind::kWrite,
+                 OpKind::kSendNotify) {
+  constexpr size_t kBig = 64u << 20;
+  auto src = buffer(kBig);
+  auto dst = b_->buffer(kBig);
+  const int32_t h_src = a_->register_memory_region("src", src->addr(), 0, kBig);
+  b_->register_memory_region("dst", *dst, 0, kBig);
+  connect();
+  const int32_t h_dst = remote("dst");
+
+  auto waiting = a_->recv_notify(10s);
+  EXPECT_TRUE(waiting.cancel());
+  EXPECT_EQ(waiting.status(), code(StatusCode::kCancelled)) << waiting.message();
+  EXPECT_FALSE(waiting.cancel()) << "a second cancel of an ended op";
+  ASSERT_EQ(b_->send_notify("after the cancel"), 0);
+  auto next = a_->recv_notify(10s);
+  ASSERT_EQ(status_within(next), 0) << next.message();
+  EXPECT_EQ(next.notification(), "after the cancel");
+
+  // Behind a 64 MiB write, a send_notify waits in the fence: withdrawn there, never sent.
+  auto big = a_->write({{h_src, h_dst, 0, 0, kBig}});
+  auto queued = a_->send_notify("queued");
+  const bool queued_withdrawn = queued.cancel();
+  auto carrying = a_->write({{h_src, h_dst, 0, 0, kBig}}, {}, "carried");
+  const bool carrying_withdrawn = carrying.cancel();
+  auto last = a_->send_notify("last");
+  ASSERT_NE(status_within(big, 60s), -1);
+  ASSERT_NE(status_within(carrying, 60s), -1);
+  ASSERT_EQ(status_within(last, 60s), 0) << last.message();
+  std::vector<std::string> expected;
+  if (queued_withdrawn) {
+    EXPECT_EQ(queued.status(), code(StatusCode::kCancelled));
+  } else {
+    EXPECT_EQ(status_within(queued), 0) << queued.message();
+    expected.push_back("queued");
+  }
+  if (carrying_withdrawn) {
+    EXPECT_EQ(carrying.status(), code(StatusCode::kCancelled)) << carrying.message();
+  } else {
+    EXPECT_EQ(carrying.status(), 0) << carrying.message();
+    expected.push_back("carried");
+  }
+  expected.push_back("last");
+  std::vector<std::string> got;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const NotifyResult r = b_->recv_notify(10s)();
+    ASSERT_EQ(r.status, 0) << r.message;
+    got.push_back(r.notification);
+  }
+  EXPECT_EQ(got, expected) << "queued withdrawn: " << queued_withdrawn << ", carrying withdrawn: " << carrying_withdrawn;
+  EXPECT_EQ(b_->recv_notify(200ms)().status, code(StatusCode::kTimeout)) << "a withdrawn notification arrived";
 }
 
 }  // namespace

@@ -175,3 +175,42 @@ TEST(NotificationInbox, AWaitExpiresAloneAndThePeersDepartureFailsTheRest) {
   inbox.post(std::make_shared<OpState>(OpKind::kRecvNotify), OpLimit{}, ended);
   EXPECT_TRUE(ended.empty()) << "a new peer: recv_notify waits again";
 }
+
+namespace {
+// A transport's canceller that can always withdraw the op.
+struct Withdraws final : OpCanceller, std::enable_shared_from_this<Withdraws> {
+  bool cancel_op(OpState& op, uint64_t) override { return op.complete(OpState::cancelled_by_user()); }
+};
+}  // namespace
+
+TEST(NotifyFence, CancelWithdrawsAQueuedNotificationAndTheOnesBehindItGoInOrder) {
+  Recorder t;
+  auto w = t.write();
+  Future a = t.notify("a");
+  Future b = t.notify("b");
+  EXPECT_TRUE(a.state()->cancel());
+  EXPECT_EQ(a.result().code(), StatusCode::kCancelled);
+  EXPECT_FALSE(a.state()->cancel());
+  w->complete(Status::ok());
+  EXPECT_EQ(t.sent, std::vector<std::string>{"b"}) << "a withdrawn notification was sent";
+  EXPECT_FALSE(b.state()->cancel()) << "one handed to the transport is not withdrawn here";
+}
+
+TEST(NotifyFence, CancellingAWriteThatCarriesANotificationCancelsTheWriteAndNeverSendsIt) {
+  Recorder t;
+  auto withdraws = std::make_shared<Withdraws>();
+  std::shared_ptr<OpState> carried;
+  OpRequest r;
+  r.kind = OpKind::kWrite;
+  r.notification = "never";
+  Future user = t.fence->write_then_notify(std::move(r), [&](OpRequest) {
+    carried = std::make_shared<OpState>(OpKind::kWrite);
+    carried->set_canceller(withdraws, 0);
+    return Future(carried);
+  });
+  Future after = t.notify("after");
+  EXPECT_TRUE(user.state()->cancel());
+  EXPECT_EQ(user.result().code(), StatusCode::kCancelled);
+  EXPECT_EQ(carried->status().code(), StatusCode::kCancelled) << "the transport's write was not cancelled";
+  EXPECT_EQ(t.sent, std::vector<std::string>{"after"});
+}

@@ -610,6 +610,19 @@ def test_a_timed_out_recv_notify_takes_nothing(pair):
     assert nxt.notification() == b"after the timeout"
 
 
+@over("send_notify")
+def test_a_cancelled_recv_notify_takes_nothing(pair):
+    a, b = pair
+    connect(a, b)
+    waiting = a.recv_notify(timeout_ms=10_000)
+    assert waiting.cancel() is True
+    assert waiting.status == CANCELLED, waiting.message
+    assert waiting.cancel() is False
+    assert b.send_notify(b"after the cancel").wait_for(DEADLINE) == OK
+    nxt = a.recv_notify(timeout_ms=10_000)
+    assert nxt.wait_for(DEADLINE) == OK and nxt.notification() == b"after the cancel"
+
+
 @over("write", "send_notify")
 def test_notification_arguments_are_checked(pair, new_buffer):
     a, b = pair
