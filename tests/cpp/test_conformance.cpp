@@ -2084,6 +2084,38 @@ CONFORMANCE_TEST(ACancelledRecvNotifyTakesNothingAndAWithdrawnNotificationIsNeve
   EXPECT_EQ(b_->recv_notify(200ms)().status, code(StatusCode::kTimeout)) << "a withdrawn notification arrived";
 }
 
+// Completion without blocking holds on every transport: on_complete runs once per op, on
+// the completing thread or at once when the op has ended; wait_any returns the op that
+// ended (not one still waiting) and wait_all waits for every one.
+CONFORMANCE_TEST(OnCompleteWaitAnyAndWaitAllHoldOnEveryTransport, always, OpKind::kWrite, OpKind::kSendNotify) {
+  auto src = buffer(4096);
+  auto dst = b_->buffer(4096);
+  const int32_t h_src = a_->register_memory_region("src", src->addr(), 0, 4096);
+  b_->register_memory_region("dst", *dst, 0, 4096);
+  connect();
+  const int32_t h_dst = remote("dst");
+  auto never = a_->recv_notify(30s);  // nothing is sent to a_: it waits
+  std::vector<Future> writes;
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  for (int i = 0; i < 8; ++i) {
+    writes.push_back(a_->write({{h_src, h_dst, uint64_t(i) * 512, uint64_t(i) * 512, 512}}));
+    writes.back().on_complete([calls](const Future& f) {
+      if (f.status() == 0) ++*calls;
+    });
+  }
+  const auto first = wait_any(std::vector<Future>{never, writes[3]}, 20s);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(*first, 1u) << "wait_any returned an op that is still waiting";
+  ASSERT_TRUE(wait_all(writes, 20s));
+  for (auto& w : writes) EXPECT_EQ(w.status(), 0) << w.message();
+  EXPECT_TRUE(wait_until([&] { return calls->load() == 8; })) << calls->load() << " of 8 callbacks ran";
+  int late = 0;
+  writes[0].on_complete([&late](const Future&) { ++late; });  // ended: runs here, now
+  EXPECT_EQ(late, 1);
+  EXPECT_FALSE(wait_any(std::vector<Future>{never}, 50ms).has_value());
+  EXPECT_FALSE(never.done());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {

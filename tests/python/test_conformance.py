@@ -610,6 +610,28 @@ def test_a_timed_out_recv_notify_takes_nothing(pair):
     assert nxt.notification() == b"after the timeout"
 
 
+@over("write", "send_notify")
+def test_on_complete_wait_any_and_wait_all_hold_on_every_transport(pair, new_buffer):
+    a, b = pair
+    src, dst = new_buffer(a, 4096, b"\x09"), new_buffer(b, 4096)
+    h_src = a.register_memory_region("src", src.ptr, 0, 4096)
+    b.register_memory_region("dst", dst.ptr, 0, 4096)
+    connect(a, b)
+    h_dst = remote(a, b, "dst")
+    never = a.recv_notify(timeout_ms=30_000)  # nothing is sent to a: it waits
+    calls = []
+    writes = [a.write([(h_src, h_dst, i * 512, i * 512, 512)]) for i in range(8)]
+    for w in writes:
+        w.on_complete(lambda f: calls.append(f.status))
+    assert dlslime.wait_any([never, writes[3]], timeout=DEADLINE) == 1
+    assert dlslime.wait_all(writes, timeout=DEADLINE)
+    assert all(w.status == OK for w in writes)
+    wait_until(lambda: len(calls) == 8, timeout=DEADLINE, what="the on_complete callbacks")
+    assert calls == [OK] * 8
+    assert dlslime.wait_any([never], timeout=0.05) is None
+    assert contents(dst) == contents(src)
+
+
 @over("send_notify")
 def test_a_cancelled_recv_notify_takes_nothing(pair):
     a, b = pair
