@@ -130,25 +130,13 @@ Future Endpoint::submit(OpRequest request) {
   }
   if (!request.notification || !carries_notification) request.notification.reset();
   if (!fence_) return do_submit(std::move(request));  // the transport orders them itself
+  const auto submit = [this](OpRequest r) { return do_submit(std::move(r)); };
   switch (request.kind) {
     case OpKind::kSendNotify: return fence_->send_notify(std::move(request));
     case OpKind::kWrite:
-      if (request.notification) {
-        return fence_->write_then_notify(std::move(request), [this](OpRequest r) { return do_submit(std::move(r)); });
-      }
-      [[fallthrough]];
-    case OpKind::kWriteWithImm: {
-      const uint64_t epoch = fence_->current_epoch();
-      Future f;
-      try {
-        f = do_submit(std::move(request));
-      } catch (...) {
-        fence_->write_done(epoch);
-        throw;
-      }
-      fence_->track_write(f, epoch);
-      return f;
-    }
+      if (request.notification) return fence_->write_then_notify(std::move(request), submit);
+      return fence_->submit_write(std::move(request), submit);
+    case OpKind::kWriteWithImm: return fence_->submit_write(std::move(request), submit);
     default: return do_submit(std::move(request));
   }
 }

@@ -15,11 +15,20 @@ uint64_t NotifyFence::current_epoch() {
   return epoch_;
 }
 
-void NotifyFence::track_write(const Future& write, uint64_t epoch) {
+Future NotifyFence::submit_write(OpRequest request, const std::function<Future(OpRequest)>& submit) {
+  const uint64_t epoch = current_epoch();
+  Future write;
+  try {
+    write = submit(std::move(request));
+  } catch (...) {
+    write_done(epoch);  // never submitted
+    throw;
+  }
   // Weak: an endpoint gone with writes still pending leaves nothing to release.
   write.state()->on_complete([weak = weak_from_this(), epoch](const OpState&) {
     if (auto self = weak.lock()) self->write_done(epoch);
   });
+  return write;
 }
 
 void NotifyFence::write_done(uint64_t epoch) {
@@ -37,20 +46,13 @@ bool NotifyFence::front_ready_locked() const {
   return in_flight_.empty() || in_flight_.begin()->first > queued_.front().epoch;
 }
 
-Future NotifyFence::write_then_notify(OpRequest request, const std::function<Future(OpRequest)>& submit_write) {
+Future NotifyFence::write_then_notify(OpRequest request, const std::function<Future(OpRequest)>& submit) {
   Queued q;
   q.request.kind = OpKind::kSendNotify;
   q.request.notification = std::move(request.notification);
   q.request.timeout = request.timeout;
   request.notification.reset();
-  const uint64_t epoch = current_epoch();
-  try {
-    q.write = submit_write(std::move(request));
-  } catch (...) {
-    write_done(epoch);  // never submitted
-    throw;
-  }
-  track_write(q.write, epoch);
+  q.write = submit_write(std::move(request), submit);
   q.user = std::make_shared<OpState>(OpKind::kWrite);
   Future user(q.user);
   enqueue(std::move(q));

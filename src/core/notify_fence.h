@@ -49,19 +49,15 @@ class NotifyFence final : public OpCanceller, public std::enable_shared_from_thi
  public:
   explicit NotifyFence(std::function<Future(OpRequest)> submit_notify) : submit_notify_(std::move(submit_notify)) {}
 
-  // The epoch a write submitted now joins, counted in it at once (before the write could
-  // complete): pass it to track_write() once submitted, or to write_done() if submitting
-  // threw.
-  uint64_t current_epoch();
-  // A write (or write_with_imm) the transport has accepted: counted until `write` completes.
-  void track_write(const Future& write, uint64_t epoch);
-  void write_done(uint64_t epoch);
+  // A write (or write_with_imm) without a notification: submitted through `submit` and
+  // counted in the current epoch until it completes (not at all if `submit` throws).
+  Future submit_write(OpRequest request, const std::function<Future(OpRequest)>& submit);
 
   // A write carrying `notification` (request.notification set): submits the write through
   // `submit_write`, then queues the notification behind it. The returned future completes
   // with the write's error if it fails (the notification is then not sent), else with the
   // notification's status, with the write's byte count.
-  Future write_then_notify(OpRequest request, const std::function<Future(OpRequest)>& submit_write);
+  Future write_then_notify(OpRequest request, const std::function<Future(OpRequest)>& submit);
   // send_notify: queued behind every write submitted before it.
   Future send_notify(OpRequest request);
 
@@ -75,6 +71,9 @@ class NotifyFence final : public OpCanceller, public std::enable_shared_from_thi
     std::shared_ptr<OpState> user;  // what the user holds
     Future write;                  // the carrying write (write_then_notify), else invalid
   };
+  // The epoch a write submitted now joins, counted in it at once (before it could complete).
+  uint64_t current_epoch();
+  void write_done(uint64_t epoch);
   void enqueue(Queued q);
   // Hands every ready notification to the transport, in order; one thread at a time.
   void pump();

@@ -285,8 +285,7 @@ std::function<NotifyResult()> wait_notification(Endpoint& ep, std::chrono::milli
     r.notification = f.notification();
     r.message = f.message();
     if (check) {
-      const auto deadline = std::chrono::steady_clock::now() + 60s;
-      while (*in_place < 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+      wait_until([&] { return *in_place >= 0; }, 60s);
       r.in_place = *in_place;
     }
     return r;
