@@ -49,6 +49,26 @@ runtime_mapping_failure_only() {
   done
 }
 
+# True when there are reports, each of them only LeakSanitizer's own tracer dying at exit
+# ("Tracer caught signal 11", no leak, error or race report), and as many as the tests that
+# failed. GCC 12's LeakSanitizer guesses the bounds of a dynamic TLS block (a thread_local of
+# a dlopen'd library: the simulated GPU's, NIC's and HIXL's) from a glibc 2.19 header whenever
+# the block's address is 16 mod 4096, reads garbage bounds and its tracer faults
+# (google/sanitizers#1409, fixed in LLVM 17): seen once in ~40 runs of a test, after the test
+# itself passed. Not scanning TLS instead (use_tls=0) reports glibc's and OpenSSL's
+# per-thread allocations as leaks.
+lsan_tracer_crash_only() {
+  local logs=$1 build=$2 f n=0
+  compgen -G "$logs/*" >/dev/null || return 1
+  for f in "$logs"/*; do
+    grep -q 'Tracer caught signal' "$f" && grep -q 'LeakSanitizer has encountered a fatal error' "$f" || return 1
+    ! grep -q -E 'ERROR: AddressSanitizer|detected memory leaks|runtime error|SUMMARY' "$f" || return 1
+    n=$((n + 1))
+  done
+  [ -f "$build/Testing/Temporary/LastTestsFailed.log" ] &&
+    [ "$(wc -l < "$build/Testing/Temporary/LastTestsFailed.log")" -eq "$n" ]
+}
+
 run_one() {
   local name=$1 flags=$2 runtime=$3
   local build=build-$name t0 rc=0
@@ -58,16 +78,9 @@ run_one() {
   rm -rf "$logs" "$logs.runtime-failures" && mkdir -p "$logs"
   local san_env=()
   if [ "$name" = asan ]; then
-    # use_tls=0: GCC 12's LeakSanitizer guesses the bounds of a dynamic TLS block (a
-    # thread_local of a dlopen'd library: the simulated GPU's and NIC's) from a glibc 2.19
-    # header whenever the block's address is 16 mod 4096, reads garbage bounds, and its
-    # tracer dies with "Tracer caught signal 11" at exit (google/sanitizers#1409, fixed in
-    # LLVM 17; one CI run in ~40 hit it). Not scanning TLS can only add leak reports (memory
-    # reachable from a live thread's TLS alone), never hide one: every thread of ours is
-    # joined, and the main thread's thread_locals are destroyed, before the check at exit.
     san_env=(ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:detect_stack_use_after_return=1:strict_init_order=1:log_path=$logs/asan"
              UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$logs/ubsan"
-             LSAN_OPTIONS="use_tls=0:suppressions=$ROOT/tests/fuzz/lsan.supp")
+             LSAN_OPTIONS="suppressions=$ROOT/tests/fuzz/lsan.supp")
   else
     san_env=(TSAN_OPTIONS="halt_on_error=0:second_deadlock_stack=1:log_path=$logs/tsan:suppressions=$ROOT/tests/fuzz/tsan.supp")
   fi
@@ -98,6 +111,15 @@ run_one() {
   [ "$name" = tsan ] && exclude+='|IoRuntimeFork'
   env "${san_env[@]}" ctest --test-dir "$build" --output-on-failure -j "$JOBS" --timeout 600 \
     -E "$exclude" || rc=1
+  # The tests whose only failure was LeakSanitizer's tracer dying (see above) run once more;
+  # anything else, or the same again, fails the run.
+  if [ "$rc" = 1 ] && [ "$name" = asan ] && lsan_tracer_crash_only "$logs" "$ROOT/$build"; then
+    step "$name: LeakSanitizer's tracer died at exit (google/sanitizers#1409), not a finding; running those tests again"
+    mkdir -p "$logs.runtime-failures"
+    for f in "$logs"/*; do echo "--- $f"; head -n 5 "$f"; mv "$f" "$logs.runtime-failures/$(basename "$f").ctest"; done
+    rc=0
+    env "${san_env[@]}" ctest --test-dir "$build" --output-on-failure -j "$JOBS" --timeout 600 --rerun-failed || rc=1
+  fi
   TIMES[$name-ctest]=$(( $(now) - t0 ))
 
   step "$name: Python tests ($PYTESTS)"
