@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "dlslime/export.h"
+
 namespace dlslime::ascend {
 
 // hixl_types.h's status codes, with their values: they appear in our error messages, and
@@ -136,8 +138,8 @@ class HixlEngine {
 //  - unavailable_reason: "" when make_engine would succeed, else why not, for
 //    available_transports().
 std::unique_ptr<HixlEngine> make_engine();
-std::string unavailable_reason();
-bool sim_selected();
+DLSLIME_API std::string unavailable_reason();
+DLSLIME_API bool sim_selected();
 
 // The library adapters behind make_engine (each in its own file).
 std::unique_ptr<HixlEngine> make_sim_engine();

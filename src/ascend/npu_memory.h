@@ -43,4 +43,9 @@ class DLSLIME_API NpuMemory {
 // The simulated NPU when DLSLIME_ASCEND_SIM=1 (read on each call), else the CANN runtime.
 DLSLIME_API NpuMemory& npu_memory();
 
+// The two implementations behind it (sim_npu_memory.cpp, hixl_library.cpp); the CANN one
+// throws ConnectionError where the runtime is missing.
+NpuMemory& sim_npu_memory();
+NpuMemory& acl_npu_memory();
+
 }  // namespace dlslime::ascend
