@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ascend/ascend_endpoint_impl.h"
+#include "ascend/library_loader.h"
 #include "ascend/notify_codec.h"
 #include "ascend/npu_memory.h"
 #include "core/log.h"
@@ -54,8 +55,15 @@ constexpr auto kNotifyPoll = std::chrono::milliseconds(2);
 constexpr uint64_t kInboxBudget = 64ull << 20;
 constexpr size_t kHeldPause = 1024;
 
+// The library's detail, where the CANN plugin has one for this thread's last call.
+std::string detail() {
+  if (sim_selected()) return {};
+  const std::string d = library_last_error();
+  return d.empty() ? d : " (" + d + ")";
+}
+
 Status status_of(uint32_t code, const std::string& what) {
-  const std::string msg = fmt::format("{}: {}", what, hixl_status_name(code));
+  const std::string msg = fmt::format("{}: {}{}", what, hixl_status_name(code), detail());
   switch (code) {
     case kHixlSuccess: return Status::ok();
     case kHixlParamInvalid: return Status::invalid_argument(msg);
@@ -109,9 +117,9 @@ void AscendDomain::region_added(int32_t handle, const LocalRegion& region) {
   const uint32_t rc = engine->RegisterMem({region.addr, region.length}, type, mh);
   if (rc != kHixlSuccess) {
     throw InvalidArgumentError(fmt::format("memory region '{}' ({} bytes of {} memory at {:#x}) could not be registered "
-                                           "with the Ascend engine: {}",
+                                           "with the Ascend engine: {}{}",
                                            region.name, region.length, type == MemType::kDevice ? "NPU" : "host",
-                                           region.addr, hixl_status_name(rc)));
+                                           region.addr, hixl_status_name(rc), detail()));
   }
   std::lock_guard lock(mu_);
   mems_[handle] = {mh, type};
@@ -179,8 +187,8 @@ std::shared_ptr<HixlEngine> AscendEndpointImpl::start_engine(const std::string& 
   std::shared_ptr<HixlEngine> engine(make_engine());
   *name = fmt::format("{}:{}", host, port == 0 ? pick_free_port(host) : port);
   if (const uint32_t rc = engine->Initialize(*name, options.engine_options); rc != kHixlSuccess) {
-    throw ConnectionError(fmt::format("AscendDirectEndpoint: the engine '{}' could not start: {}", *name,
-                                      hixl_status_name(rc)));
+    throw ConnectionError(fmt::format("AscendDirectEndpoint: the engine '{}' could not start: {}{}", *name,
+                                      hixl_status_name(rc), detail()));
   }
   return engine;
 }

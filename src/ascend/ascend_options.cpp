@@ -52,7 +52,11 @@ std::function<std::string(const std::string&)> int_in(int64_t lo, int64_t hi) {
 
 const std::vector<EngineKey>& engine_keys() {
   static const std::vector<EngineKey> keys = {
-      {"RdmaTrafficClass", int_in(0, 255)},
+      {"RdmaTrafficClass",
+       [](const std::string& v) -> std::string {
+         const auto n = parse_int(v);
+         return n && *n >= 0 && *n <= 255 && *n % 4 == 0 ? "" : "an integer in 0..255, a multiple of 4";
+       }},
       {"RdmaServiceLevel", int_in(0, 7)},
       // "<buffer count>:<buffer size in MB>", "0:0" for none.
       {"BufferPool",
@@ -60,9 +64,8 @@ const std::vector<EngineKey>& engine_keys() {
          const size_t colon = v.find(':');
          const auto count = colon == std::string::npos ? std::nullopt : parse_int(std::string_view(v).substr(0, colon));
          const auto size = colon == std::string::npos ? std::nullopt : parse_int(std::string_view(v).substr(colon + 1));
-         const bool ok = count && size && *count >= 0 && *size >= 0 && *count <= 1024 && *size <= 1024 &&
-                         ((*count == 0) == (*size == 0));
-         return ok ? "" : "\"<count>:<size MB>\" (both 0 for none, each at most 1024)";
+         const bool ok = count && size && *count >= 0 && *size >= 0 && ((*count == 0) == (*size == 0));
+         return ok ? "" : "\"<count>:<size MB>\" (both 0 for none)";
        }},
       // The local communication resources, as the JSON text the library parses.
       {"LocalCommRes",
@@ -71,6 +74,15 @@ const std::vector<EngineKey>& engine_keys() {
        }},
       {"AutoConnect",
        [](const std::string& v) -> std::string { return v == "0" || v == "1" ? "" : "\"0\" or \"1\""; }},
+      {"EnableUseFabricMem",
+       [](const std::string& v) -> std::string { return v == "0" || v == "1" ? "" : "\"0\" or \"1\""; }},
+      // A JSON object (connect_pool, comm_resource_config, channel_pool, ...); its fields are
+      // the library's to check.
+      {"GlobalResourceConfig",
+       [](const std::string& v) -> std::string {
+         const nlohmann::json j = nlohmann::json::parse(v, nullptr, /*allow_exceptions=*/false);
+         return j.is_object() ? "" : "a JSON object";
+       }},
   };
   return keys;
 }
@@ -170,6 +182,11 @@ void AscendOptions::validate() const {
     }
   }
   for (const auto& [key, value] : engine_options) check_engine_option(key, value);
+  auto it = engine_options.find("EnableUseFabricMem");
+  if (it != engine_options.end() && it->second == "1" && engine_options.count("BufferPool") != 0) {
+    throw InvalidArgumentError("AscendDirectEndpoint engine options EnableUseFabricMem=1 and BufferPool exclude each "
+                               "other (the library documents it)");
+  }
 }
 
 nlohmann::json AscendOptions::to_json() const {
