@@ -75,6 +75,21 @@ Status status_of(uint32_t code, const std::string& what) {
   }
 }
 
+// Why the library refused to start a transfer. This side checked every range against the
+// regions it knows (both sides') first, so PARAM_INVALID means the peer's engine no longer
+// has the remote memory registered (the link's view of the peer's memory dropped it): the
+// region was unregistered there, which the contract reports as UNKNOWN_HANDLE.
+template <class Part>
+Status transfer_refused(uint32_t rc, OpKind kind, const Part& p) {
+  const std::string what = fmt::format("{} of {} item(s) to engine '{}'", op_kind_name(kind), p.descs.size(), p.engine);
+  if (rc == kHixlParamInvalid) {
+    return Status::unknown_handle(fmt::format("{}: {}: the peer's engine does not have the remote memory registered "
+                                              "(unregistered there?){}",
+                                              what, hixl_status_name(rc), detail()));
+  }
+  return status_of(rc, what);
+}
+
 // A free TCP port on `host` for an engine asked to listen on port 0: the engine's own
 // listener binds it next (a port another process takes in between makes Initialize fail,
 // which says so).
@@ -464,8 +479,7 @@ void AscendEndpointImpl::start_op(Op& op) {
       TransferReq req = nullptr;
       const uint32_t rc = hixl()->TransferAsync(p.engine, p.dir, p.descs, req);
       if (rc != kHixlSuccess) {
-        op.error = status_of(rc, fmt::format("{} of {} item(s) to engine '{}'", op_kind_name(op.kind), p.descs.size(),
-                                             p.engine));
+        op.error = transfer_refused(rc, op.kind, p);
         continue;
       }
       p.req = req;
@@ -485,7 +499,7 @@ void AscendEndpointImpl::start_op(Op& op) {
         op.error = rc == kHixlTimeout
                        ? Status::timeout(fmt::format("{} did not complete within {}", op_kind_name(op.kind),
                                                      op.limit.describe()))
-                       : status_of(rc, fmt::format("{} to engine '{}'", op_kind_name(op.kind), p.engine));
+                       : transfer_refused(rc, op.kind, p);
       }
     }
   }
