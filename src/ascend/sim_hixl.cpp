@@ -304,9 +304,10 @@ class SimHixlEngine final : public HixlEngine {
   std::map<uint64_t, Peer> peers_;
   std::map<uint64_t, Pending> pending_;  // by request id
   std::deque<NotifyDesc> notifies_;
-  std::deque<Deferred> deferred_;        // in due order (one delay per engine)
+  std::deque<Deferred> deferred_;        // delayed transfers, served in arrival order
   LogLimiter invalid_log_{std::chrono::seconds(1)};
   LogLimiter refused_log_{std::chrono::seconds(1)};
+  LogLimiter malformed_log_{std::chrono::seconds(1)};
 };
 
 uint32_t SimHixlEngine::invalid(const std::string& why) {
@@ -895,11 +896,20 @@ void SimHixlEngine::read_peer(uint64_t id) {
     // EOF, an error or a malformed message closes the connection; nothing else is touched.
     bool ok = n > 0 && simwire::parse(buf.data(), static_cast<size_t>(n), &m);
     if (ok) {
+      // HELLO first and once, naming a well-formed engine (the name its notifies carry).
       const bool is_hello = m.kind == Kind::kHello;
-      ok = is_hello != p.hello && (is_hello || m.kind == Kind::kTransfer || m.kind == Kind::kNotify);
+      std::string host;
+      int port = 0;
+      ok = is_hello != p.hello && (is_hello || m.kind == Kind::kTransfer || m.kind == Kind::kNotify) &&
+           (!is_hello || parse_engine_name(m.text, &host, &port));
     }
     if (!ok) {
-      if (n > 0) DLSLIME_WARN("simulated HIXL engine {}: a malformed message from pid {}; dropping its link", name_, p.pid);
+      if (n > 0) {
+        if (uint64_t count = malformed_log_.tick()) {
+          DLSLIME_WARN("simulated HIXL engine {}: a malformed message from pid {}; dropping its link{}", name_, p.pid,
+                       count > 1 ? fmt::format(" ({} such)", count) : "");
+        }
+      }
       drop_peer(id);
       return;
     }
