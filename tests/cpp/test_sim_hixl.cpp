@@ -222,6 +222,26 @@ TEST(SimHixl, NpuMemoryOnBothSides) {
   npu.free(db);
 }
 
+// NPU memory freed while still registered is never touched: the transfer fails instead.
+TEST(SimHixl, NpuMemoryFreedUnderItsRegistrationIsNotTouched) {
+  Pair p;
+  NpuMemory& npu = sim_npu_memory();
+  void* da = npu.alloc(0, 4096);
+  void* db = npu.alloc(0, 4096);
+  reg(*p.a, da, 4096, MemType::kDevice);
+  reg(*p.b, db, 4096, MemType::kDevice);
+  ASSERT_EQ(p.a->Connect(p.b_name, kTimeoutMs), kHixlSuccess);
+  npu.free(db);  // the responder's
+  EXPECT_EQ(p.a->TransferSync(p.b_name, TransferOp::kWrite, {desc(da, db, 64)}, kTimeoutMs), kHixlFailed);
+  ASSERT_EQ(p.a->Disconnect(p.b_name, kTimeoutMs), kHixlSuccess);
+  std::vector<uint8_t> b_host(4096);
+  reg(*p.b, b_host.data(), b_host.size());
+  ASSERT_EQ(p.a->Connect(p.b_name, kTimeoutMs), kHixlSuccess);
+  npu.free(da);  // the requester's
+  EXPECT_EQ(p.a->TransferSync(p.b_name, TransferOp::kRead, {desc(da, b_host.data(), 64)}, kTimeoutMs),
+            kHixlParamInvalid);
+}
+
 TEST(SimHixl, RangesOutsideRegisteredMemoryAreParamInvalid) {
   Pair p;
   std::vector<uint8_t> a_buf(4096, 1), b_buf(4096, 2), later(4096, 3), unregistered(4096, 4);
