@@ -277,7 +277,7 @@ class SimHixlEngine final : public HixlEngine {
   void read_link(const std::string& name, uint64_t id);
   void on_peer_message(uint64_t id, Peer& p, Message& m);
   void serve_transfer(uint64_t id, const Message& m);
-  uint32_t move_bytes(const Peer& p, const Message& m);
+  uint32_t move_bytes(const Peer& p, const Message& m, const std::vector<uint8_t*>& mine);
   void queue_answer(Peer& p, std::vector<uint8_t> bytes, uint64_t id);
   void flush(Peer& p, uint64_t id);
   void drop_peer(uint64_t id);
@@ -304,9 +304,10 @@ class SimHixlEngine final : public HixlEngine {
   std::map<uint64_t, Peer> peers_;
   std::map<uint64_t, Pending> pending_;  // by request id
   std::deque<NotifyDesc> notifies_;
-  std::deque<Deferred> deferred_;        // in due order (one delay per engine)
+  std::deque<Deferred> deferred_;        // delayed transfers, served in arrival order
   LogLimiter invalid_log_{std::chrono::seconds(1)};
   LogLimiter refused_log_{std::chrono::seconds(1)};
+  LogLimiter malformed_log_{std::chrono::seconds(1)};
 };
 
 uint32_t SimHixlEngine::invalid(const std::string& why) {
@@ -573,15 +574,20 @@ uint32_t SimHixlEngine::submit(const std::string& remote, TransferOp op, const s
                                    "this link was made",
                                    i, d.remote_addr, d.len, remote));
       }
-      const bool local_ok = std::any_of(regs_.begin(), regs_.end(),
-                                        [&](const auto& r) { return r.second.contains(d.local_addr, d.len); });
-      if (!local_ok) {
-        return invalid(fmt::format("descriptor {}: local [{:#x}, +{}) is not inside memory this engine registered", i,
-                                   d.local_addr, d.len));
-      }
       std::string why;
       uint8_t* view = sim_host_view(d.local_addr, d.len, &why);
       if (!why.empty()) return invalid(fmt::format("descriptor {}: {}", i, why));
+      // Of the type it was registered as: NPU memory freed under its registration is no
+      // longer NPU memory, and moving bytes there would touch whatever is mapped now.
+      const MemType now = view != nullptr ? MemType::kDevice : MemType::kHost;
+      const bool local_ok = std::any_of(regs_.begin(), regs_.end(), [&](const auto& r) {
+        return r.second.type == now && r.second.contains(d.local_addr, d.len);
+      });
+      if (!local_ok) {
+        return invalid(fmt::format("descriptor {}: local [{:#x}, +{}) is not inside memory this engine registered{}",
+                                   i, d.local_addr, d.len,
+                                   now == MemType::kHost ? " (or it was NPU memory, freed while registered)" : ""));
+      }
       const uint64_t local = view != nullptr ? reinterpret_cast<uint64_t>(view) : d.local_addr;
       m.descs.push_back(simwire::Desc{local, d.remote_addr, d.len});
       if (m.descs.size() == simwire::kMaxEntries || i + 1 == descs.size()) {
@@ -771,25 +777,17 @@ void SimHixlEngine::flush(Peer& p, uint64_t id) {
   }
 }
 
-uint32_t SimHixlEngine::move_bytes(const Peer& p, const Message& m) {
+uint32_t SimHixlEngine::move_bytes(const Peer& p, const Message& m, const std::vector<uint8_t*>& mine) {
   const bool write = m.flag == 1;  // WRITE: requester -> responder
   const bool same_process = p.pid == ::getpid();
-  for (const simwire::Desc& d : m.descs) {
-    std::string why;
-    uint8_t* view = sim_host_view(d.remote, d.len, &why);
-    if (!why.empty()) {
-      // Registered but freed (or reallocated smaller) under the registration.
-      DLSLIME_WARN("simulated HIXL engine {}: a transfer from {} touches registered memory that is gone: {}", name_,
-                   p.name, why);
-      return kHixlFailed;
-    }
-    void* mine = view != nullptr ? static_cast<void*>(view) : reinterpret_cast<void*>(d.remote);
+  for (size_t i = 0; i < m.descs.size(); ++i) {
+    const simwire::Desc& d = m.descs[i];
     void* theirs = reinterpret_cast<void*>(d.local);
     if (same_process) {
-      if (write) std::memmove(mine, theirs, d.len); else std::memmove(theirs, mine, d.len);
+      if (write) std::memmove(mine[i], theirs, d.len); else std::memmove(theirs, mine[i], d.len);
       continue;
     }
-    iovec local{mine, d.len}, remote{theirs, d.len};
+    iovec local{mine[i], d.len}, remote{theirs, d.len};
     const ssize_t n = write ? ::process_vm_readv(p.pid, &local, 1, &remote, 1, 0)
                             : ::process_vm_writev(p.pid, &local, 1, &remote, 1, 0);
     const int err = n < 0 ? errno : (static_cast<size_t>(n) == d.len ? 0 : EFAULT);
@@ -806,24 +804,29 @@ void SimHixlEngine::serve_transfer(uint64_t id, const Message& m) {
   if (it == peers_.end()) return;  // gone while the request was delayed
   Peer& p = it->second;
   uint32_t status = kHixlSuccess;
-  // A responder never touches memory it no longer has registered, nor memory the link's
-  // snapshot did not show.
+  // A responder never touches memory it no longer has registered (nor NPU memory freed
+  // under its registration), nor memory the link's snapshot did not show.
+  std::vector<uint8_t*> mine;
   for (const simwire::Desc& d : m.descs) {
-    const bool ok = std::any_of(p.visible.begin(), p.visible.end(), [&](uint64_t h) {
+    std::string why;
+    uint8_t* view = sim_host_view(d.remote, d.len, &why);
+    const MemType now = view != nullptr ? MemType::kDevice : MemType::kHost;
+    const bool ok = why.empty() && std::any_of(p.visible.begin(), p.visible.end(), [&](uint64_t h) {
       auto r = regs_.find(h);
-      return r != regs_.end() && r->second.contains(d.remote, d.len);
+      return r != regs_.end() && r->second.type == now && r->second.contains(d.remote, d.len);
     });
     if (!ok) {
       if (uint64_t n = refused_log_.tick()) {
         DLSLIME_WARN("simulated HIXL engine {}: refused a transfer from {} (pid {}): [{:#x}, +{}) is not memory this "
-                     "link may reach now (deregistered?){}",
+                     "link may reach now (deregistered, or NPU memory freed while registered?){}",
                      name_, p.name, p.pid, d.remote, d.len, n > 1 ? fmt::format(" ({} such)", n) : "");
       }
       status = kHixlParamInvalid;
       break;
     }
+    mine.push_back(view != nullptr ? view : reinterpret_cast<uint8_t*>(d.remote));
   }
-  if (status == kHixlSuccess) status = move_bytes(p, m);
+  if (status == kHixlSuccess) status = move_bytes(p, m, mine);
   Message a;
   a.kind = Kind::kAnswer;
   a.req = m.req;
@@ -895,11 +898,20 @@ void SimHixlEngine::read_peer(uint64_t id) {
     // EOF, an error or a malformed message closes the connection; nothing else is touched.
     bool ok = n > 0 && simwire::parse(buf.data(), static_cast<size_t>(n), &m);
     if (ok) {
+      // HELLO first and once, naming a well-formed engine (the name its notifies carry).
       const bool is_hello = m.kind == Kind::kHello;
-      ok = is_hello != p.hello && (is_hello || m.kind == Kind::kTransfer || m.kind == Kind::kNotify);
+      std::string host;
+      int port = 0;
+      ok = is_hello != p.hello && (is_hello || m.kind == Kind::kTransfer || m.kind == Kind::kNotify) &&
+           (!is_hello || parse_engine_name(m.text, &host, &port));
     }
     if (!ok) {
-      if (n > 0) DLSLIME_WARN("simulated HIXL engine {}: a malformed message from pid {}; dropping its link", name_, p.pid);
+      if (n > 0) {
+        if (uint64_t count = malformed_log_.tick()) {
+          DLSLIME_WARN("simulated HIXL engine {}: a malformed message from pid {}; dropping its link{}", name_, p.pid,
+                       count > 1 ? fmt::format(" ({} such)", count) : "");
+        }
+      }
       drop_peer(id);
       return;
     }

@@ -222,6 +222,26 @@ TEST(SimHixl, NpuMemoryOnBothSides) {
   npu.free(db);
 }
 
+// NPU memory freed while still registered is never touched: the transfer fails instead.
+TEST(SimHixl, NpuMemoryFreedUnderItsRegistrationIsNotTouched) {
+  Pair p;
+  NpuMemory& npu = sim_npu_memory();
+  void* da = npu.alloc(0, 4096);
+  void* db = npu.alloc(0, 4096);
+  reg(*p.a, da, 4096, MemType::kDevice);
+  reg(*p.b, db, 4096, MemType::kDevice);
+  ASSERT_EQ(p.a->Connect(p.b_name, kTimeoutMs), kHixlSuccess);
+  npu.free(db);  // the responder's
+  EXPECT_EQ(p.a->TransferSync(p.b_name, TransferOp::kWrite, {desc(da, db, 64)}, kTimeoutMs), kHixlFailed);
+  ASSERT_EQ(p.a->Disconnect(p.b_name, kTimeoutMs), kHixlSuccess);
+  std::vector<uint8_t> b_host(4096);
+  reg(*p.b, b_host.data(), b_host.size());
+  ASSERT_EQ(p.a->Connect(p.b_name, kTimeoutMs), kHixlSuccess);
+  npu.free(da);  // the requester's
+  EXPECT_EQ(p.a->TransferSync(p.b_name, TransferOp::kRead, {desc(da, b_host.data(), 64)}, kTimeoutMs),
+            kHixlParamInvalid);
+}
+
 TEST(SimHixl, RangesOutsideRegisteredMemoryAreParamInvalid) {
   Pair p;
   std::vector<uint8_t> a_buf(4096, 1), b_buf(4096, 2), later(4096, 3), unregistered(4096, 4);
@@ -384,6 +404,59 @@ TEST(SimHixl, DisconnectAndFinalizeFailRequestsInFlight) {
   EXPECT_EQ(sync_rc, kHixlFailed);
   ASSERT_EQ(p.a->GetTransferStatus(req, s), kHixlSuccess);
   EXPECT_EQ(s, TransferStatus::kFailed);
+}
+
+TEST(SimHixl, ConcurrentCallersOnOneLink) {
+  Pair p;
+  constexpr size_t kThreads = 4, kEach = 100;
+  auto a_buf = pattern(kThreads * kEach, 4);
+  std::vector<uint8_t> b_buf(kThreads * kEach);
+  reg(*p.a, a_buf.data(), a_buf.size());
+  reg(*p.b, b_buf.data(), b_buf.size());
+  ASSERT_EQ(p.a->Connect(p.b_name, kTimeoutMs), kHixlSuccess);
+  std::vector<std::thread> threads;
+  std::vector<int> failures(kThreads, 0);
+  for (size_t t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (size_t i = 0; i < kEach; ++i) {
+        const size_t at = t * kEach + i;
+        if (i % 2 == 0) {
+          failures[t] += p.a->TransferSync(p.b_name, TransferOp::kWrite, {desc(&a_buf[at], &b_buf[at], 1)},
+                                           kTimeoutMs) != kHixlSuccess;
+        } else {
+          TransferReq req = nullptr;
+          failures[t] += p.a->TransferAsync(p.b_name, TransferOp::kWrite, {desc(&a_buf[at], &b_buf[at], 1)}, req) !=
+                             kHixlSuccess ||
+                         wait_final(*p.a, req) != TransferStatus::kCompleted;
+        }
+        failures[t] += p.a->SendNotify(p.b_name, NotifyDesc{"", "n"}, kTimeoutMs) != kHixlSuccess;
+      }
+    });
+  }
+  std::vector<NotifyDesc> got;
+  size_t notifies = 0;
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (notifies < kThreads * kEach && Clock::now() < deadline) {
+    ASSERT_EQ(p.b->GetNotifies(got), kHixlSuccess);
+    notifies += got.size();
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(notifies, kThreads * kEach);
+  for (int f : failures) EXPECT_EQ(f, 0);
+  EXPECT_EQ(b_buf, a_buf);
+}
+
+TEST(SimHixl, FinalizeWakesAConnectStillRetrying) {
+  auto a = engine("127.0.0.1");
+  const std::string nobody = next_name();
+  uint32_t rc = 0;
+  std::thread connecting([&] { rc = a->Connect(nobody, 60000); });
+  // Whether Finalize comes before the first try or during the retries, Connect ends now.
+  const auto start = Clock::now();
+  a->Finalize();
+  connecting.join();
+  EXPECT_EQ(rc, kHixlFailed);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
 }
 
 TEST(SimHixl, NotifiesArriveInOrderNamedBySenderAndAreBounded) {
@@ -627,8 +700,8 @@ TEST(SimHixlCrossProcess, PeerDeathFailsRequestsInFlight) {
   EXPECT_EQ(a->SendNotify(name, NotifyDesc{"", "x"}, kTimeoutMs), kHixlNotifyFailed);
   EXPECT_EQ(a->Connect(name, kTimeoutMs), kHixlAlreadyConnected);  // the link stays until Disconnect
   ASSERT_EQ(a->Disconnect(name, kTimeoutMs), kHixlSuccess);
+  child.finish();  // reaped: its listening socket is surely closed too
   EXPECT_EQ(a->Connect(name, 50), kHixlTimeout);  // nobody serves the name now
-  child.finish();
 }
 
 TEST(SimHixlCrossProcess, DieAfterServesThenExits) {
