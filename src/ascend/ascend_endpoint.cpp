@@ -35,6 +35,7 @@
 #include "ascend/npu_memory.h"
 #include "core/log.h"
 #include "core/notify_fence.h"
+#include "core/transport_registry.h"
 #include "core/op_limit.h"
 #include "dlslime/errors.h"
 
@@ -49,6 +50,12 @@ namespace {
 constexpr auto kPollMin = std::chrono::microseconds(20);
 constexpr auto kPollMax = std::chrono::microseconds(1000);
 constexpr auto kNotifyPoll = std::chrono::milliseconds(2);
+// While connected, the worker probes the link to the peer this often (a notify the peer
+// drops): HIXL gives an idle link no liveness signal of its own (its heartbeat comes with
+// AutoConnect=1), and a recv_notify waiting on a dead peer must end (docs/ascend.md,
+// "Liveness"). A probe waits at most kProbeTimeout.
+constexpr auto kProbeInterval = std::chrono::milliseconds(1000);
+constexpr int32_t kProbeTimeout = 1000;
 // Notifications held for recv_notify: at most this many bytes (with the inbox's overhead
 // each); the worker stops collecting from the library while kHeldPause are held, so that
 // the library's own bound (4,096 unread per link) pushes back on the sender.
@@ -188,6 +195,9 @@ AscendEndpointImpl::AscendEndpointImpl(AscendOptions opts, std::shared_ptr<Memor
       regions(std::move(regs)),
       inbox_(kInboxBudget, "the Ascend endpoint's fixed 64 MiB of held notifications") {
   options.validate();
+  // The registry's transports teach the memory registry where device memory is (NPU memory
+  // included: TransportEntry::device_memory); an endpoint made without it must not miss that.
+  (void)TransportRegistry::instance();
   NpuMemory& npu = npu_memory();  // ConnectionError without a runtime, naming it
   if (options.device >= npu.device_count()) {
     throw InvalidArgumentError(fmt::format("AscendDirectEndpoint: no NPU device {} (the {} runtime has {})",
@@ -264,6 +274,18 @@ void AscendEndpointImpl::connect(const nlohmann::json& peer) {
   const std::string engine = peer["engine"].get<std::string>();
   const nlohmann::json mrs = peer.contains("mr_info") ? peer["mr_info"] : nlohmann::json::object();
   if (!mrs.is_object()) throw ConnectionError("peer endpoint_info: 'mr_info' must be an object");
+  // Connecting after the peer has gone (its engine stopped answering) replaces it, as on the
+  // other transports: its regions stay under their names and handles but fail UNKNOWN_HANDLE
+  // until registered again, so an old handle can never reach the new peer's memory.
+  std::string old_gone;
+  {
+    std::lock_guard lock(mu_);
+    auto it = links_.find(peer_);
+    if (!peer_.empty() && peer_ != engine && it != links_.end() && it->second.gone) old_gone = peer_;
+  }
+  if (!old_gone.empty()) {
+    remote_.drop_all(fmt::format("was dropped: the peer's engine '{}' that published it is gone", old_gone));
+  }
   // The peer's regions first, then the link: the link's snapshot of the peer's memory holds
   // every region the peer published in this info (it registered them before taking it).
   for (const auto& item : mrs.items()) add_remote(item.key(), item.value(), /*strict=*/false);
@@ -282,14 +304,14 @@ void AscendEndpointImpl::connect(const nlohmann::json& peer) {
   // received, and those held stay.
   std::lock_guard state_lock(mu_);
   peer_ = engine;
-  inbox_.connected(/*drop_held=*/false);
+  inbox_.connected(/*drop_held=*/!old_gone.empty());
 }
 
 bool AscendEndpointImpl::is_connected() const {
   std::lock_guard lock(mu_);
   if (closed_ || peer_.empty()) return false;
   auto it = links_.find(peer_);
-  return it != links_.end() && it->second.up;
+  return it != links_.end() && it->second.up && !it->second.gone;
 }
 
 int32_t AscendEndpointImpl::add_remote(const std::string& name, const nlohmann::json& entry, bool strict) {
@@ -407,7 +429,8 @@ void AscendEndpointImpl::wake() {
 
 // Makes (or remakes) the link to `engine`. Worker thread only; no lock held. nullopt: the
 // link must be remade but transfers are in flight on it; ask again once they have ended.
-std::optional<Status> AscendEndpointImpl::ensure_link(const std::string& engine, uint64_t newest_region) {
+std::optional<Status> AscendEndpointImpl::ensure_link(const std::string& engine, uint64_t newest_region,
+                                                      bool retry_now) {
   Link* link;
   {
     std::lock_guard lock(mu_);
@@ -419,6 +442,8 @@ std::optional<Status> AscendEndpointImpl::ensure_link(const std::string& engine,
   const bool stale = link->up && newest_region > link->made_at;
   if (link->up && !link->broken && !stale) return Status::ok();
   if (link->in_flight > 0) return std::nullopt;
+  // A relink that just failed is not tried again for every queued op: they fail together.
+  if (!retry_now && !link->unreachable.is_ok() && Clock::now() < link->retry_at) return link->unreachable;
   if (link->up) {
     const uint32_t rc = hixl()->Disconnect(engine, static_cast<int32_t>(options.connect_timeout.count()));
     if (rc != kHixlSuccess && rc != kHixlNotConnected) {
@@ -435,14 +460,77 @@ std::optional<Status> AscendEndpointImpl::ensure_link(const std::string& engine,
   uint32_t rc = hixl()->Connect(engine, static_cast<int32_t>(options.connect_timeout.count()));
   if (rc == kHixlAlreadyConnected) rc = kHixlSuccess;  // a link the library kept
   if (rc != kHixlSuccess) {
-    return status_of(rc, fmt::format("connecting to the Ascend engine '{}' (connect_timeout {} ms)", engine,
-                                     options.connect_timeout.count()));
+    const Status connecting = status_of(rc, fmt::format("connecting to the Ascend engine '{}' (connect_timeout {} ms)",
+                                                        engine, options.connect_timeout.count()));
+    std::lock_guard lock(mu_);
+    // Once linked, a peer whose engine cannot be reached again is gone.
+    link->unreachable = link->ever_up ? Status::peer_closed(fmt::format("the peer's engine '{}' cannot be reached any "
+                                                                        "more: {}",
+                                                                        engine, connecting.message()))
+                                      : connecting;
+    link->gone = link->ever_up;
+    link->retry_at = Clock::now() + std::min<Clock::duration>(options.connect_timeout, std::chrono::seconds(1));
+    return link->unreachable;
   }
   std::lock_guard lock(mu_);
   link->up = true;
   link->broken = false;
+  link->ever_up = true;
+  link->unreachable = Status::ok();
   link->made_at = made_at;
+  if (link->gone) {
+    link->gone = false;
+    if (engine == peer_) inbox_.connected(/*drop_held=*/false);  // the peer is back
+  }
   return Status::ok();
+}
+
+bool AscendEndpointImpl::probe(const std::string& engine, std::vector<Ended>& ended) {
+  if (!caps_.notify) return true;  // nothing to probe with (ADXL before 8.3)
+  const uint32_t rc = hixl()->SendNotify(engine, NotifyDesc{engine_name(), kPingNotify}, kProbeTimeout);
+  if (rc == kHixlSuccess || rc == kHixlResourceExhausted) return true;  // a full queue is a live peer
+  const Status why = Status::peer_closed(fmt::format("the peer's engine '{}' stopped answering: a probe over the link "
+                                                     "failed with {}",
+                                                     engine, hixl_status_name(rc)));
+  NotificationInbox::EndedList gone;
+  {
+    std::lock_guard lock(mu_);
+    Link& link = links_[engine];
+    link.gone = true;
+    link.broken = true;  // the next op relinks, and fails PEER_CLOSED if it cannot
+    link.why_down = why.message();
+    if (engine == peer_) inbox_.gone(why, /*drop_held=*/false, gone);
+  }
+  for (auto& e : gone) ended.push_back({std::move(e.state), std::move(e.status), 0});
+  return false;
+}
+
+// Why a started transfer failed. The library says only FAILED; this side knows whether it
+// disconnected the link itself (a deadline, shutdown, a revoked region), and otherwise a
+// probe tells a gone peer (PEER_CLOSED) from one that refused the transfer: it checks every
+// range against what it has registered now, so a live peer refuses memory that was
+// unregistered there since (UNKNOWN_HANDLE, as the contract reports it).
+Status AscendEndpointImpl::part_failed(const Op& op, const Part& p, uint32_t rc, std::vector<Ended>& ended) {
+  const std::string what = fmt::format("{} of {} item(s) to engine '{}'", op_kind_name(op.kind), p.descs.size(), p.engine);
+  if (rc != kHixlSuccess && rc != kHixlFailed) return status_of(rc, what);
+  std::string why;
+  bool up, gone;
+  {
+    std::lock_guard lock(mu_);
+    const Link& link = links_[p.engine];
+    why = link.why_down;
+    up = link.up;
+    gone = link.gone;
+  }
+  if (!up) return Status::failed(fmt::format("{} failed: {}", what, why.empty() ? "its link was disconnected" : why));
+  if (gone || !probe(p.engine, ended)) {
+    std::lock_guard lock(mu_);
+    return Status::peer_closed(fmt::format("{} failed: {}", what, links_[p.engine].why_down));
+  }
+  if (!caps_.notify) return Status::failed(fmt::format("{} failed (the library does not say why){}", what, detail()));
+  return Status::unknown_handle(fmt::format("{} failed: the peer's engine refused it: the memory is not registered "
+                                            "there any more (unregistered?)",
+                                            what));
 }
 
 // Disconnects `engine` after an op's deadline (or to revoke a region): everything in flight
@@ -465,7 +553,7 @@ void AscendEndpointImpl::break_link(const std::string& engine, const std::string
   link->why_down = why;
 }
 
-void AscendEndpointImpl::start_op(Op& op) {
+void AscendEndpointImpl::start_op(Op& op, std::vector<Ended>& ended) {
   for (Part& p : op.parts) {
     if (p.started) continue;
     const std::optional<Status> st = ensure_link(p.engine, p.newest_region);
@@ -479,7 +567,7 @@ void AscendEndpointImpl::start_op(Op& op) {
       TransferReq req = nullptr;
       const uint32_t rc = hixl()->TransferAsync(p.engine, p.dir, p.descs, req);
       if (rc != kHixlSuccess) {
-        op.error = transfer_refused(rc, op.kind, p);
+        op.error = rc == kHixlParamInvalid ? transfer_refused(rc, op.kind, p) : part_failed(op, p, rc, ended);
         continue;
       }
       p.req = req;
@@ -499,7 +587,7 @@ void AscendEndpointImpl::start_op(Op& op) {
         op.error = rc == kHixlTimeout
                        ? Status::timeout(fmt::format("{} did not complete within {}", op_kind_name(op.kind),
                                                      op.limit.describe()))
-                       : transfer_refused(rc, op.kind, p);
+                       : rc == kHixlParamInvalid ? transfer_refused(rc, op.kind, p) : part_failed(op, p, rc, ended);
       }
     }
   }
@@ -524,6 +612,12 @@ std::optional<Status> AscendEndpointImpl::send_notification(const Op& op) {
   for (std::string& fragment : encode_notification(op.notification, ++notify_seq_)) {
     NotifyDesc desc{engine_name(), std::move(fragment)};
     const uint32_t rc = hixl()->SendNotify(peer, desc, timeout_ms);
+    if (rc == kHixlResourceExhausted) {
+      return Status(StatusCode::kBatchOverflow,
+                    fmt::format("send_notify to engine '{}': {}: the peer holds {} unread notifies from this engine, the "
+                                "library's budget per link (a notification of up to 4 KiB takes up to 6)",
+                                peer, hixl_status_name(rc), kMaxUnreadNotifies));
+    }
     if (rc != kHixlSuccess) return status_of(rc, fmt::format("send_notify to engine '{}'", peer));
   }
   return Status::ok();
@@ -555,6 +649,7 @@ void AscendEndpointImpl::run() {
   std::vector<Ended> ended;
   auto poll = kPollMin;
   auto last_notify_poll = Clock::now() - kNotifyPoll;
+  auto last_probe = Clock::now();
   for (;;) {
     uint64_t seen;
     {
@@ -575,7 +670,7 @@ void AscendEndpointImpl::run() {
     for (auto& job : jobs) {
       // A link busy with ops (nullopt) is up already: the one asked for.
       const Status st = closed ? Status::cancelled("AscendDirectEndpoint is shut down")
-                               : ensure_link(job->engine, 0).value_or(Status::ok());
+                               : ensure_link(job->engine, 0, /*retry_now=*/true).value_or(Status::ok());
       std::lock_guard lock(job->mu);
       job->error = st.is_ok() ? std::string() : st.message();
       job->done = true;
@@ -623,7 +718,7 @@ void AscendEndpointImpl::run() {
                                                  op_kind_name(op.kind), op.limit.describe()));
           op.started = true;
         } else {
-          start_op(op);
+          start_op(op, ended);
         }
         if (op.started) progressed = true;
       }
@@ -646,17 +741,8 @@ void AscendEndpointImpl::run() {
           std::lock_guard lock(mu_);
           --links_[p.engine].in_flight;
         }
-        if (rc != kHixlSuccess || ts != TransferStatus::kCompleted) {
-          std::string why;
-          {
-            std::lock_guard lock(mu_);
-            why = links_[p.engine].why_down;
-          }
-          if (op.error.is_ok()) {
-            op.error = rc != kHixlSuccess ? status_of(rc, fmt::format("{} to engine '{}'", op_kind_name(op.kind), p.engine))
-                                          : Status::failed(fmt::format("{} to engine '{}' failed{}", op_kind_name(op.kind),
-                                                                       p.engine, why.empty() ? "" : ": " + why));
-          }
+        if ((rc != kHixlSuccess || ts != TransferStatus::kCompleted) && op.error.is_ok()) {
+          op.error = part_failed(op, p, rc, ended);
         }
       }
       if (closed && op.error.is_ok()) {
@@ -682,6 +768,16 @@ void AscendEndpointImpl::run() {
       }
       ended.push_back({std::move(op.state), std::move(op.error), op.nbytes});
       it = ops.erase(it);  // drops its region uses
+    }
+    if (!closed && caps_.notify && Clock::now() - last_probe >= kProbeInterval) {
+      std::string peer;
+      {
+        std::lock_guard lock(mu_);
+        auto it = links_.find(peer_);
+        if (it != links_.end() && it->second.up && !it->second.gone && !it->second.broken) peer = peer_;
+      }
+      if (!peer.empty()) probe(peer, ended);
+      last_probe = Clock::now();
     }
     const bool collect = !closed && caps_.notify && Clock::now() - last_notify_poll >= kNotifyPoll;
     if (collect) {

@@ -107,9 +107,13 @@ class AscendEndpointImpl final : public RegionRevoker,
   struct Link {
     bool up = false;
     bool broken = false;
+    bool ever_up = false;    // it was made once: failing to remake it means the peer is gone
+    bool gone = false;       // the peer's engine stopped answering (a failed probe or relink)
     uint64_t made_at = 0;    // remote_seq_ when it was made: regions added later need a relink
     uint32_t in_flight = 0;  // transfers started on it and not yet ended
     std::string why_down;    // why it was last disconnected, for the ops it failed
+    Status unreachable;      // the last failed (re)link, answered again until retry_at
+    Clock::time_point retry_at;
   };
   // The items of an op that go to one engine: one transfer.
   struct Part {
@@ -149,10 +153,15 @@ class AscendEndpointImpl final : public RegionRevoker,
 
   void run();
   void wake();
-  std::optional<Status> ensure_link(const std::string& engine, uint64_t newest_region);
+  // retry_now: connect() asks again even right after a failed attempt.
+  std::optional<Status> ensure_link(const std::string& engine, uint64_t newest_region, bool retry_now = false);
   void break_link(const std::string& engine, const std::string& why);
-  void start_op(Op& op);
+  void start_op(Op& op, std::vector<Ended>& ended);
   std::optional<Status> send_notification(const Op& op);
+  // Probes the link to `engine` with a notify the peer drops; false (and the link marked
+  // gone, waiting recv_notifys failed) when the peer's engine does not take it.
+  bool probe(const std::string& engine, std::vector<Ended>& ended);
+  Status part_failed(const Op& op, const Part& p, uint32_t rc, std::vector<Ended>& ended);
   void collect_notifications(std::vector<Ended>& ended);
 
   std::shared_ptr<ascend::HixlEngine> hixl() const {

@@ -94,6 +94,18 @@ TransportReach ascend_reach(const ReachQuery& q) {
   return r;
 }
 
+// NPU memory, for the registry (TransportEntry::device_memory): only where an NPU runtime is
+// usable, and cheaply (a send asks it per buffer): the simulation is chosen per call by its
+// variable, the CANN runtime's availability is settled once.
+std::optional<MemoryPlace> npu_memory_place(uintptr_t start, uint64_t length) {
+  if (!ascend::sim_selected()) {
+    static const bool usable = ascend::library_unavailable_reason().empty();
+    if (!usable) return std::nullopt;
+  }
+  if (ascend::npu_memory().classify(start, length) != ascend::MemType::kDevice) return std::nullopt;
+  return MemoryPlace{MemoryKind::kDevice, 0};
+}
+
 nlohmann::json ascend_endpoint_options(const nlohmann::json& settings, const nlohmann::json&) { return settings; }
 
 }  // namespace
@@ -109,6 +121,7 @@ void register_ascend_transport(TransportRegistry& registry) {
   entry.agent.reach = &ascend_reach;
   entry.agent.active_options = &ascend_endpoint_options;
   entry.agent.passive_options = &ascend_endpoint_options;
+  entry.device_memory = &npu_memory_place;
   registry.add(std::move(entry));
 }
 

@@ -72,6 +72,8 @@ bool parse(std::string_view& s, char end, T& out) {
 
 }  // namespace
 
+const char* const kPingNotify = "dlslime-n1:ping";
+
 std::vector<std::string> encode_notification(const std::string& bytes, uint64_t seq) {
   const size_t count = bytes.empty() ? 1 : (bytes.size() + kFragmentBytes - 1) / kFragmentBytes;
   std::vector<std::string> out;
@@ -84,6 +86,7 @@ std::vector<std::string> encode_notification(const std::string& bytes, uint64_t 
 }
 
 std::optional<std::string> NotificationAssembler::add(const std::string& sender, std::string fragment) {
+  if (fragment == kPingNotify) return std::nullopt;
   std::string_view s = fragment;
   uint64_t seq = 0;
   uint32_t index = 0, count = 0;

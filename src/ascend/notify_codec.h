@@ -16,6 +16,9 @@
 namespace dlslime::ascend {
 
 std::vector<std::string> encode_notification(const std::string& bytes, uint64_t seq);
+// The liveness probe an endpoint sends over its link while connected (docs/ascend.md,
+// "Liveness"); a receiver drops it.
+extern const char* const kPingNotify;
 
 // Joins fragments per sending engine. Not thread-safe (the endpoint's lock).
 class NotificationAssembler {

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <shared_mutex>
 
 #include <fmt/format.h>
 
@@ -42,15 +43,36 @@ bool cached_range(ResolveCache& cache, std::mutex& mu, const Regions& regions, i
 
 }  // namespace
 
+namespace {
+std::shared_mutex probes_mu;
+std::vector<DeviceMemoryProbe>& probes() {
+  static std::vector<DeviceMemoryProbe> all;
+  return all;
+}
+// A transport's own device memory (an NPU's), else host memory.
+MemoryPlace transport_memory_place(uintptr_t start, uint64_t length) {
+  std::shared_lock lock(probes_mu);
+  for (const DeviceMemoryProbe& probe : probes()) {
+    if (std::optional<MemoryPlace> place = probe(start, length)) return *place;
+  }
+  return {};
+}
+}  // namespace
+
+void add_device_memory_probe(DeviceMemoryProbe probe) {
+  std::unique_lock lock(probes_mu);
+  probes().push_back(std::move(probe));
+}
+
 MemoryPlace memory_place_of(uintptr_t addr) {
   gpu::Runtime* rt = nullptr;
   try {
     rt = &gpu::runtime();
   } catch (const gpu::GpuUnavailableError&) {
-    return {};
+    return transport_memory_place(addr, 1);
   }
   const gpu::PointerInfo info = rt->pointer_info(reinterpret_cast<const void*>(addr));
-  if (info.type != gpu::MemoryType::kDevice) return {};
+  if (info.type != gpu::MemoryType::kDevice) return transport_memory_place(addr, 1);
   return {MemoryKind::kDevice, info.device};
 }
 
@@ -58,8 +80,19 @@ MemoryPlace memory_place_of(std::string_view what, uintptr_t start, uint64_t len
   // Device memory must lie inside one allocation: IPC handles, dma-bufs and staging
   // copies all name allocations.
   if (length == 0) return {};
+  gpu::Runtime* rt = nullptr;
+  try {
+    rt = &gpu::runtime();
+  } catch (const gpu::GpuUnavailableError&) {
+  }
+  if (rt == nullptr || rt->pointer_info(reinterpret_cast<const void*>(start)).type != gpu::MemoryType::kDevice) {
+    try {
+      return transport_memory_place(start, length);
+    } catch (const InvalidArgumentError& e) {
+      throw InvalidArgumentError(fmt::format("{}: {}", what, e.what()));
+    }
+  }
   const MemoryPlace where = memory_place_of(start);
-  if (where.kind != MemoryKind::kDevice) return where;
   const gpu::AddressRange range = gpu::runtime().allocation_range(reinterpret_cast<const void*>(start));
   if (start < range.base || !range_within(range.size, start - range.base, length)) {
     throw InvalidArgumentError(fmt::format("{}: [{:#x}, +{}) runs past its device allocation [{:#x}, +{})", what,

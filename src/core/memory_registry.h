@@ -4,6 +4,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <map>
@@ -138,6 +139,12 @@ MemoryPlace memory_place_of(uintptr_t addr);
 // Where [start, +length) lives; device memory must lie inside one allocation
 // (InvalidArgumentError naming `what` otherwise).
 MemoryPlace memory_place_of(std::string_view what, uintptr_t start, uint64_t length);
+// Device memory outside the GPU runtime (an NPU's): kDevice and its device when [start,
+// +length) is that memory, nullopt when none of it is, InvalidArgumentError when part of it
+// is. memory_place_of asks each probe added here after the GPU runtime. Added once per
+// transport that has such memory (TransportEntry::device_memory, added with the entry).
+using DeviceMemoryProbe = std::function<std::optional<MemoryPlace>(uintptr_t start, uint64_t length)>;
+void add_device_memory_probe(DeviceMemoryProbe probe);
 
 // The dma-buf a region was registered from (RDMA's register_dmabuf_memory_region): the
 // region's bytes are the buffer's [offset, +length), addressed at the region's addr, as
