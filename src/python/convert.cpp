@@ -7,6 +7,7 @@
 
 #include "core/memory_registry.h"
 #include "core/transport_registry.h"
+#include "dlslime/errors.h"
 #include "gil.h"
 
 namespace py = pybind11;
@@ -458,6 +459,5 @@ std::vector<Assignment> named_assignments(py::handle obj, const RegionLookup& lo
   }
   return to_assignments(obj);  // its TypeError
 }
-
 
 }  // namespace dlslime::py_bind
