@@ -12,6 +12,9 @@
 #ifdef DLSLIME_BENCH_NVLINK
 #include "dlslime/nvlink_endpoint.h"
 #endif
+#ifdef DLSLIME_BENCH_ASCEND
+#include "dlslime/ascend_endpoint.h"
+#endif
 #include "dlslime/tcp_endpoint.h"
 #include "dlslime/transport.h"
 #include "gpu/device_runtime.h"
@@ -177,6 +180,9 @@ nlohmann::json DataPath::describe() const {
 #endif
 #ifdef DLSLIME_BENCH_NVLINK
   if (const auto* nv = dynamic_cast<const NVLinkEndpoint*>(endpoint.get())) d["options"] = nv->options().to_json();
+#endif
+#ifdef DLSLIME_BENCH_ASCEND
+  if (const auto* asc = dynamic_cast<const AscendDirectEndpoint*>(endpoint.get())) d["options"] = asc->options().to_json();
 #endif
   return d;
 }
