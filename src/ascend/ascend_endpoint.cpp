@@ -377,6 +377,7 @@ Future AscendEndpointImpl::submit(OpRequest request) {
     op.notification = std::move(*request.notification);
   } else {
     ResolveCache cache;
+    cache.npu = true;  // this transport moves NPU memory
     RemoteRegions<RemoteKey>::Cache remote_cache;
     int32_t checked_local = -1;
     const TransferOp dir = request.kind == OpKind::kRead ? TransferOp::kRead : TransferOp::kWrite;

@@ -37,6 +37,7 @@ class AscendDomain final : public MemoryDomain {
   void region_removed(int32_t handle, const LocalRegion& region) override;
   nlohmann::json describe(int32_t handle, const LocalRegion& region) const override;
   bool registered(int32_t handle) const;
+  bool takes(MemoryKind) const override { return true; }  // host memory and NPU memory
   // The engine and name its regions go to (AscendDirectEndpoint::init, before any region).
   void rebind(std::shared_ptr<HixlEngine> engine, std::string engine_name);
 

@@ -103,7 +103,7 @@ std::optional<MemoryPlace> npu_memory_place(uintptr_t start, uint64_t length) {
     if (!usable) return std::nullopt;
   }
   if (ascend::npu_memory().classify(start, length) != ascend::MemType::kDevice) return std::nullopt;
-  return MemoryPlace{MemoryKind::kDevice, 0};
+  return MemoryPlace{MemoryKind::kNpu, 0};
 }
 
 nlohmann::json ascend_endpoint_options(const nlohmann::json& settings, const nlohmann::json&) { return settings; }

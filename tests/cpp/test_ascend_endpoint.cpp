@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ascend/npu_memory.h"
+#include "core/memory_registry.h"
 #include "dlslime/ascend_endpoint.h"
 #include "dlslime/errors.h"
 #include "dlslime/transport.h"
@@ -150,12 +151,28 @@ TEST_F(AscendEndpointTest, WithoutAsyncTransfersOrNotifiesItUsesTransferSyncAndO
             std::vector<uint8_t>(dst.begin() + 100, dst.begin() + 30100));
 }
 
-TEST_F(AscendEndpointTest, NpuMemoryIsDeviceMemoryToEveryTransportsRegistry) {
+// NPU memory is known to the memory registry (TransportEntry::device_memory) as NPU memory,
+// which only the ascend transport moves: another transport neither publishes nor touches it.
+TEST_F(AscendEndpointTest, NpuMemoryIsKnownToTheRegistryAndOnlyAscendMovesIt) {
   ascend::NpuMemory& npu = ascend::npu_memory();
   void* p = npu.alloc(0, 4096);
   AscendDirectEndpoint a(quick());
   a.register_memory_region("npu", reinterpret_cast<uintptr_t>(p), 0, 4096);
   EXPECT_EQ(a.mr_info()["npu"]["memory"], "npu");
+  MemoryRegistry shared;
+  const int32_t h = shared.add("npu", reinterpret_cast<uintptr_t>(p), 0, 4096);
+  EXPECT_EQ(shared.get(h)->kind, MemoryKind::kNpu);
+  EXPECT_TRUE(shared.mr_info().empty()) << "a host-memory transport published NPU memory: " << shared.mr_info().dump();
+  uintptr_t addr = 0;
+  const Status refused = shared.resolve(h, 0, 8, &addr);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("only the ascend transport moves"), std::string::npos) << refused.message();
+  {
+    ResolveCache mine;  // holds a use of the region while it lives
+    mine.npu = true;
+    EXPECT_TRUE(shared.resolve(h, 0, 8, &addr, mine).is_ok());
+  }
+  shared.remove(h);
   // A range running past its allocation is refused, naming it.
   try {
     a.register_memory_region("past", reinterpret_cast<uintptr_t>(p), 0, 8192);
