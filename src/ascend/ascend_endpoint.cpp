@@ -209,13 +209,19 @@ AscendEndpointImpl::AscendEndpointImpl(AscendOptions opts, std::shared_ptr<Memor
 }
 
 std::shared_ptr<HixlEngine> AscendEndpointImpl::start_engine(const std::string& host, int port, std::string* name) {
-  std::shared_ptr<HixlEngine> engine(make_engine());
-  *name = fmt::format("{}:{}", host, port == 0 ? pick_free_port(host) : port);
-  if (const uint32_t rc = engine->Initialize(*name, options.engine_options); rc != kHixlSuccess) {
-    throw ConnectionError(fmt::format("AscendDirectEndpoint: the engine '{}' could not start: {}{}", *name,
-                                      hixl_status_name(rc), detail()));
+  // A port picked here is free when picked, not when the engine binds it: another process
+  // may take it in between. Then another is picked (an engine is initialized once).
+  constexpr int kAttempts = 8;
+  for (int attempt = 1;; ++attempt) {
+    std::shared_ptr<HixlEngine> engine(make_engine());
+    *name = fmt::format("{}:{}", host, port == 0 ? pick_free_port(host) : port);
+    const uint32_t rc = engine->Initialize(*name, options.engine_options);
+    if (rc == kHixlSuccess) return engine;
+    if (port != 0 || rc != kHixlFailed || attempt == kAttempts) {
+      throw ConnectionError(fmt::format("AscendDirectEndpoint: the engine '{}' could not start: {}{}", *name,
+                                        hixl_status_name(rc), detail()));
+    }
   }
-  return engine;
 }
 
 void AscendEndpointImpl::init(const std::string& host, int port) {

@@ -656,8 +656,8 @@ class Conformance : public ::testing::Test {
     caps_ = a_->capabilities();
   }
   void TearDown() override {
-    a_->shutdown();
-    b_->shutdown();
+    if (a_) a_->shutdown();  // null when SetUp failed
+    if (b_) b_->shutdown();
     if (gpu::sim_selected()) {
       // Once every endpoint is shut down and released, each GPU object it made is gone, and
       // the simulated GPU refused nothing it did (a free or destroy of an unknown object, an
