@@ -329,6 +329,9 @@ BenchConfig parse_command_line(int argc, char** argv, bool* help) {
   if (c.transport == "nvlink" && c.op == Op::kSend) {
     throw UsageError("--op send: NVLinkEndpoint has no send/recv (it reads and writes)");
   }
+  if (c.transport == "ascend" && c.op == Op::kSend) {
+    throw UsageError("--op send: AscendDirectEndpoint has no send/recv (it reads and writes)");
+  }
   // Refused here, before any process starts, when this process (or, for the loopback pair,
   // one of its children) would allocate GPU memory; a target learns its side from the run
   // parameters and refuses then (DataPath::create).

@@ -67,6 +67,7 @@ std::string transport_title(const std::string& transport) {
   if (transport == "tcp") return "TCP";
   if (transport == "rdma") return "RDMA";
   if (transport == "nvlink") return "NVLink";
+  if (transport == "ascend") return "Ascend";
   return transport;
 }
 
@@ -97,7 +98,7 @@ void Initiator::print_configuration() const {
     out += fmt::format("  device: {} port {} ({}), num_qp: {}\n", self.value("device", std::string()),
                        self.value("ib_port", 0), self.value("link_layer", std::string()), self.value("num_qp", 0));
   }
-  if (data_.simulated_device()) out += fmt::format("  {}\n", kSimulatedDeviceNote);
+  if (data_.simulated_device()) out += fmt::format("  {}\n", simulated_device_note(cfg_.transport));
   out += fmt::format("  memory: initiator {}, target {}\n", memory_text(data_.buffer_info()),
                      memory_text(data_.peer_buffer));
   if (data_.simulated_gpu()) out += fmt::format("  {}\n", kSimulatedGpuNote);
@@ -225,6 +226,7 @@ nlohmann::json Initiator::config_json(bool all_verified, double cpu_target_total
   if (cfg_.transport == "tcp") c["tcp_options"] = options;
   if (cfg_.transport == "rdma") c["rdma_options"] = options;
   if (cfg_.transport == "nvlink") c["nvlink_options"] = options;
+  if (cfg_.transport == "ascend") c["ascend_options"] = options;
   c["simulated_device"] = data_.simulated_device();
   c["memory"] = {{"initiator", data_.buffer_info()}, {"target", data_.peer_buffer}};
   c["simulated_gpu"] = data_.simulated_gpu();
@@ -303,7 +305,7 @@ int Initiator::run() {
                 last.bytes_per_cpu_s / 1e9, static_cast<unsigned long long>(last.msg_size), last.cpu_initiator_s,
                 last.cpu_target_s);
   }
-  if (data_.simulated_device()) std::printf("%s\n", kSimulatedDeviceNote);
+  if (data_.simulated_device()) std::printf("%s\n", simulated_device_note(cfg_.transport));
   if (data_.simulated_gpu()) std::printf("%s\n", kSimulatedGpuNote);
   std::fflush(stdout);
 

@@ -1,6 +1,7 @@
 #include "bench_session.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -10,6 +11,9 @@
 #endif
 #ifdef DLSLIME_BENCH_NVLINK
 #include "dlslime/nvlink_endpoint.h"
+#endif
+#ifdef DLSLIME_BENCH_ASCEND
+#include "dlslime/ascend_endpoint.h"
 #endif
 #include "dlslime/tcp_endpoint.h"
 #include "dlslime/transport.h"
@@ -104,9 +108,14 @@ nlohmann::json endpoint_options(const BenchConfig& cfg, const std::string& bind_
     o["op_timeout_ms"] = std::max<int64_t>(1, static_cast<int64_t>(cfg.timeout_s * 1000));
     if (cfg.batch > defaults.max_batch_items) o["max_batch_items"] = cfg.batch;
     if (cfg.batch > defaults.max_inflight_ops) o["max_inflight_ops"] = cfg.batch;
-  } else if (cfg.transport == "rdma" || cfg.transport == "nvlink") {
+  } else if (cfg.transport == "rdma" || cfg.transport == "nvlink" || cfg.transport == "ascend") {
     // As for TCP: --timeout, not the transport's 30 s default, bounds a (slow) benchmark batch.
     o["op_timeout_ms"] = std::max<int64_t>(1, static_cast<int64_t>(cfg.timeout_s * 1000));
+    // The Ascend engine is named by an IPv4 address: the bind address, or loopback for a
+    // wildcard (two hosts: --transport-options '{"host": "<this host>"}').
+    if (cfg.transport == "ascend") {
+      o["host"] = bind_ip.empty() || bind_ip == "0.0.0.0" || bind_ip == "::" ? std::string("127.0.0.1") : bind_ip;
+    }
     // NVLink copies on the GPU that holds this side's buffer (--gpu).
     if (cfg.transport == "nvlink") o["device"] = gpu_of(cfg, cfg.role);
   }
@@ -172,6 +181,9 @@ nlohmann::json DataPath::describe() const {
 #ifdef DLSLIME_BENCH_NVLINK
   if (const auto* nv = dynamic_cast<const NVLinkEndpoint*>(endpoint.get())) d["options"] = nv->options().to_json();
 #endif
+#ifdef DLSLIME_BENCH_ASCEND
+  if (const auto* asc = dynamic_cast<const AscendDirectEndpoint*>(endpoint.get())) d["options"] = asc->options().to_json();
+#endif
   return d;
 }
 
@@ -187,6 +199,10 @@ bool DataPath::simulated_gpu() const {
 bool DataPath::simulated_device() const {
   // The simulated provider's one device (src/rdma/sim_device.h, kDeviceName).
   const nlohmann::json info = endpoint->endpoint_info();
+  if (info.value("transport", std::string()) == "ascend") {  // the simulated HIXL (docs/ascend.md)
+    const char* sim = std::getenv("DLSLIME_ASCEND_SIM");
+    return sim != nullptr && std::string(sim) == "1";
+  }
   return info.value("transport", std::string()) == "rdma" && info.value("device", std::string()) == "sim_rdma0";
 }
 

@@ -94,10 +94,16 @@ struct DataPath {
   bool simulated_gpu() const;
 };
 
-// Printed with every result on the simulated RDMA device (docs/bench.md).
+// Printed with every result on the simulated RDMA device or the simulated HIXL (docs/bench.md).
 inline constexpr const char* kSimulatedDeviceNote =
     "note: simulated RDMA device (DLSLIME_RDMA_SIM=1): the bytes move in software, so these figures measure the "
     "code, not RDMA hardware";
+inline constexpr const char* kSimulatedHixlNote =
+    "note: simulated HIXL (DLSLIME_ASCEND_SIM=1): the bytes move in software between processes, so these figures "
+    "measure the code, not an NPU";
+inline const char* simulated_device_note(const std::string& transport) {
+  return transport == "ascend" ? kSimulatedHixlNote : kSimulatedDeviceNote;
+}
 
 // Printed with every result that moved simulated GPU memory (docs/bench.md).
 inline constexpr const char* kSimulatedGpuNote =

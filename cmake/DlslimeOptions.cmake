@@ -45,7 +45,7 @@ endif()
 dlslime_option(BUILD_CUDA "Build the CUDA runtime for GPU memory (default: on when the CUDA toolkit is found)" ${_dlslime_cuda_default})
 # NVLink needs only the seam (src/gpu), so it is on wherever the CUDA runtime is built.
 dlslime_option(BUILD_NVLINK "Build the NVLink transport (CUDA IPC; default: on with BUILD_CUDA)" ${BUILD_CUDA})
-dlslime_option(BUILD_ASCEND "Build the Ascend direct transport" OFF)
+dlslime_option(BUILD_ASCEND "Build the Ascend direct transport and its simulated HIXL" ON)
 
 
 if(NOT BUILD_TCP)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The library with every transport off (-DBUILD_TCP=OFF, -DBUILD_RDMA=OFF): it must still configure, build,
+# The library with every transport off (-DBUILD_TCP=OFF, -DBUILD_RDMA=OFF, -DBUILD_NVLINK=OFF,
+# -DBUILD_ASCEND=OFF): it must still configure, build,
 # link (library, Python module, bench, NanoCtrl, PeerAgent) and pass the tests that need
 # no transport. Guards the transport layer against a core that names a transport.
 set -euo pipefail
@@ -8,8 +9,9 @@ PYTHON=${PYTHON:-python3}
 BUILD=${DLSLIME_NO_TRANSPORT_BUILD_DIR:-build/no-transport}
 JOBS=${JOBS:-$(nproc)}
 
-printf "\n==== build with every transport off (-DBUILD_TCP=OFF -DBUILD_RDMA=OFF -DBUILD_NVLINK=OFF) ====\n"
+printf "\n==== build with every transport off (-DBUILD_TCP=OFF -DBUILD_RDMA=OFF -DBUILD_NVLINK=OFF -DBUILD_ASCEND=OFF) ====\n"
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTS=ON -DBUILD_TCP=OFF -DBUILD_RDMA=OFF -DBUILD_NVLINK=OFF \
+  -DBUILD_ASCEND=OFF \
   -DBUILD_PYTHON=ON -Dpybind11_DIR="$("$PYTHON" -c 'import pybind11; print(pybind11.get_cmake_dir())')" \
   -DPython_EXECUTABLE="$(command -v "$PYTHON")" >/dev/null
 cmake --build "$BUILD" -j "$JOBS"
@@ -23,7 +25,8 @@ import dlslime
 ts = {t["name"]: t for t in dlslime.available_transports()}
 assert not ts["tcp"]["built"] and "BUILD_TCP" in ts["tcp"]["reason"], ts["tcp"]
 assert not any(t["available"] for t in ts.values()), ts
-assert not hasattr(dlslime, "TcpEndpoint")
+assert not hasattr(dlslime, "TcpEndpoint") and not hasattr(dlslime, "AscendDirectEndpoint")
+assert not ts["ascend"]["built"] and "BUILD_ASCEND" in ts["ascend"]["reason"], ts["ascend"]
 try:
     dlslime.make_endpoint("tcp")
 except NotImplementedError as e:

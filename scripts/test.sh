@@ -72,6 +72,16 @@ if "$PYTHON" -c 'import sys, dlslime; sys.exit(0 if hasattr(dlslime, "RDMAEndpoi
     -k rdma)
 fi
 
+# And over ascend on the simulated HIXL, when Ascend is built: two endpoints of one process,
+# then with the peer in a second process.
+if "$PYTHON" -c 'import sys, dlslime; sys.exit(0 if hasattr(dlslime, "AscendDirectEndpoint") else 1)'; then
+  step "Python conformance over ascend on the simulated HIXL (one process, then two)"
+  (cd "$ROOT" && DLSLIME_ASCEND_SIM=1 "$PYTHON" -m pytest tests/python/test_conformance.py -v -p no:cacheprovider \
+    -k ascend)
+  (cd "$ROOT" && DLSLIME_ASCEND_SIM=1 DLSLIME_TEST_PEER_PROCESS=1 "$PYTHON" -m pytest tests/python/test_conformance.py \
+    -v -p no:cacheprovider -k ascend)
+fi
+
 # And over nvlink on the simulated GPU, when NVLink is built (its peer runs in a second
 # process: a process cannot open its own CUDA IPC handles).
 if "$PYTHON" -c 'import sys, dlslime; sys.exit(0 if hasattr(dlslime, "NVLinkEndpoint") else 1)'; then

@@ -89,6 +89,13 @@ else:
     __all__.append("NVLinkEndpoint")
 
 try:
+    from ._dlslime import AscendDirectEndpoint  # noqa: F401
+except ImportError:
+    pass
+else:
+    __all__.append("AscendDirectEndpoint")
+
+try:
     from ._dlslime import NanoCtrlClient, NanoCtrlServer, PeerAgent, PeerConnection  # noqa: F401
 except ImportError:
     pass

@@ -10,6 +10,9 @@ runtime on a host with a GPU, or the strict simulated GPU with ``DLSLIME_GPU_SIM
 
 On the simulated GPU ``buf.ptr`` is an address the host cannot touch (reading it faults), as
 device memory on a GPU: move bytes with ``write``/``read`` or a transfer, never ctypes.
+
+NPU memory works the same way: ``npu_buffer(nbytes, device=0)`` in the process's NPU runtime
+(CANN's, or the simulated NPU with ``DLSLIME_ASCEND_SIM=1``; docs/ascend.md).
 """
 
 import ctypes
@@ -21,13 +24,25 @@ GpuUnavailableError = _gpu.GpuUnavailableError
 DeviceBuffer = _gpu.DeviceBuffer
 
 __all__ = ["DeviceBuffer", "GpuUnavailableError", "HostBuffer", "buffer_for", "device_buffer", "gpu_runtime",
-           "gpu_unavailable_reason", "pointer_type", "sim_gpu_objects", "sim_rdma_objects"]
+           "gpu_unavailable_reason", "npu_buffer", "pointer_type", "sim_gpu_objects", "sim_rdma_objects"]
+
+_npu = getattr(_dlslime, "_npu", None)  # None in a build without the Ascend transport
 
 
 def device_buffer(nbytes: int, device: int = 0) -> DeviceBuffer:
     """``nbytes`` of device memory on ``device``: ``.ptr``, ``.nbytes``, ``.write(offset, data)``,
     ``.read(offset, n) -> bytes``, ``.close()`` (also a context manager)."""
     return DeviceBuffer(nbytes, device)
+
+
+def npu_buffer(nbytes: int, device: int = 0):
+    """``nbytes`` of NPU memory on ``device``, with DeviceBuffer's interface: ``.ptr``,
+    ``.nbytes``, ``.write(offset, data)``, ``.read(offset, n) -> bytes``, ``.close()`` (also a
+    context manager). Raises ConnectionError without an NPU runtime (naming it and
+    ``DLSLIME_ASCEND_SIM``), RuntimeError in a build without the Ascend transport."""
+    if _npu is None:
+        raise RuntimeError("this dlslime was built without the Ascend transport (-DBUILD_ASCEND=ON builds it)")
+    return _npu.NpuBuffer(nbytes, device)
 
 
 def gpu_runtime() -> str:
@@ -64,7 +79,9 @@ def sim_gpu_objects() -> dict:
 
 
 def pointer_type(ptr: int) -> str:
-    """Where an address lives: ``"host"``, ``"pinned host"`` or ``"device"``."""
+    """Where an address lives: ``"host"``, ``"pinned host"``, ``"device"`` (a GPU's) or ``"npu"``."""
+    if _npu is not None and _npu.is_npu_memory(ptr):
+        return "npu"
     return _gpu.pointer_type(ptr)
 
 
@@ -107,12 +124,21 @@ class HostBuffer:
         self.close()
 
 
-def buffer_for(capabilities: dict, nbytes: int, device: int = 0):
+def buffer_for(capabilities: dict, nbytes: int, device: int = 0, memory: str = None):
     """Zeroed memory an endpoint with these ``capabilities()`` registers: host memory where
     ``host_memory`` is true, else device memory on ``device`` (zeroed explicitly: CUDA's
-    fresh memory is not). Both kinds have ``ptr``, ``nbytes``, ``write``, ``read``, ``close``.
-    Raises ValueError for a transport that moves neither."""
-    if capabilities.get("host_memory"):
+    fresh memory is not): a GPU's, or an NPU's for the ascend transport. ``memory="device"``
+    asks for device memory where the transport takes both. Every kind has ``ptr``, ``nbytes``,
+    ``write``, ``read``, ``close``. Raises ValueError for a transport that moves neither."""
+    if memory not in (None, "host", "device"):
+        raise ValueError(f"memory must be None, 'host' or 'device', not {memory!r}")
+    if memory == "device" and not capabilities.get("device_memory"):
+        raise ValueError(f"{capabilities.get('transport')!r} does not register device memory")
+    if capabilities.get("device_memory") and capabilities.get("transport") == "ascend" and memory == "device":
+        buf = npu_buffer(nbytes, device)
+        buf.write(0, bytes(nbytes))
+        return buf
+    if capabilities.get("host_memory") and memory != "device":
         return HostBuffer(nbytes)
     if capabilities.get("device_memory"):
         buf = device_buffer(nbytes, device)

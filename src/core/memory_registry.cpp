@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <shared_mutex>
 
 #include <fmt/format.h>
 
@@ -31,8 +32,9 @@ bool cached_range(ResolveCache& cache, std::mutex& mu, const Regions& regions, i
     cache.handle = handle;
     cache.valid = it != regions.end();
     if (cache.valid) {
-      fill(it->second, cache);
+      fill(it->second, cache);  // may find the region is not the caller's to use
       cache.length = it->second.length;
+      if (!cache.valid) cache.use = RegionUse();
     } else {
       cache.use = RegionUse();
     }
@@ -42,15 +44,36 @@ bool cached_range(ResolveCache& cache, std::mutex& mu, const Regions& regions, i
 
 }  // namespace
 
+namespace {
+std::shared_mutex probes_mu;
+std::vector<DeviceMemoryProbe>& probes() {
+  static std::vector<DeviceMemoryProbe> all;
+  return all;
+}
+// A transport's own device memory (an NPU's), else host memory.
+MemoryPlace transport_memory_place(uintptr_t start, uint64_t length) {
+  std::shared_lock lock(probes_mu);
+  for (const DeviceMemoryProbe& probe : probes()) {
+    if (std::optional<MemoryPlace> place = probe(start, length)) return *place;
+  }
+  return {};
+}
+}  // namespace
+
+void add_device_memory_probe(DeviceMemoryProbe probe) {
+  std::unique_lock lock(probes_mu);
+  probes().push_back(std::move(probe));
+}
+
 MemoryPlace memory_place_of(uintptr_t addr) {
   gpu::Runtime* rt = nullptr;
   try {
     rt = &gpu::runtime();
   } catch (const gpu::GpuUnavailableError&) {
-    return {};
+    return transport_memory_place(addr, 1);
   }
   const gpu::PointerInfo info = rt->pointer_info(reinterpret_cast<const void*>(addr));
-  if (info.type != gpu::MemoryType::kDevice) return {};
+  if (info.type != gpu::MemoryType::kDevice) return transport_memory_place(addr, 1);
   return {MemoryKind::kDevice, info.device};
 }
 
@@ -58,8 +81,19 @@ MemoryPlace memory_place_of(std::string_view what, uintptr_t start, uint64_t len
   // Device memory must lie inside one allocation: IPC handles, dma-bufs and staging
   // copies all name allocations.
   if (length == 0) return {};
+  gpu::Runtime* rt = nullptr;
+  try {
+    rt = &gpu::runtime();
+  } catch (const gpu::GpuUnavailableError&) {
+  }
+  if (rt == nullptr || rt->pointer_info(reinterpret_cast<const void*>(start)).type != gpu::MemoryType::kDevice) {
+    try {
+      return transport_memory_place(start, length);
+    } catch (const InvalidArgumentError& e) {
+      throw InvalidArgumentError(fmt::format("{}: {}", what, e.what()));
+    }
+  }
   const MemoryPlace where = memory_place_of(start);
-  if (where.kind != MemoryKind::kDevice) return where;
   const gpu::AddressRange range = gpu::runtime().allocation_range(reinterpret_cast<const void*>(start));
   if (start < range.base || !range_within(range.size, start - range.base, length)) {
     throw InvalidArgumentError(fmt::format("{}: [{:#x}, +{}) runs past its device allocation [{:#x}, +{})", what,
@@ -130,6 +164,7 @@ const char* memory_kind_name(MemoryKind kind) noexcept {
   switch (kind) {
     case MemoryKind::kHost: return "host";
     case MemoryKind::kDevice: return "device";
+    case MemoryKind::kNpu: return "npu";
   }
   return "unknown";
 }
@@ -153,7 +188,9 @@ void MemoryRegistry::attach(std::weak_ptr<MemoryDomain> domain) {
     domains_.push_back(std::move(domain));
     existing.assign(regions_.begin(), regions_.end());
   }
-  for (const auto& [handle, region] : existing) d->region_added(handle, region);
+  for (const auto& [handle, region] : existing) {
+    if (d->takes(region.kind)) d->region_added(handle, region);
+  }
 }
 
 std::vector<std::shared_ptr<MemoryDomain>> MemoryRegistry::domains() const {
@@ -182,6 +219,7 @@ LocalRegion MemoryRegistry::erase_locked(int32_t handle) {
 void MemoryRegistry::retire(int32_t handle, const LocalRegion& region) {
   drain(region.lifetime);  // throws TimeoutError if a use outlives its revocation
   for (const auto& d : domains()) {
+    if (!d->takes(region.kind)) continue;
     try {
       d->region_removed(handle, region);
     } catch (const std::exception& e) {
@@ -212,7 +250,7 @@ int32_t MemoryRegistry::add(const std::string& name, uintptr_t addr, uint64_t of
   // Host memory the process cannot read would fault an I/O thread on first use (a dma-buf's
   // iova is no address of this process: its fd is what is registered). Read-only memory is
   // taken: a NIC registers it for remote reads (docs/rdma.md, "Read-only memory").
-  if (kind != MemoryKind::kDevice && !dmabuf) {
+  if (kind == MemoryKind::kHost && !dmabuf) {
     if (auto why = host_pages_problem(start, length, /*write=*/false)) {
       throw InvalidArgumentError(
           fmt::format("memory region '{}': [{:#x}, +{}) cannot be registered: {}", name, start, length, *why));
@@ -244,6 +282,7 @@ int32_t MemoryRegistry::add(const std::string& name, uintptr_t addr, uint64_t of
   // The caller may reuse or free the old bytes once this returns.
   if (replaced) retire(replaced->first, replaced->second);
   for (const auto& d : domains()) {
+    if (!d->takes(added.kind)) continue;
     try {
       d->region_added(handle, added);
     } catch (...) {
@@ -285,11 +324,16 @@ void MemoryRegistry::remove(int32_t handle) {
   retire(handle, region);
 }
 
-Status MemoryRegistry::resolve(int32_t handle, uint64_t offset, uint64_t length, uintptr_t* out) const {
+Status MemoryRegistry::resolve(int32_t handle, uint64_t offset, uint64_t length, uintptr_t* out, bool npu) const {
   std::lock_guard lock(mu_);
   auto it = regions_.find(handle);
   if (it == regions_.end()) return Status::unknown_handle(fmt::format("no memory region with handle {}", handle));
   const LocalRegion& r = it->second;
+  if (r.kind == MemoryKind::kNpu && !npu) {
+    return Status::invalid_argument(fmt::format("memory region '{}' (handle {}) is NPU memory, which only the ascend "
+                                                "transport moves",
+                                                r.name, handle));
+  }
   if (!range_within(r.length, offset, length)) {
     return Status::out_of_bounds(fmt::format("range [{}, {}+{}) is outside region '{}' (handle {}, {} bytes)", offset,
                                              offset, length, r.name, handle, r.length));
@@ -303,9 +347,10 @@ Status MemoryRegistry::resolve(int32_t handle, uint64_t offset, uint64_t length,
   const auto fill = [](const LocalRegion& r, ResolveCache& c) {
     c.base = r.addr;
     c.use = RegionUse(r.lifetime);  // under the table's lock: see drain()
+    if (r.kind == MemoryKind::kNpu && !c.npu) c.valid = false;  // refused below, with why
   };
   if (!cached_range(cache, mu_, regions_, handle, offset, length, fill)) {
-    return resolve(handle, offset, length, out);  // the error, with its message
+    return resolve(handle, offset, length, out, cache.npu);  // the error, with its message
   }
   *out = static_cast<uintptr_t>(cache.base + offset);
   return Status::ok();
@@ -353,13 +398,16 @@ nlohmann::json MemoryRegistry::mr_info_of(const std::string& name, const MemoryD
   auto named = by_name_.find(name);
   if (named == by_name_.end()) return nullptr;
   auto it = regions_.find(named->second);
-  return it == regions_.end() ? nlohmann::json() : domain.describe(it->first, it->second);
+  return it == regions_.end() || !domain.takes(it->second.kind) ? nlohmann::json()
+                                                                 : domain.describe(it->first, it->second);
 }
 
 nlohmann::json MemoryRegistry::mr_info(const MemoryDomain& domain) const {
   std::lock_guard lock(mu_);
   nlohmann::json info = nlohmann::json::object();
-  for (const auto& [handle, r] : regions_) info[r.name] = domain.describe(handle, r);
+  for (const auto& [handle, r] : regions_) {
+    if (domain.takes(r.kind)) info[r.name] = domain.describe(handle, r);
+  }
   return info;
 }
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <map>
@@ -88,6 +89,7 @@ struct ResolveCache {
   uint64_t base = 0;    // local: the region's address; remote: the owner's handle
   uint64_t length = 0;
   RegionUse use;        // local tables only
+  bool npu = false;     // set by a transport that moves NPU memory (MemoryKind::kNpu)
 };
 
 // The regions one piece of in-flight work refers to (few: consecutive repeats of a
@@ -123,7 +125,12 @@ class RegionRevoker {
 // Where registered memory lives. Host memory is plain process memory; device memory (a
 // GPU's) may not be touched by host code, so only a transport whose capabilities include
 // device_memory may take it.
-enum class MemoryKind : uint8_t { kHost, kDevice };
+//
+// kNpu: an NPU's memory (the ascend transport's, docs/ascend.md), which only a transport that
+// says so moves: a domain is told of such a region only if it takes() it, mr_info() for a
+// domain that does not take it leaves it out, and resolve() refuses it unless the cache asks
+// for it (ResolveCache::npu), so no other transport's I/O thread touches it.
+enum class MemoryKind : uint8_t { kHost, kDevice, kNpu };
 const char* memory_kind_name(MemoryKind kind) noexcept;
 
 // Where the byte at `addr` lives, asked through the device-runtime seam: host memory when
@@ -138,6 +145,12 @@ MemoryPlace memory_place_of(uintptr_t addr);
 // Where [start, +length) lives; device memory must lie inside one allocation
 // (InvalidArgumentError naming `what` otherwise).
 MemoryPlace memory_place_of(std::string_view what, uintptr_t start, uint64_t length);
+// Device memory outside the GPU runtime (an NPU's): kDevice and its device when [start,
+// +length) is that memory, nullopt when none of it is, InvalidArgumentError when part of it
+// is. memory_place_of asks each probe added here after the GPU runtime. Added once per
+// transport that has such memory (TransportEntry::device_memory, added with the entry).
+using DeviceMemoryProbe = std::function<std::optional<MemoryPlace>(uintptr_t start, uint64_t length)>;
+void add_device_memory_probe(DeviceMemoryProbe probe);
 
 // The dma-buf a region was registered from (RDMA's register_dmabuf_memory_region): the
 // region's bytes are the buffer's [offset, +length), addressed at the region's addr, as
@@ -184,6 +197,9 @@ class MemoryDomain {
   virtual void region_removed(int32_t handle, const LocalRegion& region) = 0;
   // This domain's mr_info entry for the region.
   virtual nlohmann::json describe(int32_t handle, const LocalRegion& region) const = 0;
+  // Whether the domain's transport moves memory of this kind: only such regions reach
+  // region_added/region_removed/describe. Every kind but NPU memory by default.
+  virtual bool takes(MemoryKind kind) const { return kind != MemoryKind::kNpu; }
 };
 
 // The domain of transports whose peer names a region by its owner's handle and lets the
@@ -239,7 +255,9 @@ class DLSLIME_API MemoryRegistry {
   void attach(std::weak_ptr<MemoryDomain> domain);
 
   // On success stores the address of byte `offset` of region `handle`.
-  Status resolve(int32_t handle, uint64_t offset, uint64_t length, uintptr_t* out) const;
+  // NPU memory (MemoryKind::kNpu) is refused (INVALID_ARGUMENT) unless `npu`, or the cache's
+  // npu flag, says the caller moves it.
+  Status resolve(int32_t handle, uint64_t offset, uint64_t length, uintptr_t* out, bool npu = false) const;
   Status resolve(int32_t handle, uint64_t offset, uint64_t length, uintptr_t* out, ResolveCache& cache) const;
   std::optional<int32_t> find(const std::string& name) const;
   // The region holding all of [addr, addr+length) (the most recently registered one when

@@ -32,6 +32,7 @@ void TransportRegistry::register_transport(TransportEntry entry) {
   if (std::find(r.order_.begin(), r.order_.end(), entry.name) != r.order_.end()) {
     throw InvalidArgumentError(fmt::format("transport \"{}\" is registered already", entry.name));
   }
+  if (entry.device_memory) add_device_memory_probe(entry.device_memory);
   r.order_.push_back(entry.name);
   r.entries_.push_back(std::move(entry));
 }
@@ -39,6 +40,7 @@ void TransportRegistry::register_transport(TransportEntry entry) {
 TransportRegistry::TransportRegistry() { register_builtin_transports(*this); }
 
 void TransportRegistry::add(TransportEntry entry) {
+  if (entry.device_memory) add_device_memory_probe(entry.device_memory);
   order_.push_back(entry.name);
   entries_.push_back(std::move(entry));
 }

@@ -4,6 +4,7 @@
 #include <functional>
 #include <shared_mutex>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,13 @@ struct TransportEntry {
       make;
   std::function<std::vector<TransportPort>()> ports;
   AgentHooks agent;
+  // For a transport with device memory of its own, outside the GPU runtime (an NPU's): where
+  // [start, +length) lives when it is that memory (kDevice, its device), nullopt when none of
+  // it is; InvalidArgumentError when part of it is, or it runs past its allocation. The
+  // registry asks it for every region, as it asks the GPU runtime (memory_place_of), so no
+  // transport mistakes such memory for host memory (add_device_memory_probe, done when the
+  // entry is added). Must be cheap: sends ask it per buffer.
+  std::function<std::optional<MemoryPlace>(uintptr_t start, uint64_t length)> device_memory;
 };
 
 // The transports of this build. Filled once, before first use, from the list CMake

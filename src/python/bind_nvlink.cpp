@@ -41,42 +41,13 @@ std::optional<void*> stream_arg(py::handle stream) {
   return reinterpret_cast<void*>(int_arg<uintptr_t>(v, "stream"));
 }
 
-// Items in handle form go to to_assignments as they are; upstream's named items
-// (local_name, remote_name, target_offset, source_offset, length) are looked up first
-// (NotFoundError for a name no region has).
-std::vector<Assignment> nvlink_assignments(const NVLinkEndpoint& ep, py::handle obj) {
-  auto named = [](py::handle t) {
-    return (py::isinstance<py::tuple>(t) || py::isinstance<py::list>(t)) && py::len(t) == 5 &&
-           PyUnicode_Check(py::reinterpret_borrow<py::sequence>(t)[0].ptr());
-  };
-  auto convert = [&](py::handle t) -> py::object {
-    if (!named(t)) return py::reinterpret_borrow<py::object>(t);
-    auto seq = py::reinterpret_borrow<py::sequence>(t);
-    const std::string local = str_arg(seq[0], "local_name");
-    const std::string remote = str_arg(seq[1], "remote_name");
-    const auto lh = ep.local_handle(local);
-    if (!lh) throw NotFoundError(fmt::format("no local memory region named '{}'", local));
-    const auto rh = ep.remote_handle(remote);
-    if (!rh) throw NotFoundError(fmt::format("no remote memory region named '{}' (connect, or register it)", remote));
-    return py::make_tuple(*lh, *rh, seq[2], seq[3], seq[4]);
-  };
-  if (named(obj)) return to_assignments(py::make_tuple(convert(obj)));
-  if (py::isinstance<py::list>(obj) || py::isinstance<py::tuple>(obj)) {
-    py::list items;
-    bool single = py::isinstance<py::tuple>(obj) && py::len(obj) == 5 &&
-                  PyLong_Check(obj.cast<py::tuple>()[0].ptr());
-    if (single) return to_assignments(obj);
-    for (auto item : obj) items.append(convert(item));
-    return to_assignments(items);
-  }
-  return to_assignments(obj);  // its TypeError
-}
-
 template <OpKind Kind>
 Future one_sided(NVLinkEndpoint& ep, py::handle assignments, py::handle stream, py::handle timeout_ms,
                  py::handle assign, py::handle notify) {
   const char* call = Kind == OpKind::kRead ? "read" : "write";
-  auto batch = nvlink_assignments(ep, renamed_arg(assignments, assign, call, "assignments", "assign"));
+  auto batch = named_assignments(renamed_arg(assignments, assign, call, "assignments", "assign"),
+                                 [&](const std::string& n) { return ep.local_handle(n); },
+                                 [&](const std::string& n) { return ep.remote_handle(n); });
   const auto s = stream_arg(stream);
   const auto timeout = op_timeout_arg(timeout_ms);
   std::optional<std::string> note;

@@ -18,6 +18,9 @@ void bind_rdma(pybind11::module_& m);  // RDMAEndpoint (derives from Endpoint), 
 #ifdef DLSLIME_WITH_NVLINK
 void bind_nvlink(pybind11::module_& m);  // NVLinkEndpoint (derives from Endpoint)
 #endif
+#ifdef DLSLIME_WITH_ASCEND
+void bind_ascend(pybind11::module_& m);  // AscendDirectEndpoint (derives from Endpoint), _npu
+#endif
 #ifdef DLSLIME_WITH_NANOCTRL
 void bind_nanoctrl(pybind11::module_& m);  // NanoCtrl server (embedded) and client
 void bind_agent(pybind11::module_& m);     // PeerAgent, PeerConnection

@@ -7,6 +7,7 @@
 
 #include "core/memory_registry.h"
 #include "core/transport_registry.h"
+#include "dlslime/errors.h"
 #include "gil.h"
 
 namespace py = pybind11;
@@ -428,6 +429,35 @@ std::shared_ptr<Endpoint> make_endpoint_on_pool(const std::string& transport, co
 std::shared_ptr<MemoryPoolView> pool_of(const std::shared_ptr<Endpoint>& endpoint) {
   const auto* d = std::get_deleter<PooledEndpoint>(endpoint);
   return d != nullptr ? d->pool : nullptr;
+}
+
+std::vector<Assignment> named_assignments(py::handle obj, const RegionLookup& local_lookup,
+                                         const RegionLookup& remote_lookup) {
+  auto named = [](py::handle t) {
+    return (py::isinstance<py::tuple>(t) || py::isinstance<py::list>(t)) && py::len(t) == 5 &&
+           PyUnicode_Check(py::reinterpret_borrow<py::sequence>(t)[0].ptr());
+  };
+  auto convert = [&](py::handle t) -> py::object {
+    if (!named(t)) return py::reinterpret_borrow<py::object>(t);
+    auto seq = py::reinterpret_borrow<py::sequence>(t);
+    const std::string local = str_arg(seq[0], "local_name");
+    const std::string remote = str_arg(seq[1], "remote_name");
+    const auto lh = local_lookup(local);
+    if (!lh) throw NotFoundError(fmt::format("no local memory region named '{}'", local));
+    const auto rh = remote_lookup(remote);
+    if (!rh) throw NotFoundError(fmt::format("no remote memory region named '{}' (connect, or register it)", remote));
+    return py::make_tuple(*lh, *rh, seq[2], seq[3], seq[4]);
+  };
+  if (named(obj)) return to_assignments(py::make_tuple(convert(obj)));
+  if (py::isinstance<py::list>(obj) || py::isinstance<py::tuple>(obj)) {
+    py::list items;
+    bool single = py::isinstance<py::tuple>(obj) && py::len(obj) == 5 &&
+                  PyLong_Check(obj.cast<py::tuple>()[0].ptr());
+    if (single) return to_assignments(obj);
+    for (auto item : obj) items.append(convert(item));
+    return to_assignments(items);
+  }
+  return to_assignments(obj);  // its TypeError
 }
 
 }  // namespace dlslime::py_bind

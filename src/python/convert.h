@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -123,6 +124,11 @@ std::chrono::milliseconds millis_arg(pybind11::handle v, const char* what);
 // (local_handle, remote_handle, target_offset, source_offset, length), one or a list;
 // (addr, offset, length). Wrong shapes raise TypeError, numbers out of range ValueError.
 std::vector<Assignment> to_assignments(pybind11::handle obj);
+// NVLink's and Ascend's batches: items in handle form as to_assignments takes them, or
+// upstream's named items (local_name, remote_name, target_offset, source_offset, length),
+// looked up first (NotFoundError for a name no region has).
+using RegionLookup = std::function<std::optional<int32_t>(const std::string&)>;
+std::vector<Assignment> named_assignments(pybind11::handle obj, const RegionLookup& local, const RegionLookup& remote);
 Chunk to_chunk(pybind11::handle obj);
 // --- Memory pools ----------------------------------------------------------------------
 // dlslime.MemoryPool (upstream's TcpMemoryPool; RDMAMemoryPool derives from it) is a view of

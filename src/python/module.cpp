@@ -18,6 +18,9 @@ PYBIND11_MODULE(_dlslime, m) {
 #ifdef DLSLIME_WITH_NVLINK
   dlslime::py_bind::bind_nvlink(m);
 #endif
+#ifdef DLSLIME_WITH_ASCEND
+  dlslime::py_bind::bind_ascend(m);
+#endif
 #ifdef DLSLIME_WITH_NANOCTRL
   dlslime::py_bind::bind_nanoctrl(m);
   dlslime::py_bind::bind_agent(m);

@@ -44,6 +44,9 @@
 #include "dlslime/status.h"
 #include "dlslime/transport.h"
 #include "gpu/device_runtime.h"  // device memory for transports without host_memory (the seam)
+#ifdef DLSLIME_TEST_ASCEND
+#include "ascend/npu_memory.h"  // NPU memory (DLSLIME_TEST_DEVICE_MEMORY=1)
+#endif
 #ifdef DLSLIME_TEST_RDMA_SIM_COUNTS
 #include "rdma/verbs.h"  // the simulated device's object accounting
 #endif
@@ -67,6 +70,7 @@ json transport_options(const std::string& transport) {
   if (transport == "tcp") {
     return {{"ip", "127.0.0.1"}, {"port", 0}, {"connect_timeout_ms", 5000}, {"op_timeout_ms", 20000}};
   }
+  if (transport == "ascend") return {{"host", "127.0.0.1"}, {"connect_timeout_ms", 5000}, {"op_timeout_ms", 20000}};
   return json::object();
 }
 
@@ -115,7 +119,11 @@ bool cancels_reads_in_flight(const std::string& transport) { return transport ==
 // Whether a pair's `b` runs in another process. nvlink: one process's two endpoints use
 // each other's pointers (a process cannot open its own CUDA IPC handles), so only two
 // processes test the IPC path users take.
-bool peer_in_another_process(const std::string& transport) { return transport == "nvlink"; }
+// ascend: both ways, one run each (DLSLIME_TEST_PEER_PROCESS=1 for two processes).
+bool peer_in_another_process(const std::string& transport) {
+  const char* v = std::getenv("DLSLIME_TEST_PEER_PROCESS");
+  return transport == "nvlink" || (transport == "ascend" && v != nullptr && std::string(v) == "1");
+}
 
 // Contract item 10. nvlink: CUDA IPC cannot revoke a mapping the peer opened, and the
 // endpoints have no channel after connect (docs/nvlink.md, "The peer's lifetime").
@@ -239,8 +247,45 @@ class DeviceRegion final : public Region {
   size_t size_ = 0;
 };
 
+#ifdef DLSLIME_TEST_ASCEND
+// NPU memory (the simulated NPU faults host code that touches it, as device memory does).
+class NpuRegion final : public Region {
+ public:
+  explicit NpuRegion(size_t n) : npu_(ascend::npu_memory()), size_(n) {
+    ptr_ = npu_.alloc(0, n);
+    fill(0);
+  }
+  ~NpuRegion() override { npu_.free(ptr_); }
+  uintptr_t addr() const override { return reinterpret_cast<uintptr_t>(ptr_); }
+  size_t size() const override { return size_; }
+  std::vector<uint8_t> read(size_t offset, size_t n) const override {
+    std::vector<uint8_t> out(n);
+    npu_.copy_to_host(out.data(), static_cast<const uint8_t*>(ptr_) + offset, n);
+    return out;
+  }
+  void write(size_t offset, const std::vector<uint8_t>& data) override {
+    npu_.copy_to_device(static_cast<uint8_t*>(ptr_) + offset, data.data(), data.size());
+  }
+
+ private:
+  ascend::NpuMemory& npu_;
+  void* ptr_ = nullptr;
+  size_t size_ = 0;
+};
+#endif
+
+// DLSLIME_TEST_DEVICE_MEMORY=1: a transport that takes both kinds gets device memory (the
+// ascend runs over NPU memory this way).
+bool device_memory_asked() {
+  const char* v = std::getenv("DLSLIME_TEST_DEVICE_MEMORY");
+  return v != nullptr && std::string(v) == "1";
+}
+
 // Zeroed memory an endpoint with `caps` registers: host memory where it can, else device.
 std::unique_ptr<Region> region_for(const Capabilities& caps, size_t n) {
+#ifdef DLSLIME_TEST_ASCEND
+  if (std::string(caps.transport) == "ascend" && device_memory_asked()) return std::make_unique<NpuRegion>(n);
+#endif
   if (caps.host_memory) return std::make_unique<HostRegion>(n);
   if (caps.device_memory) return std::make_unique<DeviceRegion>(n);
   throw std::runtime_error(std::string(caps.transport) + " registers neither host nor device memory");
@@ -611,8 +656,8 @@ class Conformance : public ::testing::Test {
     caps_ = a_->capabilities();
   }
   void TearDown() override {
-    a_->shutdown();
-    b_->shutdown();
+    if (a_) a_->shutdown();  // null when SetUp failed
+    if (b_) b_->shutdown();
     if (gpu::sim_selected()) {
       // Once every endpoint is shut down and released, each GPU object it made is gone, and
       // the simulated GPU refused nothing it did (a free or destroy of an unknown object, an

@@ -346,3 +346,39 @@ def test_bench_gpu_modes_without_a_gpu_say_so(tmp_path):
         if target.poll() is None:
             target.kill()
             target.wait()
+
+
+# --- the ascend transport on the simulated HIXL ----------------------------------------------
+
+
+def _ascend_built():
+    import dlslime
+
+    return hasattr(dlslime, "AscendDirectEndpoint")
+
+
+@pytest.mark.skipif(not _ascend_built(), reason="Ascend transport not built (configure with -DBUILD_ASCEND=ON)")
+@pytest.mark.parametrize("op", ["write", "read"])
+def test_bench_ascend_on_the_simulated_hixl_prints_its_table_and_says_what_it_measures(tmp_path, op):
+    out = tmp_path / f"ascend-{op}.json"
+    env = dict(os.environ, DLSLIME_ASCEND_SIM="1")
+    r = run_bench("--transport", "ascend", "--op", op, *GPU_SIZES, "--json", str(out), env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"DLSlime Ascend Benchmark: {op}" in r.stdout and "MsgSize" in r.stdout
+    assert "simulated HIXL (DLSLIME_ASCEND_SIM=1)" in r.stdout and "not an NPU" in r.stdout
+    config = json.loads(out.read_text())["config"]
+    assert config["transport"] == "ascend" and config["simulated_device"] is True
+    assert config["endpoint"]["transport"] == "ascend" and config["ascend_options"]["host"] == "127.0.0.1"
+    bad = run_bench("--transport", "ascend", "--op", op, *GPU_SIZES, "--inject-corruption", env=env)
+    assert bad.returncode == 1 and "VERIFY FAILED" in bad.stderr, bad.stdout + bad.stderr
+    r = run_bench("--transport", "ascend", "--op", "send", *TINY, env=env)
+    assert r.returncode == 2 and "AscendDirectEndpoint has no send/recv" in r.stderr, r.stderr
+
+
+@pytest.mark.skipif(not _ascend_built(), reason="Ascend transport not built (configure with -DBUILD_ASCEND=ON)")
+def test_bench_ascend_without_the_runtime_or_the_variable_says_so():
+    env = dict(os.environ)
+    env.pop("DLSLIME_ASCEND_SIM", None)
+    r = run_bench("--transport", "ascend", *TINY, env=env)
+    assert r.returncode == 2 and "DLSLIME_ASCEND_SIM" in r.stderr, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and "MsgSize" not in r.stdout

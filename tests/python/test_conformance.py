@@ -48,6 +48,8 @@ def transport_options(transport):
     deadlines short enough that a broken transport fails a test instead of stalling CI."""
     if transport == "tcp":
         return {"ip": "127.0.0.1", "port": 0, "connect_timeout_ms": 5000, "op_timeout_ms": 20000}
+    if transport == "ascend":
+        return {"host": "127.0.0.1", "connect_timeout_ms": 5000, "op_timeout_ms": 20000}
     return {}
 
 
@@ -63,8 +65,9 @@ def refusing_receiver_options(transport, op_timeout_ms):
 def peer_in_another_process(transport):
     """Whether a pair's `b` runs in another process. nvlink: one process's two endpoints use
     each other's pointers (a process cannot open its own CUDA IPC handles), so only two
-    processes test the IPC path users take."""
-    return transport == "nvlink"
+    processes test the IPC path users take. ascend: both ways, one run each
+    (DLSLIME_TEST_PEER_PROCESS=1 for two processes; scripts/test.sh runs both)."""
+    return transport == "nvlink" or (transport == "ascend" and os.environ.get("DLSLIME_TEST_PEER_PROCESS") == "1")
 
 
 def unregister_revokes_the_peers_access(transport):
