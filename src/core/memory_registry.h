@@ -128,8 +128,9 @@ class RegionRevoker {
 //
 // kNpu: an NPU's memory (the ascend transport's, docs/ascend.md), which only a transport that
 // says so moves: a domain is told of such a region only if it takes() it, mr_info() for a
-// domain that does not take it leaves it out, and resolve() refuses it unless the cache asks
-// for it (ResolveCache::npu), so no other transport's I/O thread touches it.
+// domain that does not take it leaves it out (the owner-resolved view lists every region),
+// and resolve() refuses it unless the cache asks for it (ResolveCache::npu), so no other
+// transport's I/O thread touches it.
 enum class MemoryKind : uint8_t { kHost, kDevice, kNpu };
 const char* memory_kind_name(MemoryKind kind) noexcept;
 
@@ -210,6 +211,9 @@ class DLSLIME_API OwnerResolvedDomain final : public MemoryDomain {
   void region_added(int32_t, const LocalRegion&) override {}
   void region_removed(int32_t, const LocalRegion&) override {}
   nlohmann::json describe(int32_t handle, const LocalRegion& region) const override;
+  // The registry's own view (PeerAgent's records, the memory pools): every region, whatever
+  // it is; an owner-resolved transport checks the kind when it resolves (resolve()).
+  bool takes(MemoryKind) const override { return true; }
 };
 
 // Where a two-sided chunk lies in registered memory (MemoryRegistry::find_containing).
