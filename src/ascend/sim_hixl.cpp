@@ -780,6 +780,7 @@ void SimHixlEngine::flush(Peer& p, uint64_t id) {
 uint32_t SimHixlEngine::move_bytes(const Peer& p, const Message& m, const std::vector<uint8_t*>& mine) {
   const bool write = m.flag == 1;  // WRITE: requester -> responder
   const bool same_process = p.pid == ::getpid();
+  const std::unique_lock<std::mutex> dma = sim_npu_dma_lock();
   for (size_t i = 0; i < m.descs.size(); ++i) {
     const simwire::Desc& d = m.descs[i];
     void* theirs = reinterpret_cast<void*>(d.local);

@@ -135,6 +135,8 @@ class SimNpuMemory final : public NpuMemory {
     if (n > 0) std::memcpy(host_dst, src, n);
   }
 
+  std::mutex& dma_mutex() { return mu_; }  // sim_npu_dma_lock()
+
   MemType classify(uintptr_t addr, size_t len) override {
     std::lock_guard<std::mutex> lock(mu_);
     Located at = locate(addr, len);
@@ -229,5 +231,7 @@ NpuMemory& sim_npu_memory() { return instance(); }
 uint8_t* sim_host_view(uintptr_t addr, size_t len, std::string* why) { return instance().host_view(addr, len, why); }
 
 int64_t sim_npu_allocations() { return instance().count(); }
+
+std::unique_lock<std::mutex> sim_npu_dma_lock() { return std::unique_lock<std::mutex>(instance().dma_mutex()); }
 
 }  // namespace dlslime::ascend

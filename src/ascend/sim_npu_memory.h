@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 #include "ascend/npu_memory.h"
@@ -26,5 +27,12 @@ uint8_t* sim_host_view(uintptr_t addr, size_t len, std::string* why);
 
 // Live simulated allocations in this process, for tests.
 int64_t sim_npu_allocations();
+
+// Held by the simulated engine while it moves bytes (its "DMA"), as the NPU's own copies hold
+// it: a device orders its DMA with the host's copies, and this process's order is then one
+// ThreadSanitizer sees too. Without it, a responder's copy into a region and the owner's
+// later copy_to_host are ordered only through the other process (the initiator completes
+// the op and tells the owner), which TSan cannot see. Engine lock first, then this one.
+std::unique_lock<std::mutex> sim_npu_dma_lock();
 
 }  // namespace dlslime::ascend
