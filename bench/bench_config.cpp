@@ -155,6 +155,8 @@ Run parameters (the initiator sends them to the target):
   --warmup N                 untimed batches per size (default 8)
   --lanes N                  TCP connections per direction (default: library default)
   --chunk-size N             TCP striping unit (default: library default)
+  --same-host on|off         TCP: let a peer on this host copy the writes itself (cross-
+                             memory attach; default on), or keep them on the sockets
   --contiguous               items back to back in the buffer
   --strided                  items in separate slots with a guard gap (default)
   --one-slot                 every item moves the first slot onto the first slot: a
@@ -237,6 +239,10 @@ BenchConfig parse_command_line(int argc, char** argv, bool* help) {
       c.warmup = parse_count(next(), "--warmup", 0);
     } else if (arg == "--lanes") {
       c.lanes = parse_count(next(), "--lanes", 1);
+    } else if (arg == "--same-host") {
+      const std::string v = next();
+      if (v != "on" && v != "off") throw UsageError(fmt::format("--same-host takes on or off, not '{}'", v));
+      c.transport_options["same_host"] = v == "on";
     } else if (arg == "--chunk-size") {
       c.chunk_size = parse_size(next());
     } else if (arg == "--contiguous") {

@@ -12,6 +12,7 @@
 
 #include "bench_report.h"
 #include "bench_session.h"
+#include "dlslime/tcp_endpoint.h"
 #include "dlslime/version.h"
 
 namespace dlslime::bench {
@@ -335,6 +336,14 @@ int run_initiator(BenchConfig cfg) {
     hello["params"] = run_params_to_json(cfg);
     link.send(hello);
     data.connect(link.expect("hello"), link.channel());
+#if DLSLIME_BENCH_TCP
+    if (const auto* tcp = dynamic_cast<const TcpEndpoint*>(data.endpoint.get())) {
+      // Which path the writes take (docs/tcp.md "Same-host path"): --same-host on|off.
+      const nlohmann::json path = tcp->same_host();
+      fmt::print(stderr, "dlslime-bench: writes take the {} path: {}\n", path.value("path", "?"),
+                 path.value("reason", ""));
+    }
+#endif
     link.send({{"type", "connected"}});
     link.expect("connected");
     return Initiator(cfg, link, data).run();

@@ -64,6 +64,14 @@ if [ $rc -eq 5 ]; then
 fi
 [ $rc -eq 0 ] || exit $rc
 
+# The Python conformance suite over TCP with the peer in a second process: once on the
+# same-host path (the default between two processes of one host), once with it off.
+step "Python conformance over TCP across two processes (same-host path on, then off)"
+(cd "$ROOT" && DLSLIME_TEST_PEER_PROCESS=1 "$PYTHON" -m pytest tests/python/test_conformance.py -v -p no:cacheprovider \
+  -k tcp)
+(cd "$ROOT" && DLSLIME_TEST_PEER_PROCESS=1 DLSLIME_TCP_SAME_HOST=0 "$PYTHON" -m pytest tests/python/test_conformance.py \
+  -v -p no:cacheprovider -k tcp)
+
 # The Python conformance suite once more, on the simulated RDMA device, when RDMA is built.
 # Exit 5 (nothing collected) fails here too.
 if "$PYTHON" -c 'import sys, dlslime; sys.exit(0 if hasattr(dlslime, "RDMAEndpoint") else 1)'; then

@@ -53,6 +53,12 @@ struct DLSLIME_API TcpOptions {
   // authenticates; it does not encrypt (docs/reliability.md).
   std::string token;
   static constexpr size_t kMinTokenSize = 16;
+  // The same-host path (docs/tcp.md "Same-host path"): when the peer is a process on this
+  // host that passes a cross-memory-attach probe, it copies our writes out of our memory
+  // itself (process_vm_readv) and the TCP connection only carries their requests and
+  // acknowledgements. Either side turning it off keeps the writes on TCP.
+  // from_env(): DLSLIME_TCP_SAME_HOST=0 turns it off.
+  bool same_host = true;
 
   static TcpOptions from_env();
   // `base` with the keys of `options` applied: the keys of to_json() (`authenticated`
@@ -101,6 +107,9 @@ class DLSLIME_API TcpEndpoint final : public Endpoint {
   // a newer connection past the pending limit). A JSON object of unsigned integers.
   nlohmann::json listener_stats() const;
   const TcpOptions& options() const;
+  // Which path this endpoint's writes take to the connected peer, and why:
+  // {"path": "cma" | "tcp", "reason": text} (docs/tcp.md "Same-host path").
+  nlohmann::json same_host() const;
 
  protected:
   Future do_submit(OpRequest request) override;

@@ -24,10 +24,10 @@ struct PlannedOp {
 // entry for the op counts those parts down and completes the op when none is left, so
 // several movers can finish one op together.
 //
-// Why it exists: TCP's lane writer (frames on the lanes, tcp_submit.cpp) is the only
-// mover today and claims every lane. A same-host copy or a GPU staging mover will take
-// some pieces of an op while the lanes carry the rest; this is the seam where it plugs
-// in. Movers are chosen by the transport that owns the op; this is not a plugin API.
+// Why it exists: TCP moves an op's pieces either as frames on the lanes (LaneWriter) or,
+// to a peer process on this host, as pull requests the peer copies itself (PullWriter,
+// docs/tcp.md "Same-host path"), both in tcp_submit.cpp. Movers are chosen by the
+// transport that owns the op; this is not a plugin API.
 class DataMover {
  public:
   // Claims the pieces of `op` planned for `lane` (op.plan.lane(lane), not empty) and

@@ -175,7 +175,11 @@ const OwnerResolvedDomain& OwnerResolvedDomain::instance() {
 }
 
 nlohmann::json OwnerResolvedDomain::describe(int32_t handle, const LocalRegion& r) const {
-  return {{"handle", handle}, {"addr", r.addr}, {"length", r.length}};
+  nlohmann::json entry = {{"handle", handle}, {"addr", r.addr}, {"length", r.length}};
+  // Where the bytes live, for an initiator that picks how to move them (TCP's same-host
+  // path cannot place bytes in device memory). Host memory says nothing, as before.
+  if (r.kind != MemoryKind::kHost) entry["memory"] = memory_kind_name(r.kind);
+  return entry;
 }
 
 void MemoryRegistry::attach(std::weak_ptr<MemoryDomain> domain) {

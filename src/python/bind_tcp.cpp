@@ -44,6 +44,10 @@ void bind_tcp(py::module_& m) {
           "handshakes_completed, handshakes_refused, handshakes_timed_out, handshakes_evicted.")
       .def_property_readonly("options",
                              [](const TcpEndpoint& ep) { return from_json(ep.options().to_json(), "options"); })
+      .def_property_readonly(
+          "same_host", [](const TcpEndpoint& ep) { return from_json(ep.same_host(), "same_host"); },
+          "Which path this endpoint's writes take to the connected peer, and why: {'path': 'cma' or 'tcp', "
+          "'reason': str} (docs/tcp.md, \"Same-host path\").")
       .def("__repr__", [](const TcpEndpoint& ep) {
         return fmt::format("<dlslime.TcpEndpoint {}:{}{}>", ep.host(), ep.port(),
                            ep.is_connected() ? " connected" : "");

@@ -302,7 +302,7 @@ namespace {
 // options: Python takes durations in seconds where the JSON keys are milliseconds, and
 // keeps DLSlime's shorter names. Here only the Python type is checked (TypeError naming
 // the keyword); from_json checks each value against its field and range (ValueError).
-enum class TcpKwarg { kInteger, kSeconds, kHost, kToken };
+enum class TcpKwarg { kInteger, kSeconds, kHost, kToken, kBool };
 struct TcpKwargKey {
   const char* python;
   const char* json;
@@ -326,6 +326,7 @@ constexpr TcpKwargKey kTcpKwargs[] = {
     {"unexpected_buffer_bytes", "unexpected_buffer_bytes", TcpKwarg::kInteger},
     {"gpu_staging_chunks", "gpu_staging_chunks", TcpKwarg::kInteger},
     {"token", "token", TcpKwarg::kToken},
+    {"same_host", "same_host", TcpKwarg::kBool},
 };
 
 // Any int a JSON integer holds; from_json checks it against the field's width and range.
@@ -353,6 +354,10 @@ json tcp_options_json_from_kwargs(const py::kwargs& kwargs, const std::vector<st
       case TcpKwarg::kInteger: options[known->json] = integer_json(v, k); break;
       case TcpKwarg::kSeconds: options[known->json] = millis_arg(v, k).count(); break;
       case TcpKwarg::kHost: options[known->json] = optional_str_arg(v, k); break;
+      case TcpKwarg::kBool:
+        if (!py::isinstance<py::bool_>(v)) throw py::type_error(fmt::format("{} must be a bool, not {}", k, type_name(v)));
+        options[known->json] = v.cast<bool>();
+        break;
       case TcpKwarg::kToken:
         // None keeps DLSLIME_TCP_TOKEN; "" turns authentication off; str or bytes set it.
         if (!v.is_none() && !py::isinstance<py::str>(v) && !py::isinstance<py::bytes>(v)) {

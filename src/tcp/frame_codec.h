@@ -48,7 +48,22 @@ enum class FrameType : uint8_t {
   kGoodbye = 7,      // orderly shutdown: the sender will send nothing more
   kNotify = 8,       // ->receiver: one notification (lane 0, after the writes before it completed); payload = its bytes
   kNotifyAck = 9,    // ->sender: notification op_id is held or received (status 0), or refused; payload = error text
+  // The same-host path (docs/tcp.md "Same-host path"), on dialed lane 0 and its answers:
+  kSameHost = 10,    // negotiation; `index` = the stage (SameHostStage), payload by stage
+  kPullWrite = 11,   // ->target: `offset` pieces (Piece layout), then each piece's source address (u64) in the
+                     // initiator's memory; the target copies them itself (process_vm_readv)
+  kPullDone = 12,    // ->initiator: the pull of op_id's request `index` finished (status 0) or failed; payload = error text
 };
+
+// kSameHost stages, in order: the initiator offers (payload: SameHostOffer), the target
+// challenges (payload: kSameHostNonce bytes), the initiator is ready (the nonce is in its
+// probe buffer), the target decides (status; payload = the reason when refused).
+enum class SameHostStage : uint32_t { kOffer = 1, kChallenge = 2, kReady = 3, kVerdict = 4 };
+inline constexpr size_t kSameHostNonce = 16;
+// The offer: pid u32, uid u32, pid namespace u64, boot id (16 bytes), probe address u64.
+inline constexpr size_t kSameHostOfferSize = 40;
+// A pull request's bytes per piece: its Piece, then its source address.
+inline constexpr size_t kPullPieceSize = kPieceSize + 8;
 
 // Flag bits.
 inline constexpr uint8_t kFlagLast = 0x1;  // last frame of this op on this lane (write), of this message (send)

@@ -12,7 +12,8 @@
 // and, if it accepted, the connection carries data frames from then on.
 namespace dlslime::tcp {
 
-inline constexpr uint16_t kProtocolVersion = 2;  // 2: read requests carry a list of pieces
+// 2: read requests carry a list of pieces; 3: the same-host path (kSameHost, kPullWrite, kPullDone)
+inline constexpr uint16_t kProtocolVersion = 3;
 inline constexpr size_t kHelloSize = 64;
 inline constexpr size_t kHelloReplySize = 32;
 inline constexpr uint32_t kMaxReasonText = 512;

@@ -33,7 +33,7 @@ int32_t TcpEndpoint::register_memory_region(const std::string& name, uintptr_t a
 }
 
 int32_t TcpEndpoint::register_remote_memory_region(const std::string& name, const nlohmann::json& mr_info_entry) {
-  return add_owner_resolved(impl_->remote_regions, name, mr_info_entry);
+  return impl_->add_remote_region(name, mr_info_entry);
 }
 
 void TcpEndpoint::unregister_memory_region(const std::string& name) { impl_->local_regions->remove(name); }
@@ -68,6 +68,7 @@ nlohmann::json TcpEndpoint::listener_stats() const {
           {"gpu_staging_slots", g.slots_per_direction}};
 }
 const TcpOptions& TcpEndpoint::options() const { return impl_->options(); }
+nlohmann::json TcpEndpoint::same_host() const { return impl_->same_host(); }
 Future TcpEndpoint::do_submit(OpRequest request) { return impl_->submit(std::move(request)); }
 
 }  // namespace dlslime

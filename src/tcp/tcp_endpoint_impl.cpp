@@ -166,6 +166,18 @@ void TcpEndpointImpl::start() {
   local_regions->attach(std::static_pointer_cast<MemoryDomain>(shared_from_this()));
   canceller_ = std::static_pointer_cast<OpCanceller>(shared_from_this());
   std::weak_ptr<TcpEndpointImpl> weak = weak_from_this();
+  pairing_.on_dialed([this] {
+    if (!pairing_.dialed().empty()) same_host_.start(*pairing_.dialed().front());
+  });
+  if (options_.same_host) {
+    // The peer's pull requests are copied on the shared copy workers; each reports back on
+    // this endpoint's I/O thread, if the endpoint still lives.
+    target_.set_pull_runner({&CopyWorkers::shared(), [weak](std::function<void()> fn) {
+                               if (auto self = weak.lock()) {
+                                 self->post([fn = std::move(fn)](TcpEndpointImpl&) { fn(); });
+                               }
+                             }});
+  }
   run_on_io([&] {
     listener_->start(
         [weak](const tcp::Hello& hello) {
@@ -186,6 +198,7 @@ nlohmann::json TcpEndpointImpl::endpoint_info() const {
           {"endpoint_id", endpoint_id_},
           {"protocol_version", tcp::kProtocolVersion},
           {"lanes", options_.lanes},
+          {"same_host", same_host_.describe()},
           {"mr_info", local_regions->mr_info()}};
 }
 
@@ -225,6 +238,19 @@ int TcpEndpointImpl::message_device(const Chunk& c, OpKind kind) {
 
 void TcpEndpointImpl::region_removed(int32_t handle, const LocalRegion& region) {
   if (region.kind == MemoryKind::kDevice) gpu_.regions.remove(handle);
+}
+
+int32_t TcpEndpointImpl::add_remote_region(const std::string& name, const nlohmann::json& entry) {
+  const int32_t handle = add_owner_resolved(remote_regions, name, entry);
+  const bool host = !entry.contains("memory") || entry["memory"] == "host";
+  std::lock_guard lock(remote_device_mu_);
+  if (host) {
+    remote_device_.erase(handle);  // registered again, now as host memory
+  } else {
+    remote_device_.insert(handle);
+    any_remote_device_.store(true, std::memory_order_release);
+  }
+  return handle;
 }
 
 tcp::GpuStaging::Stats TcpEndpointImpl::gpu_staging_stats() const {
@@ -306,7 +332,15 @@ void TcpEndpointImpl::connect(const nlohmann::json& peer_info) {
   if (st.code() == StatusCode::kTimeout) throw TimeoutError(st.message());
   if (st.code() == StatusCode::kAuthenticationFailed) throw AuthenticationError(st.message());
   if (!st) throw ConnectionError(st.message(), st.code());
-  for (const auto& [name, entry] : regions) add_owner_resolved(remote_regions, name, entry);
+  // The same-host offer went out with the lanes: its verdict takes two round trips on
+  // this host, and connect() returns once it is in (or, from a peer that does not answer,
+  // after a second), so that the first writes already take the path it chose.
+  if (!same_host_.wait_settled(std::chrono::steady_clock::now() +
+                               std::min<std::chrono::milliseconds>(options_.connect_timeout, std::chrono::seconds(1)))) {
+    DLSLIME_WARN("TcpEndpoint {:#x}: no same-host verdict from {}:{} yet; writes use TCP until it comes", endpoint_id_,
+                 host, port);
+  }
+  for (const auto& [name, entry] : regions) add_remote_region(name, entry);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -365,6 +399,7 @@ void TcpEndpointImpl::fail_all(const Status& why) {
   // The lanes close first (quietly: no on_closed), so nothing touches the ops' memory.
   failing_ = true;
   pairing_.drop_lanes();
+  same_host_.reset(shut_down_ ? "the endpoint is shut down" : "not connected (the connection was lost)");
   auto ops = initiator_.drop_all();
   auto recvs = matcher_.drop_all(shut_down_);
   target_.clear();

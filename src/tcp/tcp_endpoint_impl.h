@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <variant>
 
@@ -27,6 +28,7 @@
 #include "tcp/tcp_gpu_staging.h"
 #include "tcp/tcp_initiator.h"
 #include "tcp/tcp_message_matcher.h"
+#include "tcp/same_host_path.h"
 #include "tcp/tcp_pairing.h"
 #include "tcp/tcp_socket.h"
 #include "tcp/tcp_target_server.h"
@@ -77,9 +79,15 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
   uint16_t port() const { return listener_->port(); }
   tcp::TcpListener::Stats listener_stats() const { return listener_->stats(); }
   const TcpOptions& options() const { return options_; }
+  // {"path": "cma" | "tcp", "reason": ...}: SameHostPath::describe().
+  nlohmann::json same_host() const { return same_host_.describe(); }
 
   const std::shared_ptr<MemoryRegistry> local_regions;  // may be shared (PeerAgent)
   OwnerRemoteRegions remote_regions;
+  // Adds a peer's region (its mr_info entry) to remote_regions, noting whether its memory
+  // is not host memory (the entry's "memory"): writes to such a region stay off the
+  // same-host path, which cannot place bytes in device memory.
+  int32_t add_remote_region(const std::string& name, const nlohmann::json& entry);
 
   // Device memory in local_regions (the registry asks the device runtime) crosses TCP
   // through the staging (docs/tcp.md "GPU memory"), whoever registered it: the endpoint,
@@ -184,6 +192,12 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
   // ---- I/O thread only (Pairing: also the connect waits and lane counts) ----
   // Device regions and their staging: read by the parts below, so declared before them.
   tcp::GpuPath gpu_;
+  // The same-host path's negotiation and state (read by submitting threads: active()).
+  SameHostPath same_host_{options_};
+  // Remote regions whose memory is not host memory (add_remote_region), by local handle.
+  mutable std::mutex remote_device_mu_;
+  std::unordered_set<int32_t> remote_device_;  // guarded by remote_device_mu_
+  std::atomic<bool> any_remote_device_{false};
   // Declared in this order: the parts refer to one another (see each), and to the
   // options and flags above.
   Pairing pairing_;

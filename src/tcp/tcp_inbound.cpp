@@ -27,6 +27,9 @@ RxAction TcpEndpointImpl::on_header(TcpConnection& conn, const FrameHeader& h, P
     case FrameType::kReadData: return initiator_.on_read_header(conn, h, sink);
     case FrameType::kSendData: return matcher_.on_header(conn, h, sink);
     case FrameType::kGoodbye: return RxAction::kContinue;
+    case FrameType::kSameHost:
+    case FrameType::kPullDone: sink.collect = true; return RxAction::kContinue;
+    case FrameType::kPullWrite: sink.collect = true; return target_.admit_pull(conn);
   }
   return RxAction::kContinue;
 }
@@ -47,6 +50,27 @@ void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const 
     case FrameType::kSendData: matcher_.on_frame(conn, h); return;
     case FrameType::kNotify: matcher_.on_notification(conn, h, text); return;
     case FrameType::kNotifyAck: initiator_.on_notify_ack(conn, h, text); return;
+    case FrameType::kSameHost:
+      if (conn.role() == TcpConnection::Role::kDialed) return same_host_.on_answer(conn, h, text);
+      return same_host_.on_request(conn, h, text);
+    case FrameType::kPullWrite:
+      if (conn.role() != TcpConnection::Role::kAccepted || same_host_.trusted_pid() == 0 || !options_.same_host) {
+        // Not a violation: a write planned for the path may meet a connection made since.
+        FrameHeader r;
+        r.type = FrameType::kPullDone;
+        r.op_id = h.op_id;
+        r.index = h.index;
+        r.offset = h.offset;
+        const std::string_view why = "the same-host path is not established on this connection; write again";
+        r.status = static_cast<int32_t>(StatusCode::kNotConnected);
+        r.length = why.size();
+        tcp::WriteItem& item = conn.control();
+        item.add_header(r);
+        item.add_copy(why.data(), why.size());
+        return;
+      }
+      return target_.serve_pull(conn, h, text, same_host_.trusted_pid());
+    case FrameType::kPullDone: initiator_.on_pull_done(conn, h, text); return;
     case FrameType::kGoodbye:
       // The peer sends nothing more on this connection, but what it sent earlier on its
       // other connections (the acknowledgement of a message, say) may still be unread

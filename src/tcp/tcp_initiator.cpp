@@ -47,7 +47,7 @@ Initiator::Clock::time_point Initiator::start_op(Submission& sub) {
   // apart from them (on_notify_ack).
   const bool is_message = state->kind() == OpKind::kSend;
   const bool is_send = is_message || state->kind() == OpKind::kSendNotify;
-  if (state->kind() == OpKind::kWrite || state->kind() == OpKind::kWriteWithImm) {
+  if ((state->kind() == OpKind::kWrite || state->kind() == OpKind::kWriteWithImm) && !sub.op.pulled) {
     // Each lane's frames end in one acknowledgement, on that lane (on_write_ack).
     for (const auto& [lane, item] : sub.items) {
       const uint64_t bit = uint64_t{1} << dialed[lane % dialed.size()]->lane();
@@ -104,6 +104,9 @@ void Initiator::finish_op(uint64_t op_id, Status status, uint64_t nbytes) {
 bool Initiator::cancel(uint64_t op_id) {
   PendingOp* op = pending_.find(op_id);
   if (!op) return false;  // ended, or waiting for copies of its memory to finish
+  // A same-host write's requests were handed to the lanes at once, and the peer copies as
+  // each arrives: withdrawing one would not stop a copy already started.
+  if (op->pulled) return false;
   if (const GpuOp* gpu = op->gpu.get()) {
     if (gpu->copies > 0) return false;  // a stream is copying its memory: end_op would wait
     if (gpu->message) {
@@ -158,6 +161,11 @@ bool Initiator::end_op(uint64_t op_id, PendingOp& op, Status status, uint64_t nb
       gpu.slot = std::move(op.slot);
       return false;
     }
+  }
+  if (op.pulled && op.parts_left > 0 && !op.uses.empty()) {
+    // The peer may be copying out of its memory right now: the regions stay held until
+    // the requests are answered (on_pull_done) or the peer is lost.
+    lingering_[op_id] = Lingering{op.parts_left, std::move(op.uses)};
   }
   std::shared_ptr<OpState> state = std::move(op.state);
   // Its regions and its in-flight slot go before the future completes (the op itself goes
@@ -301,6 +309,25 @@ void Initiator::on_write_ack(TcpConnection& conn, const FrameHeader& h, std::str
   }
 }
 
+void Initiator::on_pull_done(TcpConnection& conn, const FrameHeader& h, std::string_view text) {
+  PendingOp* found = pending_.find(h.op_id);
+  if (!found) {
+    // It ended early; its regions are released once the last request is answered.
+    if (auto it = lingering_.find(h.op_id); it != lingering_.end() && --it->second.parts == 0) lingering_.erase(it);
+    return;
+  }
+  PendingOp& op = *found;
+  if (!op.pulled || conn.role() != TcpConnection::Role::kDialed || op.parts_left == 0) {
+    return violation(conn, fmt::format("a pull answer for op {} ({}), which made no pull request", h.op_id,
+                                       op_kind_name(op.state->kind())));
+  }
+  if (h.status != 0 && op.error.is_ok()) op.error = remote_status(h, text);
+  if (--op.parts_left == 0) {
+    const uint64_t nbytes = op.error.is_ok() ? op.nbytes : 0;
+    finish_op(h.op_id, std::move(op.error), nbytes);
+  }
+}
+
 RxAction Initiator::on_read_header(TcpConnection& conn, const FrameHeader& h, PayloadSink& sink) {
   PendingOp* found = pending_.find(h.op_id);
   if (!found) return RxAction::kContinue;  // expired: drain
@@ -422,6 +449,7 @@ void Initiator::expire(Clock::time_point now) {
 Initiator::Dropped Initiator::drop_all() {
   Dropped dropped{std::move(pending_)};
   pending_.clear();  // a moved-from table is emptied explicitly
+  lingering_.clear();  // the peer is gone: no answer will come
   sends_.clear();
   gpu_queue_.clear();
   outbox_.clear();

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -81,6 +82,9 @@ class Initiator {
     Status error;             // the first error an answer reported
     OpLimit limit;  // its deadline's source, for the timeout's message
     std::shared_ptr<GpuOp> gpu;  // local memory on a GPU (null: the host path)
+    // A write on the same-host path: its frames are pull requests, one part each, answered
+    // by kPullDone once the peer has copied their bytes out of our memory.
+    bool pulled = false;
   };
   // A prepared op on its way from the submitting thread to the I/O thread.
   struct Submission {
@@ -108,6 +112,8 @@ class Initiator {
   // A notification's own acknowledgement (not cumulative: notifications are answered
   // as they arrive, messages possibly later).
   void on_notify_ack(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view text);
+  // The answer to one pull request of a same-host write (docs/tcp.md "Same-host path").
+  void on_pull_done(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view text);
   tcp::RxAction on_read_header(tcp::TcpConnection& conn, const tcp::FrameHeader& h, tcp::PayloadSink& sink);
   void on_read_frame(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view text);
   // Stages the next frames of device-memory writes while staging slots are free.
@@ -171,6 +177,14 @@ class Initiator {
     std::shared_ptr<GpuOp> gpu;   // or a GPU message, staged through gpu_queue_
   };
   std::deque<Outgoing> outbox_;
+  // Same-host writes that ended (expired, revoked) while the peer may still be copying out
+  // of their memory: their regions stay held until each request is answered, so that
+  // unregister waits for those copies as it waits for frames. Emptied when the peer is lost.
+  struct Lingering {
+    uint32_t parts = 0;
+    RegionUses uses;
+  };
+  std::unordered_map<uint64_t, Lingering> lingering_;
 };
 
 }  // namespace dlslime

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 #include <fmt/format.h>
@@ -72,6 +73,12 @@ TcpOptions TcpOptions::from_env() {
   TcpOptions o;
   if (const char* host = std::getenv("DLSLIME_TCP_ADVERTISE_HOST"); host && *host) o.advertise_host = host;
   if (const char* token = std::getenv("DLSLIME_TCP_TOKEN"); token && *token) o.token = token;
+  if (const char* v = std::getenv("DLSLIME_TCP_SAME_HOST"); v && *v) {
+    if (std::string_view(v) != "0" && std::string_view(v) != "1") {
+      throw InvalidArgumentError(fmt::format("DLSLIME_TCP_SAME_HOST='{}' must be 0 or 1", v));
+    }
+    o.same_host = *v == '1';
+  }
   env_option("DLSLIME_TCP_LANES", kLanes, o.lanes);
   env_option("DLSLIME_TCP_CHUNK_SIZE", kChunkSize, o.chunk_size);
   env_option("DLSLIME_TCP_CONNECT_TIMEOUT_MS", kConnectTimeoutMs, o.connect_timeout);
@@ -155,6 +162,12 @@ TcpOptions TcpOptions::from_json(const nlohmann::json& options, TcpOptions base)
     };
     if (key == "advertise_host") o.advertise_host = text();
     else if (key == "token") o.token = text();
+    else if (key == "same_host") {
+      if (!value.is_boolean()) {
+        throw InvalidArgumentError(fmt::format("TcpEndpoint option same_host must be true or false, not {}", value.dump()));
+      }
+      o.same_host = value.get<bool>();
+    }
     else if (key == "lanes") integer(o.lanes);
     else if (key == "chunk_size") integer(o.chunk_size);
     else if (key == "connect_timeout_ms") millis(o.connect_timeout);
@@ -191,6 +204,7 @@ nlohmann::json TcpOptions::to_json() const {
           {"max_batch_items", max_batch_items},
           {"unexpected_buffer_bytes", unexpected_buffer_bytes},
           {"gpu_staging_chunks", gpu_staging_chunks},
+          {"same_host", same_host},
           // Whether a token is set, never the token.
           {"authenticated", !token.empty()}};
 }

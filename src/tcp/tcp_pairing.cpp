@@ -130,6 +130,7 @@ void Pairing::dial(tcp::DialRequest request, std::shared_ptr<ConnectWait> wait, 
                     for (auto& socket : r.sockets) add_dialed(std::move(socket));
                     connected_ = true;
                     DLSLIME_INFO("connected to {} (peer {:#x}) over {} lane(s)", label, r.peer_id, dialed_.size());
+                    if (on_dialed_) on_dialed_();
                     wait->finish(Status::ok());
                   });
 }

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -46,6 +47,10 @@ class Pairing {
   // regions: the new owner would resolve an old handle to a region of its own.
   Pairing(asio::io_context& io, const TcpOptions& options, uint64_t endpoint_id, const std::atomic<bool>& shut_down,
           tcp::FrameHandler& handler, MessageMatcher& held, OwnerRemoteRegions& remote_regions);
+
+  // Called on the I/O thread once dialed lanes are up, before the connect() waiting for
+  // them returns (the same-host offer goes out here).
+  void on_dialed(std::function<void()> fn) { on_dialed_ = std::move(fn); }
 
   // Any thread: a wait for a dial, which shutdown (finish_connect_waits) ends at once.
   std::shared_ptr<ConnectWait> add_connect_wait();
@@ -110,6 +115,7 @@ class Pairing {
   // Answers queued to the peer on all its connections (bounded per peer, not per lane).
   std::shared_ptr<tcp::AnswerBudget> answer_budget_ = std::make_shared<tcp::AnswerBudget>();
   std::string last_loss_;  // why the last connection was lost, for NOT_CONNECTED errors
+  std::function<void()> on_dialed_;
 };
 
 }  // namespace dlslime

@@ -11,6 +11,7 @@
 #include "core/data_mover.h"
 #include "core/log.h"
 #include "dlslime/errors.h"
+#include "tcp/wire.h"
 
 // TcpEndpointImpl's submission path: preparing operations on the caller's thread
 // (resolve handles, plan lanes, encode frames) and handing them to the I/O thread, where
@@ -41,6 +42,23 @@ struct PrepareScratch {
 };
 thread_local PrepareScratch t_prepare;
 
+// Cuts a lane's pieces into the runs that one frame each carries: at most kMaxPieces
+// pieces and chunk_size bytes (a larger piece is a run of its own). emit(run, bytes, last).
+template <class Emit>
+void for_each_run(std::span<const PlannedPiece> pieces, uint64_t chunk_size, Emit&& emit) {
+  size_t begin = 0;
+  uint64_t run_bytes = 0;
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    if (k - begin == tcp::kMaxPieces || (k > begin && run_bytes + pieces[k].length > chunk_size)) {
+      emit(pieces.subspan(begin, k - begin), run_bytes, false);
+      begin = k;
+      run_bytes = 0;
+    }
+    run_bytes += pieces[k].length;
+  }
+  emit(pieces.subspan(begin), run_bytes, true);
+}
+
 // TCP's data mover: a lane's pieces go out as frames on that lane, into the op's
 // Submission. Each run of the lane's pieces (at most kMaxPieces and chunk_size bytes, or
 // one larger piece) is one frame: a write carries the run's piece list and then its
@@ -69,17 +87,9 @@ class LaneWriter final : public DataMover {
       item_ptr->reserve(pieces.size(), pieces.size() * tcp::kPieceSize + (is_read ? 0 : op.plan.lanes[lane].bytes));
     }
     WriteItem& item = *item_ptr;
-    size_t begin = 0;
-    uint64_t run_bytes = 0;
-    for (size_t k = 0; k < pieces.size(); ++k) {
-      if (k - begin == tcp::kMaxPieces || (k > begin && run_bytes + pieces[k].length > chunk_size_)) {
-        emit(op, item, pieces.subspan(begin, k - begin), run_bytes, false);
-        begin = k;
-        run_bytes = 0;
-      }
-      run_bytes += pieces[k].length;
-    }
-    emit(op, item, pieces.subspan(begin), run_bytes, true);
+    for_each_run(pieces, chunk_size_, [&](std::span<const PlannedPiece> run, uint64_t run_bytes, bool last) {
+      emit(op, item, run, run_bytes, last);
+    });
     return is_read ? static_cast<uint32_t>(pieces.size()) : 1;
   }
 
@@ -139,6 +149,51 @@ class LaneWriter final : public DataMover {
   const uint64_t chunk_size_;
   Initiator::GpuOp* const staged_;
   uint16_t lane_ = 0;
+  uint32_t next_index_ = 0;
+};
+
+// The same-host path's mover (docs/tcp.md "Same-host path"): a write's pieces go out as
+// pull requests, each run of a lane's pieces one kPullWrite frame naming the target's
+// pieces and where their bytes are in our memory. The target copies them itself and
+// answers each request (one part each); no payload crosses the socket.
+class PullWriter final : public DataMover {
+ public:
+  PullWriter(Initiator::Submission& sub, std::span<const int32_t> peer_handles, uint64_t chunk_size)
+      : sub_(sub), peer_handles_(peer_handles), chunk_size_(chunk_size) {}
+
+  uint32_t claim(const PlannedOp& op, uint16_t lane) override {
+    const std::span<const PlannedPiece> pieces = op.plan.lane(lane);
+    WriteItem& item = sub_.items.emplace_back(lane, WriteItem(op.op_id)).second;
+    item.reserve(pieces.size() / tcp::kMaxPieces + 1, pieces.size() * tcp::kPullPieceSize);
+    uint32_t requests = 0;
+    for_each_run(pieces, chunk_size_, [&](std::span<const PlannedPiece> run, uint64_t, bool) {
+      FrameHeader h;
+      h.type = FrameType::kPullWrite;
+      h.op_id = op.op_id;
+      h.index = next_index_;
+      h.offset = run.size();
+      h.length = run.size() * tcp::kPullPieceSize;
+      item.add_header(h);
+      uint8_t raw[tcp::kPieceSize];
+      for (const PlannedPiece& p : run) {
+        tcp::encode_piece({peer_handles_[p.item], op.items[p.item].target_offset + p.offset, p.length}, raw);
+        item.add_copy(raw, sizeof raw);
+      }
+      for (const PlannedPiece& p : run) {
+        uint8_t source[8];
+        tcp::WireWriter(source).u64(reinterpret_cast<uintptr_t>(op.local[p.item] + p.offset));
+        item.add_copy(source, sizeof source);
+      }
+      next_index_ += static_cast<uint32_t>(run.size());
+      ++requests;
+    });
+    return requests;
+  }
+
+ private:
+  Initiator::Submission& sub_;
+  const std::span<const int32_t> peer_handles_;
+  const uint64_t chunk_size_;
   uint32_t next_index_ = 0;
 };
 
@@ -336,12 +391,25 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
   } else {
     for (const Assignment& a : items) sub.op.nbytes += a.length;  // what the write reports moved
   }
-  // Every lane's pieces go to the lanes' own mover today (the seam: another mover could
-  // claim some of them here). The op completes once each claimed part is done.
+  // The op completes once each part its mover claimed is done.
   const PlannedOp planned{.op_id = op_id, .kind = req.kind, .items = items, .local = scratch.local, .plan = plan};
   if (device) sub.op.gpu = std::make_shared<Initiator::GpuOp>();
+  // Host-memory writes to a peer on this host that proved it can copy out of our memory
+  // go as pull requests (docs/tcp.md "Same-host path"); everything else as frames.
+  sub.op.pulled = req.kind == OpKind::kWrite && !device && same_host_.active();
+  if (sub.op.pulled && any_remote_device_.load(std::memory_order_acquire)) {
+    // Into the peer's device memory: the peer stages the bytes from frames.
+    std::lock_guard lock(remote_device_mu_);
+    for (const Assignment& a : items) {
+      if (a.length > 0 && remote_device_.count(a.remote_handle)) {
+        sub.op.pulled = false;
+        break;
+      }
+    }
+  }
   LaneWriter lane_writer(sub, scratch.peer_handles, options_.chunk_size, sub.op.gpu.get());
-  DataMover& mover = lane_writer;
+  PullWriter pull_writer(sub, scratch.peer_handles, options_.chunk_size);
+  DataMover& mover = sub.op.pulled ? static_cast<DataMover&>(pull_writer) : lane_writer;
   for (uint16_t lane = 0; lane < lanes; ++lane) {
     if (plan.lanes[lane].count > 0) sub.op.parts_left += mover.claim(planned, lane);
   }

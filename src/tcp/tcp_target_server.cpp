@@ -1,6 +1,11 @@
 #include "tcp/tcp_target_server.h"
 
+#include <limits>
+
 #include <fmt/format.h>
+
+#include "core/same_host.h"
+#include "tcp/wire.h"
 
 namespace dlslime {
 
@@ -365,6 +370,81 @@ void TargetServer::answer_staged(TcpConnection& conn, const FrameHeader& r, tcp:
   } catch (const std::exception& e) {
     staging.release(slot);
     answer_error(conn, r, Status::failed(fmt::format("copying a read of GPU memory failed: {}", e.what())));
+  }
+}
+
+}  // namespace dlslime
+
+namespace dlslime {
+
+tcp::RxAction TargetServer::admit_pull(TcpConnection& conn) {
+  if (pulls_in_flight_ < kMaxPullsInFlight) return tcp::RxAction::kContinue;
+  pull_waiting_.push_back(conn.weak_from_this());
+  return tcp::RxAction::kPause;
+}
+
+void TargetServer::serve_pull(TcpConnection& conn, const FrameHeader& h, std::string_view payload, uint32_t pid) {
+  const size_t count = h.offset;  // the parser checked payload = count pull pieces
+  const std::string_view list = payload.substr(0, count * tcp::kPieceSize);
+  const auto* sources = reinterpret_cast<const uint8_t*>(payload.data()) + list.size();
+  uint64_t total = 0;
+  bool device = false;
+  RegionUses uses;  // held by the copy until it has finished
+  Status st = resolve_pieces(list, h.index, tcp::kMaxDataPayload, read_scratch_, uses, &total, &device, [](size_t i) {
+    return Status(StatusCode::kBatchOverflow,
+                  fmt::format("the pieces up to {} ask for more than {} bytes in one request", i, tcp::kMaxDataPayload));
+  });
+  if (st && device) {
+    st = Status::invalid_argument("the same-host path cannot place bytes in device memory; the writer must stage them");
+  }
+  FrameHeader r;
+  r.type = FrameType::kPullDone;
+  r.op_id = h.op_id;
+  r.index = h.index;
+  r.offset = count;
+  // Each non-empty piece (resolve_pieces kept those, in order) with its source in the peer.
+  std::vector<CrossCopy> copies;
+  copies.reserve(read_scratch_.size());
+  for (size_t i = 0, k = 0; st && i < count; ++i) {
+    const tcp::Piece p = tcp::parse_piece(reinterpret_cast<const uint8_t*>(list.data()) + i * tcp::kPieceSize);
+    const uint64_t source = tcp::WireReader(sources + i * 8).u64();
+    if (p.length == 0) continue;
+    if (source == 0 || p.length > std::numeric_limits<uint64_t>::max() - source) {
+      st = Status::invalid_argument(fmt::format("piece {}: source address {:#x} + {} bytes is not a range", h.index + i,
+                                                source, p.length));
+      break;
+    }
+    copies.push_back({read_scratch_[k++].addr, source, p.length});
+  }
+  if (!st) return answer_error(conn, r, st);
+  if (copies.empty()) return answer_error(conn, r, Status::ok());  // nothing to move
+  ++pulls_in_flight_;
+  pull_.workers->submit([copies = std::move(copies), uses = std::move(uses), pid, post = pull_.post, this,
+                         conn = conn.weak_from_this(), r]() mutable {
+    Status copied = cross_copy(static_cast<int>(pid), copies, true);
+    uses.clear();  // the bytes are in place (or not): the regions are free for unregister
+    post([this, conn, r, copied = std::move(copied)] { pull_finished(conn, r, copied); });
+  });
+}
+
+void TargetServer::pull_finished(const std::weak_ptr<TcpConnection>& weak, const FrameHeader& r, const Status& copied) {
+  --pulls_in_flight_;
+  if (auto conn = weak.lock(); conn && conn->is_open()) {
+    FrameHeader done = r;
+    const std::string_view reason = std::string_view(copied.message()).substr(0, tcp::kMaxErrorText);
+    done.status = copied.raw_code();
+    done.length = copied ? 0 : reason.size();
+    WriteItem item(0);
+    item.add_header(done);
+    if (!copied) item.add_copy(reason.data(), reason.size());
+    conn->send(std::move(item));
+  }
+  if (pulls_in_flight_ <= kMaxPullsInFlight / 2 && !pull_waiting_.empty()) {
+    auto waiting = std::move(pull_waiting_);
+    pull_waiting_.clear();
+    for (auto& w : waiting) {
+      if (auto conn = w.lock()) conn->resume_reading();
+    }
   }
 }
 

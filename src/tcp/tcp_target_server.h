@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/copy_workers.h"
 #include "core/memory_registry.h"
 #include "dlslime/status.h"
 #include "tcp/frame_codec.h"
@@ -46,6 +47,23 @@ class TargetServer {
   void answer_read(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view list);
   // The peer is gone: forgets the errors of its writes and frees the staging it held.
   void clear();
+
+  // The same-host path (docs/tcp.md "Same-host path"): the peer's pull requests are
+  // copied by `workers`, never on the I/O thread, and each copy reports back through
+  // `post` (which runs its function on the I/O thread while the endpoint lives).
+  struct PullRunner {
+    CopyWorkers* workers = nullptr;
+    std::function<void(std::function<void()>)> post;
+  };
+  void set_pull_runner(PullRunner runner) { pull_ = std::move(runner); }
+  // A pull request's header: kPause while kMaxPullsInFlight requests are being copied
+  // (resumed as they finish), so a peer cannot queue unbounded copies.
+  tcp::RxAction admit_pull(tcp::TcpConnection& conn);
+  // A pull request of the peer process `pid` (proved by SameHostPath): its pieces are
+  // checked against the local regions exactly as a write frame's, held, and copied from
+  // the peer's memory by a worker; kPullDone reports the outcome. A bad piece fails the
+  // request alone and nothing of it is copied.
+  void serve_pull(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view payload, uint32_t pid);
 
   // Queues an acknowledgement (kWriteAck, kSendAck) of the peer's op `op_id` on `conn`.
   // A successful message acknowledgement still queued is superseded by the next one
@@ -99,6 +117,7 @@ class TargetServer {
                      const std::vector<tcp::PayloadSegment>& pieces, RegionUses uses);
   static void answer_error(tcp::TcpConnection& conn, const tcp::FrameHeader& r, const Status& st);
   tcp::GpuStaging::Slot* take_reserved(const tcp::TcpConnection* conn);
+  void pull_finished(const std::weak_ptr<tcp::TcpConnection>& conn, const tcp::FrameHeader& r, const Status& copied);
 
   const MemoryRegistry& regions_;
   tcp::GpuPath& gpu_;
@@ -120,6 +139,13 @@ class TargetServer {
   std::deque<DeferredRead> deferred_;
   size_t deferred_pieces_ = 0;
   std::vector<std::weak_ptr<tcp::TcpConnection>> deferred_waiting_;
+
+  PullRunner pull_;
+  // Pull requests being copied (their regions are held by the copy): at most this many,
+  // 64 MiB at the default chunk size; connections past it wait in pull_waiting_.
+  static constexpr size_t kMaxPullsInFlight = 64;
+  size_t pulls_in_flight_ = 0;
+  std::vector<std::weak_ptr<tcp::TcpConnection>> pull_waiting_;
 };
 
 }  // namespace dlslime

@@ -119,10 +119,12 @@ bool cancels_reads_in_flight(const std::string& transport) { return transport ==
 // Whether a pair's `b` runs in another process. nvlink: one process's two endpoints use
 // each other's pointers (a process cannot open its own CUDA IPC handles), so only two
 // processes test the IPC path users take.
-// ascend: both ways, one run each (DLSLIME_TEST_PEER_PROCESS=1 for two processes).
+// ascend and tcp: both ways, one run each (DLSLIME_TEST_PEER_PROCESS=1 for two processes;
+// two TCP processes of one host take the same-host path unless DLSLIME_TCP_SAME_HOST=0).
 bool peer_in_another_process(const std::string& transport) {
   const char* v = std::getenv("DLSLIME_TEST_PEER_PROCESS");
-  return transport == "nvlink" || (transport == "ascend" && v != nullptr && std::string(v) == "1");
+  return transport == "nvlink" ||
+         ((transport == "ascend" || transport == "tcp") && v != nullptr && std::string(v) == "1");
 }
 
 // Contract item 10. nvlink: CUDA IPC cannot revoke a mapping the peer opened, and the

@@ -92,7 +92,7 @@ TEST(Frame, RejectsWrongMagic) {
 }
 
 TEST(Frame, RejectsUnknownType) {
-  for (uint8_t type : {uint8_t{0}, uint8_t{10}, uint8_t{200}}) {
+  for (uint8_t type : {uint8_t{0}, uint8_t{13}, uint8_t{200}}) {
     auto raw = encode(sample(FrameType::kWriteData));
     raw[2] = type;
     FrameHeader out;
@@ -112,6 +112,34 @@ TEST(Frame, BoundsNotificationsAndTheirAcks) {
   auto ack = sample(FrameType::kNotifyAck);
   ack.length = tcp::kMaxErrorText + 1;
   EXPECT_EQ(parse_frame_header(encode(ack).data(), &out).code(), StatusCode::kProtocolError);
+}
+
+// The same-host path's frames: a pull request is exactly its pieces and their source
+// addresses (no payload bytes), and negotiation frames and pull answers carry at most an
+// error text.
+TEST(Frame, BoundsSameHostFrames) {
+  FrameHeader out;
+  auto pull = sample(FrameType::kPullWrite);
+  pull.offset = 3;
+  pull.length = 3 * tcp::kPullPieceSize;
+  EXPECT_TRUE(parse_frame_header(encode(pull).data(), &out).is_ok());
+  for (uint64_t length : {uint64_t{0}, 3 * tcp::kPullPieceSize - 1, 3 * tcp::kPullPieceSize + 8, uint64_t{1} << 40}) {
+    pull.length = length;
+    EXPECT_EQ(parse_frame_header(encode(pull).data(), &out).code(), StatusCode::kProtocolError) << length;
+  }
+  pull.offset = 0;
+  pull.length = 0;
+  EXPECT_EQ(parse_frame_header(encode(pull).data(), &out).code(), StatusCode::kProtocolError);
+  pull.offset = tcp::kMaxPieces + 1;
+  pull.length = pull.offset * tcp::kPullPieceSize;
+  EXPECT_EQ(parse_frame_header(encode(pull).data(), &out).code(), StatusCode::kProtocolError);
+  for (FrameType type : {FrameType::kSameHost, FrameType::kPullDone}) {
+    auto h = sample(type);
+    h.length = tcp::kMaxErrorText;
+    EXPECT_TRUE(parse_frame_header(encode(h).data(), &out).is_ok());
+    h.length = tcp::kMaxErrorText + 1;
+    EXPECT_EQ(parse_frame_header(encode(h).data(), &out).code(), StatusCode::kProtocolError);
+  }
 }
 
 TEST(Frame, RejectsUnknownFlags) {

@@ -124,7 +124,7 @@ std::vector<uint8_t> write_frame(uint64_t op_id, int32_t handle, uint64_t offset
 }
 
 // Opens a raw connection that completed the hello. Returns the status in the reply.
-int handshake(RawClient& c, uint16_t version = 2 /* kProtocolVersion */, uint64_t sender = 0xabcdef) {
+int handshake(RawClient& c, uint16_t version = 3 /* kProtocolVersion */, uint64_t sender = 0xabcdef) {
   c.send(hello(version, sender));
   auto reply = c.recv(32);
   if (reply.size() != 32) return -1;

@@ -41,3 +41,50 @@ def serve_region(conn, size, seed, ip="127.0.0.1"):
             ep.shutdown()
             conn.send("bye")
             return
+
+
+def serve_target(conn, size, options, env):
+    """A write target for the same-host path (test_tcp_same_host.py): `env` is set before
+    the endpoint is made, `options` are its TcpOptions keywords. Registers an anonymous
+    mapping of `size` bytes as 'peer' (zeros) and a 4 KiB one as 'spare', connects, then
+    answers: ("digest", start, end) -> sha256 hex of those bytes; ("bytes", start, end);
+    ("same_host",) -> ep.same_host; ("unregister",) -> unregisters 'peer', replies "done";
+    ("munmap",) -> unmaps 'peer' WITHOUT unregistering it (a careless owner), replies
+    "done"; ("exit",) -> shuts down."""
+    import hashlib
+    import mmap
+    import os
+
+    os.environ.update(env)
+    region = mmap.mmap(-1, size)
+    spare = mmap.mmap(-1, 4096)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    spare_addr = ctypes.addressof(ctypes.c_char.from_buffer(spare))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    ep = dlslime.TcpEndpoint(ip="127.0.0.1", port=0, **options)
+    ep.register_memory_region("peer", addr, 0, size)
+    ep.register_memory_region("spare", spare_addr, 0, 4096)
+    conn.send(ep.endpoint_info())
+    ep.connect(conn.recv())
+    conn.send("connected")
+    while True:
+        cmd = conn.recv()
+        if cmd[0] == "digest":
+            conn.send(hashlib.sha256(ctypes.string_at(addr + cmd[1], cmd[2] - cmd[1])).hexdigest())
+        elif cmd[0] == "bytes":
+            conn.send(ctypes.string_at(addr + cmd[1], cmd[2] - cmd[1]))
+        elif cmd[0] == "spare":
+            conn.send(ctypes.string_at(spare_addr, 4096))
+        elif cmd[0] == "same_host":
+            conn.send(ep.same_host)
+        elif cmd[0] == "unregister":
+            ep.unregister_memory_region("peer")
+            conn.send("done")
+        elif cmd[0] == "munmap":
+            assert libc.munmap(addr, size) == 0
+            conn.send("done")
+        elif cmd[0] == "exit":
+            ep.shutdown()
+            conn.send("bye")
+            return

@@ -39,6 +39,7 @@ BATCH_OVERFLOW = 400
 
 # Frame types (docs/tcp.md).
 WRITE_DATA, WRITE_ACK, READ_REQUEST, READ_DATA, SEND_DATA, SEND_ACK, GOODBYE, NOTIFY, NOTIFY_ACK = range(1, 10)
+SAME_HOST = 10  # the same-host negotiation (docs/tcp.md): a raw peer refuses the offer
 LAST = 0x1
 HEADER = 40
 REGION = 4096
@@ -49,7 +50,7 @@ MAX_PAYLOAD = 64 << 20
 # --- the wire format, by hand ---------------------------------------------------------
 
 
-def hello(sender, version=2, flags=0, lane=0, lanes=1, target=0, magic=b"DLSLIMEH", nonce=b""):
+def hello(sender, version=3, flags=0, lane=0, lanes=1, target=0, magic=b"DLSLIMEH", nonce=b""):
     body = magic + struct.pack("<HHHHQQ", version, flags, lane, lanes, sender, target) + nonce
     return body.ljust(64, b"\0")
 
@@ -128,17 +129,23 @@ class Raw:
         assert len(reply) == 32, f"no hello reply ({len(reply)} bytes)"
         assert reply[:8] == b"DLSLIMER"
         version, status, reason_len, endpoint_id = struct.unpack_from("<HHIQ", reply, 8)
-        assert version == 2 and reason_len <= 512
+        assert version == 3 and reason_len <= 512
         reason = self.recv_exact(reason_len).decode() if reason_len else ""
         return status, reason, endpoint_id
 
     def recv_frame(self):
-        raw = self.recv_exact(HEADER)
-        assert len(raw) == HEADER, "the endpoint closed instead of answering"
-        h = parse_frame(raw)
-        payload = self.recv_exact(h["length"])
-        assert len(payload) == h["length"]
-        return h, payload
+        while True:
+            raw = self.recv_exact(HEADER)
+            assert len(raw) == HEADER, "the endpoint closed instead of answering"
+            h = parse_frame(raw)
+            payload = self.recv_exact(h["length"])
+            assert len(payload) == h["length"]
+            if h["type"] != SAME_HOST:
+                return h, payload
+            # The endpoint offers the same-host path once its lanes are up: refuse it at
+            # once (a verdict with a reason), as a peer on another host would.
+            why = b"a raw test peer"
+            self.send(frame(SAME_HOST, flags=0, status=ACCESS_DENIED, index=4, length=len(why)) + why)
 
     def closed_by_peer(self, timeout=10.0):
         """True once the endpoint has closed this connection (EOF or reset), reading and
@@ -245,7 +252,7 @@ def paired_raw(server, sender=0xBAD0BAD0):
     "raw,words",
     [
         (hello(0x11, magic=b"NOTSLIME"), "bad magic"),
-        (hello(0x11, version=3), "version 3"),
+        (hello(0x11, version=4), "version 4"),
         (hello(0x11, version=0), "version 0"),
         (hello(0x11, flags=2), "flags"),  # bit 0 is AUTH; the others are unknown
         (hello(0x11, flags=1), "no token"),  # AUTH to an endpoint without a token
@@ -257,7 +264,7 @@ def paired_raw(server, sender=0xBAD0BAD0):
         (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".ljust(64, b"\n"), "bad magic"),
         (bytes(random.Random(1).randrange(256) for _ in range(64)), "bad magic"),
     ],
-    ids=["magic", "version3", "version0", "flags", "auth-without-token", "no-lanes", "lane-index", "too-many-lanes",
+    ids=["magic", "version4", "version0", "flags", "auth-without-token", "no-lanes", "lane-index", "too-many-lanes",
          "no-sender", "wrong-target", "http", "random"],
 )
 def test_bad_hello_is_refused_with_a_reason_and_closed(server, raw, words):
@@ -397,7 +404,7 @@ def test_hello_flood_from_many_senders_pairs_with_the_first_only(server):
     "data",
     [
         write_frame([(1, 0, 4)], magic=0x0000),
-        frame(10),  # unknown frame type
+        frame(13),  # unknown frame type
         frame(0),
         write_frame([(1, 0, 4)], flags=0x80),  # unknown flags
         write_frame([(1, 0, 0)], data=b"", length=PIECE + MAX_PAYLOAD + 1),  # D > 64 MiB per frame
@@ -424,7 +431,7 @@ def test_hello_flood_from_many_senders_pairs_with_the_first_only(server):
         frame(NOTIFY_ACK, status=400, length=1025),  # its ack's error text > 1 KiB
         bytes(random.Random(2).randrange(256) for _ in range(4096)),
     ],
-    ids=["magic", "type10", "type0", "flags", "write-64MiB+1", "write-1TiB", "write-2^64", "write-0-pieces",
+    ids=["magic", "type13", "type0", "flags", "write-64MiB+1", "write-1TiB", "write-2^64", "write-0-pieces",
          "write-0-pieces-24", "write-1025-pieces", "write-2^64-pieces", "write-length-below-list",
          "write-1024-length-below-list", "send-2^64", "read-list-64MiB+1",
          "read-list-empty", "read-list-25", "read-list-1025-pieces", "ack-text", "send-ack-1GiB", "read-data-text",

@@ -13,8 +13,8 @@ import pytest
 
 from dlslime import TcpEndpoint
 from conftest import RSS_SLACK, Buffer, connect_pair, rss_bytes, wait_until
-from test_hostile import (HEADER, LAST, READ_DATA, READ_REQUEST, SEND_ACK, SEND_DATA, WRITE_ACK, WRITE_DATA, frame,
-                          paired_raw, parse_frame, read_request, unread_bytes)
+from test_hostile import (ACCESS_DENIED, HEADER, LAST, READ_DATA, READ_REQUEST, SAME_HOST, SEND_ACK, SEND_DATA,
+                          WRITE_ACK, WRITE_DATA, frame, paired_raw, parse_frame, read_request, unread_bytes)
 
 OK = 0
 UNKNOWN_HANDLE = 405
@@ -152,14 +152,18 @@ class HostileTarget:
         self.ready.set()
 
     def recv_frame(self):
-        raw = b""
-        while len(raw) < HEADER:
-            raw += self.conn.recv(HEADER - len(raw))
-        h = parse_frame(raw)
-        payload = b""
-        while len(payload) < h["length"]:
-            payload += self.conn.recv(h["length"] - len(payload))
-        return h, payload
+        while True:
+            raw = b""
+            while len(raw) < HEADER:
+                raw += self.conn.recv(HEADER - len(raw))
+            h = parse_frame(raw)
+            payload = b""
+            while len(payload) < h["length"]:
+                payload += self.conn.recv(h["length"] - len(payload))
+            if h["type"] != SAME_HOST:
+                return h, payload
+            why = b"a raw test peer"  # refuses the same-host offer, as a peer on another host would
+            self.conn.sendall(frame(SAME_HOST, flags=0, status=ACCESS_DENIED, index=4, length=len(why)) + why)
 
     def close(self):
         if self.conn:

@@ -1,0 +1,239 @@
+"""The TCP same-host path (docs/tcp.md, "Same-host path"): between two processes on one
+host, the target copies a write's bytes out of the writer's memory itself
+(process_vm_readv), and the TCP connection only carries the requests and answers. These
+tests run the target in another process, as users do, and check the bytes that arrived,
+the path each side reports and why, and every way the path is refused or fails."""
+
+import hashlib
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import dlslime
+from conftest import wait_until
+
+OK = 0
+OUT_OF_BOUNDS = 404
+PEER_CLOSED = 407
+NOT_CONNECTED = 410
+DEADLINE = 60
+
+
+def start_target(spawn_ctx, size, options=None, env=None):
+    from tcp_peer import serve_target
+
+    parent, child = spawn_ctx.Pipe()
+    proc = spawn_ctx.Process(target=serve_target, args=(child, size, options or {}, env or {}), daemon=True)
+    proc.start()
+    assert parent.poll(60), "target process did not start"
+    return proc, parent, parent.recv()
+
+
+def ask(pipe, *cmd):
+    pipe.send(cmd)
+    assert pipe.poll(DEADLINE), f"the target did not answer {cmd[0]}"
+    return pipe.recv()
+
+
+class Pair:
+    """This process writes; the target process owns 'peer'."""
+
+    def __init__(self, spawn_ctx, size, local_size=None, options=None, target_options=None, target_env=None):
+        self.proc, self.pipe, info = start_target(spawn_ctx, size, target_options, target_env)
+        self.ep = dlslime.TcpEndpoint(ip="127.0.0.1", port=0, **(options or {}))
+        self.local = np.zeros(local_size or size, dtype=np.uint8)
+        self.h_local = self.ep.register_memory_region("local", self.local.ctypes.data, 0, self.local.nbytes)
+        self.ep.connect(info)
+        self.pipe.send(self.ep.endpoint_info())
+        assert self.pipe.poll(30) and self.pipe.recv() == "connected"
+        self.info = info
+        self.h_peer = self.ep.register_remote_memory_region("peer", info["mr_info"]["peer"])
+
+    def close(self):
+        try:
+            if self.proc.is_alive():
+                self.pipe.send(("exit",))
+                self.pipe.poll(10)
+        finally:
+            self.ep.shutdown()
+            self.proc.join(10)
+            if self.proc.is_alive():
+                self.proc.kill()
+
+
+@pytest.fixture
+def pairs(spawn_ctx):
+    made = []
+
+    def make(*args, **kwargs):
+        p = Pair(spawn_ctx, *args, **kwargs)
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.close()
+
+
+def fill(arr, seed):
+    rng = np.random.default_rng(seed)
+    arr[:] = rng.integers(0, 256, arr.size, dtype=np.uint8)
+
+
+def test_writes_take_the_path_and_arrive_byte_exact_from_1_byte_to_256_mib(pairs):
+    size = 256 << 20
+    p = pairs(size)
+    assert p.ep.same_host["path"] == "cma", p.ep.same_host
+    assert "probe" in p.ep.same_host["reason"]
+    assert p.ep.endpoint_info()["same_host"]["path"] == "cma"
+    fill(p.local, 1)
+    # Single items of every kind of size (one byte, a page, around the 1 MiB chunk, huge),
+    # at odd offsets on both sides.
+    offset = 0
+    for n in [1, 7, 4096, 65537, (1 << 20) - 1, 1 << 20, (3 << 20) + 5, 64 << 20]:
+        src, dst = (offset * 7 + 3) % 4096, offset + 11
+        assert p.ep.write([(p.h_local, p.h_peer, dst, src, n)]).wait_for(DEADLINE) == OK
+        assert ask(p.pipe, "digest", dst, dst + n) == hashlib.sha256(p.local[src:src + n].tobytes()).hexdigest(), n
+        offset += n + 4096
+    # The whole region in one item.
+    assert p.ep.write([(p.h_local, p.h_peer, 0, 0, size)]).wait_for(DEADLINE) == OK
+    assert ask(p.pipe, "digest", 0, size) == hashlib.sha256(p.local.tobytes()).hexdigest()
+
+
+def test_a_batch_of_256_items_at_scattered_offsets_arrives_whole(pairs):
+    p = pairs(16 << 20)
+    fill(p.local, 2)
+    rng = np.random.default_rng(3)
+    slots = rng.permutation(256)
+    items = [(p.h_local, p.h_peer, int(slots[i]) * 65536 + 5, i * 65536 + 1, 40000 + i) for i in range(256)]
+    assert p.ep.write(items).wait_for(DEADLINE) == OK
+    remote = np.frombuffer(ask(p.pipe, "bytes", 0, 16 << 20), dtype=np.uint8)
+    for _, _, dst, src, n in items:
+        assert np.array_equal(remote[dst:dst + n], p.local[src:src + n])
+    # Zero-length items beside real ones, and reads still go over TCP beside the writes.
+    assert p.ep.write([(p.h_local, p.h_peer, 0, 0, 0), (p.h_local, p.h_peer, 9, 9, 3)]).wait_for(DEADLINE) == OK
+    back = np.zeros(4096, dtype=np.uint8)
+    h_back = p.ep.register_memory_region("back", back.ctypes.data, 0, back.nbytes)
+    assert p.ep.read([(h_back, p.h_peer, 5, 0, 4096)]).wait_for(DEADLINE) == OK
+    assert back.tobytes() == ask(p.pipe, "bytes", 5, 4101)
+
+
+@pytest.mark.parametrize("where", ["initiator option", "target option", "target environment", "initiator environment"])
+def test_turning_the_path_off_keeps_writes_on_tcp_and_says_why(pairs, where, monkeypatch):
+    if where == "initiator environment":
+        monkeypatch.setenv("DLSLIME_TCP_SAME_HOST", "0")
+    p = pairs(1 << 20, options={"same_host": False} if where == "initiator option" else None,
+              target_options={"same_host": False} if where == "target option" else None,
+              target_env={"DLSLIME_TCP_SAME_HOST": "0"} if where == "target environment" else None)
+    state = p.ep.same_host
+    assert state["path"] == "tcp", state
+    expected = "turned off on this endpoint" if where.startswith("initiator") else "turned off on the peer"
+    assert expected in state["reason"], state
+    if where == "initiator option":
+        assert p.ep.options["same_host"] is False
+    fill(p.local, 4)
+    assert p.ep.write([(p.h_local, p.h_peer, 0, 0, 1 << 20)]).wait_for(DEADLINE) == OK
+    assert ask(p.pipe, "digest", 0, 1 << 20) == hashlib.sha256(p.local.tobytes()).hexdigest()
+
+
+def test_a_refused_probe_falls_back_to_tcp_and_names_the_cause(pairs):
+    p = pairs(1 << 20, target_env={"DLSLIME_TCP_SAME_HOST_FAULT": "probe"})
+    state = p.ep.same_host
+    assert state["path"] == "tcp" and "probe failed: EPERM" in state["reason"], state
+    fill(p.local, 5)
+    assert p.ep.write([(p.h_local, p.h_peer, 0, 0, 1 << 20)]).wait_for(DEADLINE) == OK
+    assert ask(p.pipe, "digest", 0, 1 << 20) == hashlib.sha256(p.local.tobytes()).hexdigest()
+
+
+def test_two_endpoints_of_one_process_stay_on_tcp():
+    a = dlslime.TcpEndpoint(ip="127.0.0.1", port=0)
+    b = dlslime.TcpEndpoint(ip="127.0.0.1", port=0)
+    try:
+        a.connect(b.endpoint_info())
+        assert a.same_host["path"] == "tcp" and "this process" in a.same_host["reason"], a.same_host
+    finally:
+        a.shutdown()
+        b.shutdown()
+    assert a.same_host["path"] == "tcp"
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(TypeError, match="same_host must be a bool"):
+        dlslime.TcpEndpoint(ip="127.0.0.1", port=0, same_host=1)
+
+
+def test_out_of_bounds_and_forged_records_are_refused_by_the_target(pairs):
+    p = pairs(1 << 20, local_size=4 << 20)
+    fill(p.local, 6)
+    # Past the region by the local table: refused before anything is sent.
+    assert p.ep.write([(p.h_local, p.h_peer, (1 << 20) - 10, 0, 11)]).wait_for(DEADLINE) == OUT_OF_BOUNDS
+    # A forged record that claims the region is 4 MiB: the target's own table refuses it.
+    forged = dict(p.info["mr_info"]["peer"], length=4 << 20)
+    h_forged = p.ep.register_remote_memory_region("forged", forged)
+    f = p.ep.write([(p.h_local, h_forged, (1 << 20) - 10, 0, 4096)])
+    assert f.wait_for(DEADLINE) == OUT_OF_BOUNDS
+    assert "the peer reported" in f.message and "piece 0" in f.message, f.message
+    # Another handle of the owner (its 'spare'), at a forged offset: refused too.
+    spare = dict(p.info["mr_info"]["spare"], length=1 << 20)
+    f = p.ep.write([(p.h_local, p.ep.register_remote_memory_region("spare", spare), 8192, 0, 16)])
+    assert f.wait_for(DEADLINE) != OK
+    assert ask(p.pipe, "spare") == bytes(4096), "no byte of a refused request is placed"
+    # The connection is unharmed.
+    assert p.ep.write([(p.h_local, p.h_peer, 0, 0, 1 << 20)]).wait_for(DEADLINE) == OK
+    assert ask(p.pipe, "digest", 0, 1 << 20) == hashlib.sha256(p.local[:1 << 20].tobytes()).hexdigest()
+
+
+def test_a_region_the_target_unmapped_fails_that_write_alone_with_efault(pairs):
+    p = pairs(1 << 20)
+    fill(p.local, 7)
+    assert ask(p.pipe, "munmap") == "done"
+    f = p.ep.write([(p.h_local, p.h_peer, 0, 0, 4096)])
+    assert f.wait_for(DEADLINE) != OK and "EFAULT" in f.message, f.message
+    h_spare = p.ep.register_remote_memory_region("spare", p.info["mr_info"]["spare"])
+    assert p.ep.write([(p.h_local, h_spare, 0, 0, 4096)]).wait_for(DEADLINE) == OK
+    assert ask(p.pipe, "spare") == p.local[:4096].tobytes()
+
+
+def test_no_byte_lands_after_the_target_unregisters_during_traffic(pairs):
+    size = 8 << 20
+    p = pairs(size)
+    fill(p.local, 8)
+    stop = threading.Event()
+    outcomes = []
+
+    def writer():
+        while not stop.is_set():
+            outcomes.append(p.ep.write([(p.h_local, p.h_peer, 0, 0, size)]).wait_for(DEADLINE))
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        wait_until(lambda: len(outcomes) >= 3, timeout=DEADLINE, what="writes before the unregister")
+        assert ask(p.pipe, "unregister") == "done"
+        after = ask(p.pipe, "digest", 0, size)
+        p.local[:] = 0xEE  # what any later copy would bring
+        n = len(outcomes)
+        wait_until(lambda: len(outcomes) >= n + 3, timeout=DEADLINE, what="writes after the unregister")
+    finally:
+        stop.set()
+        t.join(DEADLINE)
+    assert ask(p.pipe, "digest", 0, size) == after, "bytes landed after unregister returned"
+    assert all(s != OK for s in outcomes[n + 1:]), "writes to an unregistered region must fail"
+
+
+def test_a_target_killed_mid_copy_fails_every_pending_write(pairs):
+    size = 64 << 20
+    p = pairs(size)
+    fill(p.local, 9)
+    futures = [p.ep.write([(p.h_local, p.h_peer, 0, 0, size)]) for _ in range(16)]
+    p.proc.kill()
+    p.proc.join(10)
+    statuses = [f.wait_for(DEADLINE) for f in futures]
+    assert all(f.done() for f in futures), "a write hung after its target died"
+    failed = [f for f in futures if f.status != OK]
+    assert failed, "the target died before 16 writes of 64 MiB finished"
+    assert all(f.status in (PEER_CLOSED, NOT_CONNECTED) for f in failed), [(f.status, f.message) for f in failed]
+    wait_until(lambda: p.ep.same_host["path"] == "tcp", timeout=DEADLINE, what="the path to end with the peer")
+    assert statuses
