@@ -42,6 +42,19 @@ struct PrepareScratch {
 };
 thread_local PrepareScratch t_prepare;
 
+// Whether a write's items are large enough for the same-host path to beat the sockets.
+// process_vm_readv pins the pages of every remote piece, so many tiny pieces cost more
+// there than their bytes cost through loopback TCP: measured on this project's 2-core
+// machines (docs/performance.md), 256 items of 8 B take ~2x longer pulled, 4 KiB items
+// break even and 16 KiB items are ~1.6x faster. Below this average item size a write
+// goes as frames.
+constexpr uint64_t kPullMinAverageItem = 8192;
+bool worth_pulling(std::span<const Assignment> items, uint64_t bytes) {
+  uint64_t nonempty = 0;
+  for (const Assignment& a : items) nonempty += a.length > 0;
+  return nonempty > 0 && bytes >= kPullMinAverageItem * nonempty;
+}
+
 // Cuts a lane's pieces into the runs that one frame each carries: at most kMaxPieces
 // pieces and chunk_size bytes (a larger piece is a run of its own). emit(run, bytes, last).
 template <class Emit>
@@ -396,7 +409,7 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
   if (device) sub.op.gpu = std::make_shared<Initiator::GpuOp>();
   // Host-memory writes to a peer on this host that proved it can copy out of our memory
   // go as pull requests (docs/tcp.md "Same-host path"); everything else as frames.
-  sub.op.pulled = req.kind == OpKind::kWrite && !device && same_host_.active();
+  sub.op.pulled = req.kind == OpKind::kWrite && !device && same_host_.active() && worth_pulling(items, sub.op.nbytes);
   if (sub.op.pulled && any_remote_device_.load(std::memory_order_acquire)) {
     // Into the peer's device memory: the peer stages the bytes from frames.
     std::lock_guard lock(remote_device_mu_);

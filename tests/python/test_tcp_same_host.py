@@ -102,6 +102,21 @@ def test_writes_take_the_path_and_arrive_byte_exact_from_1_byte_to_256_mib(pairs
     assert ask(p.pipe, "digest", 0, size) == hashlib.sha256(p.local.tobytes()).hexdigest()
 
 
+def test_small_items_go_as_frames_and_large_ones_are_pulled_in_one_batch_of_each(pairs):
+    """Writes whose items average under 8 KiB go as frames (pinning many tiny remote pieces
+    costs more than their bytes through the sockets); both kinds arrive byte exact."""
+    p = pairs(1 << 20)
+    fill(p.local, 10)
+    small = [(p.h_local, p.h_peer, 1024 * i + 1, 8 * i, 8) for i in range(256)]  # below 256 KiB
+    large = [(p.h_local, p.h_peer, 262144 + 16384 * i, 16384 * i + 3, 16384) for i in range(32)]  # to 768 KiB
+    mixed = [(p.h_local, p.h_peer, 800000, 9, 3), (p.h_local, p.h_peer, 810000, 11, 200000)]
+    for batch in (small, large, mixed):
+        assert p.ep.write(batch).wait_for(DEADLINE) == OK
+    remote = np.frombuffer(ask(p.pipe, "bytes", 0, 1 << 20), dtype=np.uint8)
+    for _, _, dst, src, n in small + large + mixed:
+        assert np.array_equal(remote[dst:dst + n], p.local[src:src + n]), (dst, n)
+
+
 def test_a_batch_of_256_items_at_scattered_offsets_arrives_whole(pairs):
     p = pairs(16 << 20)
     fill(p.local, 2)
@@ -172,12 +187,12 @@ def test_out_of_bounds_and_forged_records_are_refused_by_the_target(pairs):
     # A forged record that claims the region is 4 MiB: the target's own table refuses it.
     forged = dict(p.info["mr_info"]["peer"], length=4 << 20)
     h_forged = p.ep.register_remote_memory_region("forged", forged)
-    f = p.ep.write([(p.h_local, h_forged, (1 << 20) - 10, 0, 4096)])
+    f = p.ep.write([(p.h_local, h_forged, (1 << 20) - 10, 0, 16384)])
     assert f.wait_for(DEADLINE) == OUT_OF_BOUNDS
     assert "the peer reported" in f.message and "piece 0" in f.message, f.message
     # Another handle of the owner (its 'spare'), at a forged offset: refused too.
     spare = dict(p.info["mr_info"]["spare"], length=1 << 20)
-    f = p.ep.write([(p.h_local, p.ep.register_remote_memory_region("spare", spare), 8192, 0, 16)])
+    f = p.ep.write([(p.h_local, p.ep.register_remote_memory_region("spare", spare), 8192, 0, 16384)])
     assert f.wait_for(DEADLINE) != OK
     assert ask(p.pipe, "spare") == bytes(4096), "no byte of a refused request is placed"
     # The connection is unharmed.
@@ -189,7 +204,7 @@ def test_a_region_the_target_unmapped_fails_that_write_alone_with_efault(pairs):
     p = pairs(1 << 20)
     fill(p.local, 7)
     assert ask(p.pipe, "munmap") == "done"
-    f = p.ep.write([(p.h_local, p.h_peer, 0, 0, 4096)])
+    f = p.ep.write([(p.h_local, p.h_peer, 0, 0, 65536)])
     assert f.wait_for(DEADLINE) != OK and "EFAULT" in f.message, f.message
     h_spare = p.ep.register_remote_memory_region("spare", p.info["mr_info"]["spare"])
     assert p.ep.write([(p.h_local, h_spare, 0, 0, 4096)]).wait_for(DEADLINE) == OK
