@@ -6,7 +6,7 @@
 // it) as `dlslime-bench --op write`, one syscall per batch of up to IOV_MAX items, no
 // protocol at all: the memory-copy limit the path is measured against.
 //
-// usage: cma_loop [--sizes A,B,C] [--batch N] [--iters N] [--warmup N] [--json]
+// usage: cma_loop [--sizes A,B,C] [--batch N] [--iters N] [--warmup N] [--one-slot] [--json]
 #include <sys/mman.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -30,6 +30,7 @@ struct Args {
   uint32_t iters = 20;
   uint32_t warmup = 3;
   bool json = false;
+  bool one_slot = false;  // every item copies the first slot onto the first slot (cache-resident)
 };
 
 uint64_t parse_size(const std::string& s) {
@@ -42,7 +43,7 @@ uint64_t parse_size(const std::string& s) {
 }
 
 [[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr, "cma_loop: %s\nusage: cma_loop [--sizes A,B,C] [--batch N] [--iters N] [--warmup N] [--json]\n",
+  std::fprintf(stderr, "cma_loop: %s\nusage: cma_loop [--sizes A,B,C] [--batch N] [--iters N] [--warmup N] [--one-slot] [--json]\n",
                why);
   std::exit(2);
 }
@@ -69,6 +70,8 @@ Args parse(int argc, char** argv) {
       a.iters = static_cast<uint32_t>(std::stoul(next()));
     } else if (arg == "--warmup") {
       a.warmup = static_cast<uint32_t>(std::stoul(next()));
+    } else if (arg == "--one-slot") {
+      a.one_slot = true;
     } else if (arg == "--json") {
       a.json = true;
     } else {
@@ -118,8 +121,8 @@ int main(int argc, char** argv) {
     for (uint32_t i = 0; i < a.batch; ++i) {
       // The bench's write rotation: item i goes from a permuted source slot to slot i.
       const uint32_t from = (i * 7 + 3) % a.batch;
-      local[i] = {dst + i * stride, size};
-      remote[i] = {src + from * stride, size};
+      local[i] = {dst + (a.one_slot ? 0 : i * stride), size};
+      remote[i] = {src + (a.one_slot ? 0 : from * stride), size};
     }
     double total_s = 0;
     for (uint32_t k = 0; k < a.warmup + a.iters; ++k) {
