@@ -64,6 +64,8 @@ void SameHostPath::reset(const char* why) {
   offered_probe_ = 0;
   challenged_ = false;
   trusted_pid_ = 0;
+  trusted_conn_.reset();
+  challenged_conn_.reset();
 }
 
 void SameHostPath::send(TcpConnection& conn, SameHostStage stage, const Status& status, std::string_view payload) {
@@ -152,10 +154,11 @@ void SameHostPath::on_request(TcpConnection& conn, const FrameHeader& h, std::st
     offered_pid_ = peer.pid;
     offered_probe_ = probe;
     challenged_ = true;
+    challenged_conn_ = conn.weak_from_this();
     return send(conn, SameHostStage::kChallenge, Status::ok(),
                 {reinterpret_cast<const char*>(nonce_.data()), nonce_.size()});
   }
-  if (stage == SameHostStage::kReady && payload.empty() && challenged_) {
+  if (stage == SameHostStage::kReady && payload.empty() && challenged_ && challenged_conn_.lock().get() == &conn) {
     challenged_ = false;
     const int pid = static_cast<int>(offered_pid_);
     std::array<uint8_t, tcp::kSameHostNonce> seen{};
@@ -169,6 +172,7 @@ void SameHostPath::on_request(TcpConnection& conn, const FrameHeader& h, std::st
     const CrossCopy write{back.data(), offered_probe_ + tcp::kSameHostNonce, back.size()};
     if (Status st = cross_copy(pid, {&write, 1}, false); !st) return refuse(conn, "probe failed: " + st.message());
     trusted_pid_ = offered_pid_;
+    trusted_conn_ = conn.weak_from_this();
     DLSLIME_INFO("same-host path on: pulling the writes of peer process {} (cross-memory attach)", pid);
     return send(conn, SameHostStage::kVerdict, Status::ok(), {});
   }

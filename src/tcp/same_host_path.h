@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -51,8 +52,12 @@ class SameHostPath {
 
   // Target. A kSameHost request of the peer, on one of its lanes.
   void on_request(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view payload);
-  // The pid the peer proved to be (0: none, pull requests are refused).
-  uint32_t trusted_pid() const { return trusted_pid_; }
+  // The pid the peer proved to be on `conn` (0: none there, pull requests are refused).
+  // Only the connection the probe ran on is trusted: another lane claiming the same peer
+  // id (anyone who can reach the port can open one without a token) is not.
+  uint32_t trusted_pid(const tcp::TcpConnection& conn) const {
+    return trusted_conn_.lock().get() == &conn ? trusted_pid_ : 0;
+  }
 
   // The peer is gone: both roles start over at the next connection.
   void reset(const char* why);
@@ -80,6 +85,8 @@ class SameHostPath {
   std::array<uint8_t, tcp::kSameHostNonce> nonce_{};
   bool challenged_ = false;
   uint32_t trusted_pid_ = 0;
+  std::weak_ptr<tcp::TcpConnection> trusted_conn_;  // weak: a later connection at its address is not it
+  std::weak_ptr<tcp::TcpConnection> challenged_conn_;
 };
 
 }  // namespace dlslime

@@ -198,7 +198,7 @@ nlohmann::json TcpEndpointImpl::endpoint_info() const {
           {"endpoint_id", endpoint_id_},
           {"protocol_version", tcp::kProtocolVersion},
           {"lanes", options_.lanes},
-          {"same_host", same_host_.describe()},
+          {"same_host", same_host()},
           {"mr_info", local_regions->mr_info()}};
 }
 

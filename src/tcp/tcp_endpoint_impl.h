@@ -79,8 +79,14 @@ class TcpEndpointImpl final : public tcp::FrameHandler,
   uint16_t port() const { return listener_->port(); }
   tcp::TcpListener::Stats listener_stats() const { return listener_->stats(); }
   const TcpOptions& options() const { return options_; }
-  // {"path": "cma" | "tcp", "reason": ...}: SameHostPath::describe().
-  nlohmann::json same_host() const { return same_host_.describe(); }
+  // {"path": "cma" | "tcp", "reason": ...}: SameHostPath::describe(). A fork() child
+  // does not inherit the path (nor any use of this endpoint).
+  nlohmann::json same_host() const {
+    if (inherited()) {
+      return {{"path", "tcp"}, {"reason", "this endpoint was created before fork(); create a new one in the child"}};
+    }
+    return same_host_.describe();
+  }
 
   const std::shared_ptr<MemoryRegistry> local_regions;  // may be shared (PeerAgent)
   OwnerRemoteRegions remote_regions;

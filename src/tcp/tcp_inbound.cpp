@@ -54,7 +54,7 @@ void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const 
       if (conn.role() == TcpConnection::Role::kDialed) return same_host_.on_answer(conn, h, text);
       return same_host_.on_request(conn, h, text);
     case FrameType::kPullWrite:
-      if (conn.role() != TcpConnection::Role::kAccepted || same_host_.trusted_pid() == 0 || !options_.same_host) {
+      if (conn.role() != TcpConnection::Role::kAccepted || same_host_.trusted_pid(conn) == 0 || !options_.same_host) {
         // Not a violation: a write planned for the path may meet a connection made since.
         FrameHeader r;
         r.type = FrameType::kPullDone;
@@ -69,7 +69,7 @@ void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const 
         item.add_copy(why.data(), why.size());
         return;
       }
-      return target_.serve_pull(conn, h, text, same_host_.trusted_pid());
+      return target_.serve_pull(conn, h, text, same_host_.trusted_pid(conn));
     case FrameType::kPullDone: initiator_.on_pull_done(conn, h, text); return;
     case FrameType::kGoodbye:
       // The peer sends nothing more on this connection, but what it sent earlier on its

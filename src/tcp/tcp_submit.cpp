@@ -176,7 +176,10 @@ class PullWriter final : public DataMover {
 
   uint32_t claim(const PlannedOp& op, uint16_t lane) override {
     const std::span<const PlannedPiece> pieces = op.plan.lane(lane);
-    WriteItem& item = sub_.items.emplace_back(lane, WriteItem(op.op_id)).second;
+    // Every request goes on lane 0, the connection whose probe the target trusts
+    // (SameHostPath::trusted_pid): the requests are small, and the copies run in parallel
+    // on the target's workers whatever lane carried them.
+    WriteItem& item = sub_.items.emplace_back(0, WriteItem(op.op_id)).second;
     item.reserve(pieces.size() / tcp::kMaxPieces + 1, pieces.size() * tcp::kPullPieceSize);
     uint32_t requests = 0;
     for_each_run(pieces, chunk_size_, [&](std::span<const PlannedPiece> run, uint64_t, bool) {

@@ -252,3 +252,134 @@ def test_a_target_killed_mid_copy_fails_every_pending_write(pairs):
     assert all(f.status in (PEER_CLOSED, NOT_CONNECTED) for f in failed), [(f.status, f.message) for f in failed]
     wait_until(lambda: p.ep.same_host["path"] == "tcp", timeout=DEADLINE, what="the path to end with the peer")
     assert statuses
+
+
+# --- refusals by the kernel itself, and fork() --------------------------------------------
+
+TARGET_SCRIPT = r"""
+import ctypes, hashlib, json, sys
+import dlslime
+size = 1 << 20
+buf = ctypes.create_string_buffer(size)
+ep = dlslime.TcpEndpoint(ip="127.0.0.1", port=0)
+ep.register_memory_region("peer", ctypes.addressof(buf), 0, size)
+print(json.dumps(ep.endpoint_info()), flush=True)
+for line in sys.stdin:
+    if line.strip() == "digest":
+        print(hashlib.sha256(buf.raw).hexdigest(), flush=True)
+    elif line.strip() == "exit":
+        break
+ep.shutdown()
+"""
+
+UNDUMPABLE_WRITER_SCRIPT = r"""
+import ctypes, hashlib, json, os, sys
+import dlslime
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE 0: only CAP_SYS_PTRACE may read this process now
+info = json.loads(sys.argv[1])
+size = 1 << 20
+data = os.urandom(size)
+buf = ctypes.create_string_buffer(data, size)
+ep = dlslime.TcpEndpoint(ip="127.0.0.1", port=0)
+h = ep.register_memory_region("local", ctypes.addressof(buf), 0, size)
+ep.connect(info)
+peer = ep.register_remote_memory_region("peer", info["mr_info"]["peer"])
+status = ep.write([(h, peer, 0, 0, size)]).wait_for(60)
+print(json.dumps({"same_host": ep.same_host, "status": status, "digest": hashlib.sha256(data).hexdigest()}), flush=True)
+ep.shutdown()
+"""
+
+
+def test_a_probe_the_kernel_refuses_falls_back_to_tcp_and_names_eperm():
+    """For real: the target runs without CAP_SYS_PTRACE (setpriv) and the writer makes itself
+    undumpable (prctl), so the kernel's ptrace check refuses the target's probe."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("setpriv") is None:
+        pytest.fail("setpriv (util-linux) is needed to drop CAP_SYS_PTRACE; scripts/install_deps.sh installs it")
+    target = subprocess.Popen(["setpriv", "--bounding-set=-sys_ptrace", "--inh-caps=-sys_ptrace", sys.executable, "-c",
+                               TARGET_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        info = target.stdout.readline()
+        assert info, "the target did not start"
+        writer = subprocess.run([sys.executable, "-c", UNDUMPABLE_WRITER_SCRIPT, info], capture_output=True, text=True,
+                                timeout=120)
+        assert writer.returncode == 0, writer.stderr
+        out = json.loads(writer.stdout)
+        assert out["same_host"]["path"] == "tcp", out
+        assert "probe failed" in out["same_host"]["reason"] and "EPERM" in out["same_host"]["reason"], out
+        assert out["status"] == OK
+        target.stdin.write("digest\n")
+        target.stdin.flush()
+        assert target.stdout.readline().strip() == out["digest"]
+    finally:
+        try:
+            target.stdin.write("exit\n")
+            target.stdin.flush()
+        except OSError:
+            pass
+        try:
+            target.wait(20)
+        except subprocess.TimeoutExpired:
+            target.kill()
+
+
+def test_a_fork_child_does_not_inherit_the_path(pairs):
+    p = pairs(1 << 20)
+    assert p.ep.same_host["path"] == "cma"
+    fill(p.local, 11)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report and leave at once (os._exit: no teardown of inherited state)
+        try:
+            state = p.ep.same_host
+            try:
+                refused = p.ep.write([(p.h_local, p.h_peer, 0, 0, 65536)]).wait_for(5) != OK
+            except Exception:  # noqa: BLE001 - an inherited endpoint may also raise
+                refused = True
+            ok = state["path"] == "tcp" and "fork" in state["reason"] and refused
+            os.write(w, b"ok" if ok else repr(state).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    got = os.read(r, 4096)
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert got == b"ok", got
+    # The parent's path is untouched.
+    assert p.ep.same_host["path"] == "cma"
+    assert p.ep.write([(p.h_local, p.h_peer, 0, 0, 1 << 20)]).wait_for(DEADLINE) == OK
+    assert ask(p.pipe, "digest", 0, 1 << 20) == hashlib.sha256(p.local.tobytes()).hexdigest()
+
+
+def test_a_forged_lane_with_the_peers_id_cannot_make_the_target_pull(pairs):
+    """Anyone who can reach the port can open a lane claiming the paired peer's id (without a
+    token). The target trusts pull requests only on the connection its probe ran on: a pull
+    request on any other lane is answered NOT_CONNECTED and nothing is copied."""
+    import struct
+
+    from test_hostile import Raw, frame, parse_frame
+
+    p = pairs(1 << 20)
+    assert p.ep.same_host["path"] == "cma"
+    secret = np.full(65536, 0x5A, dtype=np.uint8)  # what the forger wants copied out of us
+    raw = Raw(p.info["port"])
+    status, reason, _ = raw.hello(p.ep.endpoint_info()["endpoint_id"], lane=1, lanes=2)
+    assert status == 0, reason
+    piece = struct.pack("<iIQQ", p.info["mr_info"]["peer"]["handle"], 0, 0, 65536)
+    body = piece + struct.pack("<Q", secret.ctypes.data)
+    raw.send(frame(11, flags=0, op_id=77, offset=1, length=len(body)) + body)  # PULL_WRITE
+    h = parse_frame(raw.recv_exact(40))
+    text = raw.recv_exact(h["length"])
+    assert h["type"] == 12 and h["op_id"] == 77 and h["status"] == NOT_CONNECTED, (h, text)
+    assert ask(p.pipe, "bytes", 0, 65536) == bytes(65536), "a forged lane made the target copy"
+    # The real lane still pulls. (Closing the forged lane afterwards ends the pairing, as
+    # any lane of it closing does: a token keeps strangers off the port, docs/tcp.md.)
+    fill(p.local, 12)
+    assert p.ep.write([(p.h_local, p.h_peer, 0, 0, 65536)]).wait_for(DEADLINE) == OK
+    assert ask(p.pipe, "bytes", 0, 65536) == p.local[:65536].tobytes()
+    raw.sock.close()
