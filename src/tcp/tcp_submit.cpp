@@ -72,6 +72,17 @@ void for_each_run(std::span<const PlannedPiece> pieces, uint64_t chunk_size, Emi
   emit(pieces.subspan(begin), run_bytes, true);
 }
 
+// Appends a run's piece list to `item`: each piece as the target names it (its region's
+// handle there, offset, length), kPieceSize bytes.
+void add_piece_list(WriteItem& item, const PlannedOp& op, std::span<const PlannedPiece> run,
+                    std::span<const int32_t> peer_handles) {
+  uint8_t raw[tcp::kPieceSize];
+  for (const PlannedPiece& p : run) {
+    tcp::encode_piece({peer_handles[p.item], op.items[p.item].target_offset + p.offset, p.length}, raw);
+    item.add_copy(raw, sizeof raw);
+  }
+}
+
 // TCP's data mover: a lane's pieces go out as frames on that lane, into the op's
 // Submission. Each run of the lane's pieces (at most kMaxPieces and chunk_size bytes, or
 // one larger piece) is one frame: a write carries the run's piece list and then its
@@ -125,11 +136,7 @@ class LaneWriter final : public DataMover {
     }
     if (staged_ && !is_read) return stage(op, h, run, run_bytes);
     item.add_header(h);
-    uint8_t raw[tcp::kPieceSize];
-    for (const PlannedPiece& p : run) {
-      tcp::encode_piece({peer_handles_[p.item], op.items[p.item].target_offset + p.offset, p.length}, raw);
-      item.add_copy(raw, sizeof raw);
-    }
+    add_piece_list(item, op, run, peer_handles_);
     for (const PlannedPiece& p : run) {
       uint8_t* local = op.local[p.item] + p.offset;
       if (is_read) {
@@ -190,11 +197,7 @@ class PullWriter final : public DataMover {
       h.offset = run.size();
       h.length = run.size() * tcp::kPullPieceSize;
       item.add_header(h);
-      uint8_t raw[tcp::kPieceSize];
-      for (const PlannedPiece& p : run) {
-        tcp::encode_piece({peer_handles_[p.item], op.items[p.item].target_offset + p.offset, p.length}, raw);
-        item.add_copy(raw, sizeof raw);
-      }
+      add_piece_list(item, op, run, peer_handles_);
       for (const PlannedPiece& p : run) {
         uint8_t source[8];
         tcp::WireWriter(source).u64(reinterpret_cast<uintptr_t>(op.local[p.item] + p.offset));
