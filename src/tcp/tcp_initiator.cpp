@@ -317,10 +317,15 @@ void Initiator::on_pull_done(TcpConnection& conn, const FrameHeader& h, std::str
     return;
   }
   PendingOp& op = *found;
-  if (!op.pulled || conn.role() != TcpConnection::Role::kDialed || op.parts_left == 0) {
-    return violation(conn, fmt::format("a pull answer for op {} ({}), which made no pull request", h.op_id,
-                                       op_kind_name(op.state->kind())));
+  // One answer per request, naming it exactly (its first piece and piece count), on one of
+  // our connections: anything else is a peer claiming bytes it never copied.
+  if (!op.pulled || conn.role() != TcpConnection::Role::kDialed || h.index >= op.read_runs.size() ||
+      h.offset == 0 || op.read_runs[h.index] != h.offset) {
+    return violation(conn, fmt::format("a pull answer for pieces {}..{} of op {} ({}) that answers no outstanding "
+                                       "request",
+                                       h.index, h.index + h.offset, h.op_id, op_kind_name(op.state->kind())));
   }
+  op.read_runs[h.index] = 0;
   if (h.status != 0 && op.error.is_ok()) op.error = remote_status(h, text);
   if (--op.parts_left == 0) {
     const uint64_t nbytes = op.error.is_ok() ? op.nbytes : 0;

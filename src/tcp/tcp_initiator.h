@@ -75,8 +75,8 @@ class Initiator {
     uint32_t parts_left = 0;
     uint64_t ack_lanes = 0;  // write: bit per dialed lane whose acknowledgement is due
     std::vector<tcp::PayloadSegment> reads;  // read: destination of each piece, by index
-    // read: at the first piece of each request not answered yet, its piece count (an
-    // answer must match one exactly, once)
+    // read, or pulled write: at the first piece of each request not answered yet, its
+    // piece count (an answer must match one exactly, once)
     std::vector<uint16_t> read_runs;
     uint64_t nbytes = 0;      // read: bytes placed so far; write: the batch's bytes
     Status error;             // the first error an answer reported

@@ -198,6 +198,7 @@ class PullWriter final : public DataMover {
       h.length = run.size() * tcp::kPullPieceSize;
       item.add_header(h);
       add_piece_list(item, op, run, peer_handles_);
+      sub_.op.read_runs[next_index_] = static_cast<uint16_t>(run.size());  // answered once (on_pull_done)
       for (const PlannedPiece& p : run) {
         uint8_t source[8];
         tcp::WireWriter(source).u64(reinterpret_cast<uintptr_t>(op.local[p.item] + p.offset));
@@ -426,6 +427,7 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
       }
     }
   }
+  if (sub.op.pulled) sub.op.read_runs.assign(plan.pieces.size(), 0);  // its requests, by first piece
   LaneWriter lane_writer(sub, scratch.peer_handles, options_.chunk_size, sub.op.gpu.get());
   PullWriter pull_writer(sub, scratch.peer_handles, options_.chunk_size);
   DataMover& mover = sub.op.pulled ? static_cast<DataMover&>(pull_writer) : lane_writer;
