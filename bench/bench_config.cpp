@@ -168,7 +168,7 @@ Run parameters (the initiator sends them to the target):
 GPU memory (the CUDA runtime, or the simulated GPU with DLSLIME_GPU_SIM=1):
   --device-memory [initiator|target|both]
                              allocate that side's buffer (default: both) in GPU memory;
-                             write and read only. --transport nvlink implies both
+                             write, read and send. --transport nvlink implies both
   --gpu I[,T]                the GPU of the initiator's [and the target's] buffer
                              (default 0; one number: both sides)
 
