@@ -61,13 +61,9 @@ void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const 
         r.op_id = h.op_id;
         r.index = h.index;
         r.offset = h.offset;
-        const std::string_view why = "the same-host path is not established on this connection; write again";
-        r.status = static_cast<int32_t>(StatusCode::kNotConnected);
-        r.length = why.size();
-        tcp::WriteItem& item = conn.control();
-        item.add_header(r);
-        item.add_copy(why.data(), why.size());
-        return;
+        return TargetServer::add_status(
+            conn.control(), r,
+            Status::not_connected("the same-host path is not established on this connection; write again"));
       }
       return target_.serve_pull(conn, h, text, same_host_.trusted_pid(conn));
     case FrameType::kPullDone: initiator_.on_pull_done(conn, h, text); return;

@@ -49,10 +49,8 @@ thread_local PrepareScratch t_prepare;
 // break even and 16 KiB items are ~1.6x faster. Below this average item size a write
 // goes as frames.
 constexpr uint64_t kPullMinAverageItem = 8192;
-bool worth_pulling(std::span<const Assignment> items, uint64_t bytes) {
-  uint64_t nonempty = 0;
-  for (const Assignment& a : items) nonempty += a.length > 0;
-  return nonempty > 0 && bytes >= kPullMinAverageItem * nonempty;
+bool worth_pulling(uint64_t nonempty_items, uint64_t bytes) {
+  return nonempty_items > 0 && bytes >= kPullMinAverageItem * nonempty_items;
 }
 
 // Cuts a lane's pieces into the runs that one frame each carries: at most kMaxPieces
@@ -371,6 +369,7 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
   const bool any_device = gpu_.regions.any();
   bool device = false;
   int32_t checked = -1;
+  uint64_t nonempty = 0;  // items with bytes, for worth_pulling
   for (size_t i = 0; i < items.size(); ++i) {
     const Assignment& a = items[i];
     uintptr_t local = 0;
@@ -381,7 +380,10 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
       *error = Status(st.code(), fmt::format("{} item {}: {}", op_kind_name(req.kind), i, st.message()));
       return false;
     }
-    if (a.length > 0) sub.op.uses.hold(local_cache);  // unregister waits for this op
+    if (a.length > 0) {
+      sub.op.uses.hold(local_cache);  // unregister waits for this op
+      ++nonempty;
+    }
     if (any_device && a.length > 0 && a.local_handle != checked) {
       checked = a.local_handle;
       device = device || gpu_.regions.device_of(a.local_handle) >= 0;
@@ -416,7 +418,7 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
   if (device) sub.op.gpu = std::make_shared<Initiator::GpuOp>();
   // Host-memory writes to a peer on this host that proved it can copy out of our memory
   // go as pull requests (docs/tcp.md "Same-host path"); everything else as frames.
-  sub.op.pulled = req.kind == OpKind::kWrite && !device && same_host_.active() && worth_pulling(items, sub.op.nbytes);
+  sub.op.pulled = req.kind == OpKind::kWrite && !device && same_host_.active() && worth_pulling(nonempty, sub.op.nbytes);
   if (sub.op.pulled && any_remote_device_.load(std::memory_order_acquire)) {
     // Into the peer's device memory: the peer stages the bytes from frames.
     std::lock_guard lock(remote_device_mu_);

@@ -322,13 +322,11 @@ void TargetServer::serve_deferred() {
   }
 }
 
-void TargetServer::answer_error(TcpConnection& conn, const FrameHeader& r, const Status& st) {
-  FrameHeader err = r;
+void TargetServer::add_status(WriteItem& item, FrameHeader r, const Status& st) {
   const std::string_view reason = std::string_view(st.message()).substr(0, tcp::kMaxErrorText);
-  err.status = st.raw_code();
-  err.length = reason.size();
-  WriteItem& item = conn.control();
-  item.add_header(err);
+  r.status = st.raw_code();
+  r.length = reason.size();
+  item.add_header(r);
   item.add_copy(reason.data(), reason.size());
 }
 
@@ -430,13 +428,8 @@ void TargetServer::serve_pull(TcpConnection& conn, const FrameHeader& h, std::st
 void TargetServer::pull_finished(const std::weak_ptr<TcpConnection>& weak, const FrameHeader& r, const Status& copied) {
   --pulls_in_flight_;
   if (auto conn = weak.lock(); conn && conn->is_open()) {
-    FrameHeader done = r;
-    const std::string_view reason = std::string_view(copied.message()).substr(0, tcp::kMaxErrorText);
-    done.status = copied.raw_code();
-    done.length = copied ? 0 : reason.size();
-    WriteItem item(0);
-    item.add_header(done);
-    if (!copied) item.add_copy(reason.data(), reason.size());
+    WriteItem item(0);  // not conn.control(): this runs outside a frame handler
+    add_status(item, r, copied);
     conn->send(std::move(item));
   }
   if (pulls_in_flight_ <= kMaxPullsInFlight / 2 && !pull_waiting_.empty()) {

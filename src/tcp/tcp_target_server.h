@@ -65,6 +65,10 @@ class TargetServer {
   // request alone and nothing of it is copied.
   void serve_pull(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view payload, uint32_t pid);
 
+  // Appends answer `r` to `item` carrying `st`: its code, and its message (cut to
+  // kMaxErrorText) as the payload; an OK status carries none.
+  static void add_status(tcp::WriteItem& item, tcp::FrameHeader r, const Status& st);
+
   // Queues an acknowledgement (kWriteAck, kSendAck) of the peer's op `op_id` on `conn`.
   // A successful message acknowledgement still queued is superseded by the next one
   // (they are cumulative), so a burst of messages costs one frame.
@@ -115,7 +119,9 @@ class TargetServer {
   tcp::GpuStaging::Slot* acquire_answer_slot(uint64_t total, Status* error);
   void answer_staged(tcp::TcpConnection& conn, const tcp::FrameHeader& r, tcp::GpuStaging::Slot* slot, uint64_t total,
                      const std::vector<tcp::PayloadSegment>& pieces, RegionUses uses);
-  static void answer_error(tcp::TcpConnection& conn, const tcp::FrameHeader& r, const Status& st);
+  static void answer_error(tcp::TcpConnection& conn, const tcp::FrameHeader& r, const Status& st) {
+    add_status(conn.control(), r, st);
+  }
   tcp::GpuStaging::Slot* take_reserved(const tcp::TcpConnection* conn);
   void pull_finished(const std::weak_ptr<tcp::TcpConnection>& conn, const tcp::FrameHeader& r, const Status& copied);
 
