@@ -64,6 +64,7 @@ void SameHostPath::reset(const char* why) {
   offered_probe_ = 0;
   challenged_ = false;
   trusted_pid_ = 0;
+  proven_pid_.store(0, std::memory_order_release);
   trusted_conn_.reset();
   challenged_conn_.reset();
 }
@@ -172,6 +173,7 @@ void SameHostPath::on_request(TcpConnection& conn, const FrameHeader& h, std::st
     const CrossCopy write{back.data(), offered_probe_ + tcp::kSameHostNonce, back.size()};
     if (Status st = cross_copy(pid, {&write, 1}, false); !st) return refuse(conn, "probe failed: " + st.message());
     trusted_pid_ = offered_pid_;
+    proven_pid_.store(trusted_pid_, std::memory_order_release);
     trusted_conn_ = conn.weak_from_this();
     DLSLIME_INFO("same-host path on: pulling the writes of peer process {} (cross-memory attach)", pid);
     return send(conn, SameHostStage::kVerdict, Status::ok(), {});

@@ -59,6 +59,11 @@ class SameHostPath {
     return trusted_conn_.lock().get() == &conn ? trusted_pid_ : 0;
   }
 
+  // Any thread: the peer's pid once our probe of its own offer passed (0: not proved). Our
+  // reads copy out of the peer with it, so they take the path only when each side has
+  // proved the other (both connected to each other, as PeerAgent and symmetric pairs do).
+  uint32_t proven_peer_pid() const { return proven_pid_.load(std::memory_order_acquire); }
+
   // The peer is gone: both roles start over at the next connection.
   void reset(const char* why);
 
@@ -85,6 +90,7 @@ class SameHostPath {
   std::array<uint8_t, tcp::kSameHostNonce> nonce_{};
   bool challenged_ = false;
   uint32_t trusted_pid_ = 0;
+  std::atomic<uint32_t> proven_pid_{0};  // trusted_pid_, for other threads
   std::weak_ptr<tcp::TcpConnection> trusted_conn_;  // weak: a later connection at its address is not it
   std::weak_ptr<tcp::TcpConnection> challenged_conn_;
 };

@@ -170,13 +170,13 @@ void TcpEndpointImpl::start() {
     if (!pairing_.dialed().empty()) same_host_.start(*pairing_.dialed().front());
   });
   if (options_.same_host) {
-    // The peer's pull requests are copied on the shared copy workers; each reports back on
-    // this endpoint's I/O thread, if the endpoint still lives.
-    target_.set_pull_runner({&CopyWorkers::shared(), [weak](std::function<void()> fn) {
-                               if (auto self = weak.lock()) {
-                                 self->post([fn = std::move(fn)](TcpEndpointImpl&) { fn(); });
-                               }
-                             }});
+    // Same-host copies (the peer's pulled writes, our pulled reads) run on the shared copy
+    // workers; each reports back on this endpoint's I/O thread, if the endpoint still lives.
+    const auto post_back = [weak](std::function<void()> fn) {
+      if (auto self = weak.lock()) self->post([fn = std::move(fn)](TcpEndpointImpl&) { fn(); });
+    };
+    target_.set_pull_runner({&CopyWorkers::shared(), post_back});
+    initiator_.set_pull_runner({&CopyWorkers::shared(), post_back, [this] { return same_host_.proven_peer_pid(); }});
   }
   run_on_io([&] {
     listener_->start(
@@ -351,7 +351,7 @@ void TcpEndpointImpl::revoke_region(const RegionLifetime& lifetime) {
     initiator_.revoke(lifetime);
     std::vector<std::shared_ptr<TcpConnection>> holding;
     pairing_.for_each_connection([&](const std::shared_ptr<TcpConnection>& conn) {
-      if (conn->holds(&lifetime)) holding.push_back(conn);
+      if (conn->holds(&lifetime) || target_.grants_hold(conn.get(), &lifetime)) holding.push_back(conn);
     });
     for (auto& conn : holding) {
       conn->close(Status::failed(fmt::format(

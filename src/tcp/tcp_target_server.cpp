@@ -205,6 +205,11 @@ void TargetServer::place_staged(TcpConnection& conn, const FrameHeader& h, Stage
 
 void TargetServer::clear() {
   inbound_writes_.clear();
+  if (!grants_.empty()) {  // the peer is gone: it copies nothing more
+    const size_t n = grants_.size();
+    grants_.clear();
+    pull_slot_freed(n);
+  }
   if (tcp::GpuStaging* staging = gpu_.staging()) {
     for (auto& [conn, f] : staged_) staging->release(f.slot);
   }
@@ -428,7 +433,6 @@ void TargetServer::serve_pull(TcpConnection& conn, const FrameHeader& h, std::st
 }
 
 void TargetServer::pull_finished(const std::weak_ptr<TcpConnection>& weak, const FrameHeader& r, const Status& copied) {
-  --pulls_in_flight_;
   if (auto conn = weak.lock(); conn && conn->is_open()) {
     FrameHeader done = r;
     const std::string_view reason = std::string_view(copied.message()).substr(0, tcp::kMaxErrorText);
@@ -439,6 +443,11 @@ void TargetServer::pull_finished(const std::weak_ptr<TcpConnection>& weak, const
     if (!copied) item.add_copy(reason.data(), reason.size());
     conn->send(std::move(item));
   }
+  pull_slot_freed();
+}
+
+void TargetServer::pull_slot_freed(size_t n) {
+  pulls_in_flight_ -= n;
   if (pulls_in_flight_ <= kMaxPullsInFlight / 2 && !pull_waiting_.empty()) {
     auto waiting = std::move(pull_waiting_);
     pull_waiting_.clear();
@@ -446,6 +455,63 @@ void TargetServer::pull_finished(const std::weak_ptr<TcpConnection>& weak, const
       if (auto conn = w.lock()) conn->resume_reading();
     }
   }
+}
+
+void TargetServer::grant_read(TcpConnection& conn, const FrameHeader& h, std::string_view list) {
+  const size_t count = h.offset;  // the parser checked the list's size
+  uint64_t total = 0;
+  bool device = false;
+  RegionUses uses;
+  Status st = resolve_pieces(list, h.index, tcp::kMaxDataPayload, read_scratch_, uses, &total, &device, [](size_t i) {
+    return Status(StatusCode::kBatchOverflow,
+                  fmt::format("the pieces up to {} ask for more than {} bytes in one request", i, tcp::kMaxDataPayload));
+  });
+  if (st && device) {
+    st = Status::invalid_argument("the same-host path cannot copy out of device memory; the reader must use frames");
+  }
+  FrameHeader r;
+  r.type = FrameType::kReadGrant;
+  r.op_id = h.op_id;
+  r.index = h.index;
+  r.offset = count;
+  const GrantKey key{&conn, h.op_id, h.index};
+  if (st && grants_.count(key)) st = Status::protocol_error(fmt::format("request {} of op {} is granted already", h.index, h.op_id));
+  if (!st) return answer_error(conn, r, st);
+  // Each piece's address (0 for an empty one: resolve_pieces kept only the others, in order).
+  WriteItem& item = conn.control();
+  r.length = count * 8;
+  item.add_header(r);
+  for (size_t i = 0, k = 0; i < count; ++i) {
+    const tcp::Piece p = tcp::parse_piece(reinterpret_cast<const uint8_t*>(list.data()) + i * tcp::kPieceSize);
+    uint8_t addr[8];
+    tcp::WireWriter(addr).u64(p.length == 0 ? 0 : reinterpret_cast<uintptr_t>(read_scratch_[k++].addr));
+    item.add_copy(addr, sizeof addr);
+  }
+  grants_.emplace(key, std::move(uses));
+  ++pulls_in_flight_;
+}
+
+void TargetServer::release_read(TcpConnection& conn, const FrameHeader& h) {
+  FrameHeader r;
+  r.type = FrameType::kPullDone;
+  r.op_id = h.op_id;
+  r.index = h.index;
+  r.offset = h.offset;
+  auto it = grants_.find(GrantKey{&conn, h.op_id, h.index});
+  if (it == grants_.end()) {
+    return answer_error(conn, r, Status::protocol_error(fmt::format(
+                                     "request {} of op {} holds no grant here to release", h.index, h.op_id)));
+  }
+  grants_.erase(it);  // the regions are free for unregister
+  pull_slot_freed();
+  answer_error(conn, r, Status::ok());  // the region was held throughout the peer's copy
+}
+
+bool TargetServer::grants_hold(const TcpConnection* conn, const RegionLifetime* lifetime) const {
+  for (const auto& [key, uses] : grants_) {
+    if (key.conn == conn && uses.holds(lifetime)) return true;
+  }
+  return false;
 }
 
 }  // namespace dlslime

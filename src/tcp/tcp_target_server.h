@@ -64,6 +64,15 @@ class TargetServer {
   // the peer's memory by a worker; kPullDone reports the outcome. A bad piece fails the
   // request alone and nothing of it is copied.
   void serve_pull(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view payload, uint32_t pid);
+  // A pull-read request (same-host reads: the peer copies out of our regions itself): its
+  // pieces are checked as a read request's, their addresses go back in kReadGrant, and
+  // their regions stay held until the peer releases the grant (release_read, answered by
+  // kPullDone) or the connection ends. A bad piece fails the request alone.
+  void grant_read(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view list);
+  void release_read(tcp::TcpConnection& conn, const tcp::FrameHeader& h);
+  // Whether a grant to `conn` holds `lifetime`'s region: unregister closes that connection,
+  // the one way to end the peer's copies (docs/tcp.md "Same-host path").
+  bool grants_hold(const tcp::TcpConnection* conn, const RegionLifetime* lifetime) const;
 
   // Queues an acknowledgement (kWriteAck, kSendAck) of the peer's op `op_id` on `conn`.
   // A successful message acknowledgement still queued is superseded by the next one
@@ -118,6 +127,8 @@ class TargetServer {
   static void answer_error(tcp::TcpConnection& conn, const tcp::FrameHeader& r, const Status& st);
   tcp::GpuStaging::Slot* take_reserved(const tcp::TcpConnection* conn);
   void pull_finished(const std::weak_ptr<tcp::TcpConnection>& conn, const tcp::FrameHeader& r, const Status& copied);
+  // A pull or grant ended: connections paused by admit_pull read on once half are free.
+  void pull_slot_freed(size_t n = 1);
 
   const MemoryRegistry& regions_;
   tcp::GpuPath& gpu_;
@@ -144,8 +155,21 @@ class TargetServer {
   // Pull requests being copied (their regions are held by the copy): at most this many,
   // 64 MiB at the default chunk size; connections past it wait in pull_waiting_.
   static constexpr size_t kMaxPullsInFlight = 64;
-  size_t pulls_in_flight_ = 0;
+  size_t pulls_in_flight_ = 0;  // pulls being copied and read grants held
   std::vector<std::weak_ptr<tcp::TcpConnection>> pull_waiting_;
+  // Read grants held for the peer, by request (counted in pulls_in_flight_).
+  struct GrantKey {
+    const tcp::TcpConnection* conn;
+    uint64_t op_id;
+    uint32_t index;
+    bool operator==(const GrantKey&) const = default;
+  };
+  struct GrantKeyHash {
+    size_t operator()(const GrantKey& k) const noexcept {
+      return std::hash<const void*>()(k.conn) ^ (std::hash<uint64_t>()(k.op_id) * 0x9E3779B97F4A7C15ull) ^ k.index;
+    }
+  };
+  std::unordered_map<GrantKey, RegionUses, GrantKeyHash> grants_;
 };
 
 }  // namespace dlslime
