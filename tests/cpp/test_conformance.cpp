@@ -1815,13 +1815,17 @@ CONFORMANCE_TEST(PeerProcessKilledMidTransferFailsPendingFuturesWithinADeadline,
   peer.connect(a_->endpoint_info());
   const int32_t h_peer = a_->register_remote_memory_region("peer", peer_info["mr_info"]["peer"]);
 
+  // The reads land in a buffer of their own: `local` keeps its 0x01 for the write after.
+  auto sink = buffer(kPeerRegion);
+  const int32_t h_sink = a_->register_memory_region("sink", sink->addr(), 0, sink->size());
+
   std::vector<Future> futures;
   auto box = buffer(64);
   if (caps_.supports(OpKind::kRecv)) futures.push_back(a_->recv({box->addr(), 0, box->size()}));  // can only fail
   const size_t recvs = futures.size();
   for (int i = 0; i < 4; ++i) {
     futures.push_back(a_->write({{h_local, h_peer, 0, 0, kPeerRegion}}));
-    futures.push_back(a_->read({{h_local, h_peer, 0, 0, kPeerRegion}}));
+    futures.push_back(a_->read({{h_sink, h_peer, 0, 0, kPeerRegion}}));
   }
   // 512 MiB queued: the kill comes mid-transfer. Whether a transfer already running is cut
   // is the transport's (a GPU copy, once queued, runs): every one must complete.

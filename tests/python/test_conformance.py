@@ -868,6 +868,8 @@ def test_peer_process_killed_mid_transfer_fails_pending_futures(transport, new_b
         peer.register_memory_region("peer", region.ptr, 0, PEER_REGION)
         local = new_buffer(ep, PEER_REGION, b"\x01")
         h_local = ep.register_memory_region("local", local.ptr, 0, PEER_REGION)
+        sink = new_buffer(ep, PEER_REGION)  # the reads' own: `local` keeps its 0x01 for the write after
+        h_sink = ep.register_memory_region("sink", sink.ptr, 0, PEER_REGION)
         connect(ep, peer)
         h_peer = remote(ep, peer, "peer")
         futures = []
@@ -877,7 +879,7 @@ def test_peer_process_killed_mid_transfer_fails_pending_futures(transport, new_b
         recvs = len(futures)
         for _ in range(4):
             futures.append(ep.write([(h_local, h_peer, 0, 0, PEER_REGION)]))
-            futures.append(ep.read([(h_local, h_peer, 0, 0, PEER_REGION)]))
+            futures.append(ep.read([(h_sink, h_peer, 0, 0, PEER_REGION)]))
         # 512 MiB queued: the kill comes mid-transfer. Whether a transfer already running is
         # cut is the transport's (a GPU copy, once queued, runs): every one must complete.
         pending_at_kill = [not f.done() for f in futures[recvs:]]
