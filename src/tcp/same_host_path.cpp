@@ -42,7 +42,14 @@ void SameHostPath::settle(bool on, std::string reason) {
 
 nlohmann::json SameHostPath::describe() const {
   std::lock_guard lock(mu_);
-  return {{"path", active() ? "cma" : "tcp"}, {"reason", settled_ ? reason_ : std::string("negotiating")}};
+  const bool reads = active() && proven_peer_pid() != 0;
+  return {{"path", active() ? "cma" : "tcp"},
+          {"reason", settled_ ? reason_ : std::string("negotiating")},
+          {"reads", reads ? "cma" : "tcp"},
+          {"reads_reason", reads        ? std::string("this endpoint's probe of the peer passed as well")
+                           : !active()  ? std::string("as the writes")
+                                        : std::string("this endpoint has not probed the peer: the peer did not connect "
+                                                      "back, or its offer was refused here")}};
 }
 
 bool SameHostPath::wait_settled(std::chrono::steady_clock::time_point deadline) {

@@ -44,7 +44,8 @@ class SameHostPath {
   void on_answer(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view payload);
   // Any thread: our writes may be pulled by the peer now.
   bool active() const { return active_.load(std::memory_order_acquire); }
-  // Any thread: {"path": "cma" | "tcp", "reason": why}.
+  // Any thread: {"path": "cma" | "tcp", "reason": why} for the writes, and "reads",
+  // "reads_reason" for the reads.
   nlohmann::json describe() const;
   // Any thread: waits until the negotiation started by start() has ended, at most until
   // `deadline`; false if it has not.

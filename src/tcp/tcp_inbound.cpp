@@ -29,8 +29,8 @@ RxAction TcpEndpointImpl::on_header(TcpConnection& conn, const FrameHeader& h, P
     case FrameType::kGoodbye: return RxAction::kContinue;
     case FrameType::kSameHost:
     case FrameType::kPullDone: sink.collect = true; return RxAction::kContinue;
-    case FrameType::kPullWrite:
-    case FrameType::kPullRead: sink.collect = true; return target_.admit_pull(conn);
+    case FrameType::kPullWrite: sink.collect = true; return target_.admit_pull(conn);
+    case FrameType::kPullRead: sink.collect = true; return RxAction::kContinue;  // bounded by grant_read
     case FrameType::kReadGrant: sink.collect = true; return RxAction::kContinue;
     case FrameType::kReadRelease: return RxAction::kContinue;
   }

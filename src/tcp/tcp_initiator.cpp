@@ -107,8 +107,10 @@ bool Initiator::cancel(uint64_t op_id) {
   PendingOp* op = pending_.find(op_id);
   if (!op) return false;  // ended, or waiting for copies of its memory to finish
   // A same-host write's requests were handed to the lanes at once, and the peer copies as
-  // each arrives: withdrawing one would not stop a copy already started.
-  if (op->pulled) return false;
+  // each arrives: withdrawing one would not stop a copy already started. A same-host read
+  // is withdrawn unless our workers are copying into it right now (its grants that come
+  // later are released unused, on_read_grant).
+  if (op->pulled && (!op->copying || op->copying->load(std::memory_order_acquire) > 0)) return false;
   if (const GpuOp* gpu = op->gpu.get()) {
     if (gpu->copies > 0) return false;  // a stream is copying its memory: end_op would wait
     if (gpu->message) {

@@ -205,11 +205,7 @@ void TargetServer::place_staged(TcpConnection& conn, const FrameHeader& h, Stage
 
 void TargetServer::clear() {
   inbound_writes_.clear();
-  if (!grants_.empty()) {  // the peer is gone: it copies nothing more
-    const size_t n = grants_.size();
-    grants_.clear();
-    pull_slot_freed(n);
-  }
+  grants_.clear();  // the peer is gone: it copies nothing more
   if (tcp::GpuStaging* staging = gpu_.staging()) {
     for (auto& [conn, f] : staged_) staging->release(f.slot);
   }
@@ -446,8 +442,8 @@ void TargetServer::pull_finished(const std::weak_ptr<TcpConnection>& weak, const
   pull_slot_freed();
 }
 
-void TargetServer::pull_slot_freed(size_t n) {
-  pulls_in_flight_ -= n;
+void TargetServer::pull_slot_freed() {
+  --pulls_in_flight_;
   if (pulls_in_flight_ <= kMaxPullsInFlight / 2 && !pull_waiting_.empty()) {
     auto waiting = std::move(pull_waiting_);
     pull_waiting_.clear();
@@ -476,6 +472,10 @@ void TargetServer::grant_read(TcpConnection& conn, const FrameHeader& h, std::st
   r.offset = count;
   const GrantKey key{&conn, h.op_id, h.index};
   if (st && grants_.count(key)) st = Status::protocol_error(fmt::format("request {} of op {} is granted already", h.index, h.op_id));
+  if (st && grants_.size() >= kMaxGrants) {
+    // Refused, not paused: the releases that would free grants arrive on this connection.
+    st = Status(StatusCode::kBatchOverflow, fmt::format("{} read grants are outstanding already", kMaxGrants));
+  }
   if (!st) return answer_error(conn, r, st);
   // Each piece's address (0 for an empty one: resolve_pieces kept only the others, in order).
   WriteItem& item = conn.control();
@@ -488,7 +488,6 @@ void TargetServer::grant_read(TcpConnection& conn, const FrameHeader& h, std::st
     item.add_copy(addr, sizeof addr);
   }
   grants_.emplace(key, std::move(uses));
-  ++pulls_in_flight_;
 }
 
 void TargetServer::release_read(TcpConnection& conn, const FrameHeader& h) {
@@ -503,7 +502,6 @@ void TargetServer::release_read(TcpConnection& conn, const FrameHeader& h) {
                                      "request {} of op {} holds no grant here to release", h.index, h.op_id)));
   }
   grants_.erase(it);  // the regions are free for unregister
-  pull_slot_freed();
   answer_error(conn, r, Status::ok());  // the region was held throughout the peer's copy
 }
 

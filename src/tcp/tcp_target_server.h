@@ -127,8 +127,8 @@ class TargetServer {
   static void answer_error(tcp::TcpConnection& conn, const tcp::FrameHeader& r, const Status& st);
   tcp::GpuStaging::Slot* take_reserved(const tcp::TcpConnection* conn);
   void pull_finished(const std::weak_ptr<tcp::TcpConnection>& conn, const tcp::FrameHeader& r, const Status& copied);
-  // A pull or grant ended: connections paused by admit_pull read on once half are free.
-  void pull_slot_freed(size_t n = 1);
+  // A pull's copy ended: connections paused by admit_pull read on once half are free.
+  void pull_slot_freed();
 
   const MemoryRegistry& regions_;
   tcp::GpuPath& gpu_;
@@ -155,9 +155,11 @@ class TargetServer {
   // Pull requests being copied (their regions are held by the copy): at most this many,
   // 64 MiB at the default chunk size; connections past it wait in pull_waiting_.
   static constexpr size_t kMaxPullsInFlight = 64;
-  size_t pulls_in_flight_ = 0;  // pulls being copied and read grants held
+  size_t pulls_in_flight_ = 0;
   std::vector<std::weak_ptr<tcp::TcpConnection>> pull_waiting_;
-  // Read grants held for the peer, by request (counted in pulls_in_flight_).
+  // Read grants held for the peer, by request. Bounded by refusing more (not by pausing:
+  // the releases that free them arrive on the same connection).
+  static constexpr size_t kMaxGrants = 65536;
   struct GrantKey {
     const tcp::TcpConnection* conn;
     uint64_t op_id;

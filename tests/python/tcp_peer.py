@@ -50,7 +50,7 @@ def serve_target(conn, size, options, env):
     answers: ("digest", start, end) -> sha256 hex of those bytes; ("bytes", start, end);
     ("same_host",) -> ep.same_host; ("unregister",) -> unregisters 'peer', replies "done";
     ("munmap",) -> unmaps 'peer' WITHOUT unregistering it (a careless owner), replies
-    "done"; ("exit",) -> shuts down."""
+    "done"; ("fill", byte) -> sets every byte of 'peer', replies "done"; ("exit",) -> shuts down."""
     import hashlib
     import mmap
     import os
@@ -74,6 +74,9 @@ def serve_target(conn, size, options, env):
             conn.send(hashlib.sha256(ctypes.string_at(addr + cmd[1], cmd[2] - cmd[1])).hexdigest())
         elif cmd[0] == "bytes":
             conn.send(ctypes.string_at(addr + cmd[1], cmd[2] - cmd[1]))
+        elif cmd[0] == "fill":
+            ctypes.memset(addr, cmd[1], size)
+            conn.send("done")
         elif cmd[0] == "spare":
             conn.send(ctypes.string_at(spare_addr, 4096))
         elif cmd[0] == "same_host":
