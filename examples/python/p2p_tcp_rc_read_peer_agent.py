@@ -26,6 +26,10 @@ def target(ctrl_url, me, peer):
         # Serve until the initiator says it is done reading.
         done = ctypes.create_string_buffer(8)
         ok = agent.recv(peer, (ctypes.addressof(done), 0, 8)).wait() == 0
+        # The closing handshake: the initiator leaves only once this reply arrives, so its
+        # "done" is never lost with a connection it already closed (issue 27).
+        bye = ctypes.create_string_buffer(b"bye", 8)
+        ok = agent.send(peer, (ctypes.addressof(bye), 0, 8)).wait() == 0 and ok
     sys.exit(0 if ok else 1)
 
 
@@ -44,8 +48,11 @@ def initiator(ctrl_url, me, peer):
         status = fut.wait()
         ok = status == 0 and dst.raw[: SIZE - 4096] == content()[4096:]
         print(f"[{me}] read {fut.nbytes} B status={status} bytes match: {ok}")
+        bye = ctypes.create_string_buffer(8)
+        reply = agent.recv(peer, (ctypes.addressof(bye), 0, 8))  # posted first: the reply cannot miss it
         note = ctypes.create_string_buffer(b"done", 8)
         ok = agent.send(peer, (ctypes.addressof(note), 0, 8)).wait() == 0 and ok
+        ok = reply.wait() == 0 and ok  # stay until the target has its "done"
     sys.exit(0 if ok else 1)
 
 

@@ -26,6 +26,10 @@ def target(ctrl_url, me, peer):
         ok = agent.recv(peer, (ctypes.addressof(done), 0, 8)).wait() == 0
         ok = ok and kv.raw[1024:1024 + SIZE // 2] == pattern()[: SIZE // 2] and kv.raw[:1024] == bytes(1024)
         print(f"[{me}] kv holds the written bytes: {ok}")
+        # The closing handshake: the initiator leaves only once this reply arrives, so its
+        # "done" is never lost with a connection it already closed (issue 27).
+        bye = ctypes.create_string_buffer(b"bye", 8)
+        ok = agent.send(peer, (ctypes.addressof(bye), 0, 8)).wait() == 0 and ok
     sys.exit(0 if ok else 1)
 
 
@@ -39,8 +43,11 @@ def initiator(ctrl_url, me, peer):
         # (local_name, remote_name, local_offset, remote_offset, length)
         status = agent.write(peer, [("src", "kv", 0, 1024, SIZE // 2)]).wait()
         print(f"[{me}] write {SIZE // 2} B status={status}")
+        bye = ctypes.create_string_buffer(8)
+        reply = agent.recv(peer, (ctypes.addressof(bye), 0, 8))  # posted first: the reply cannot miss it
         note = ctypes.create_string_buffer(b"done", 8)
         ok = status == 0 and agent.send(peer, (ctypes.addressof(note), 0, 8)).wait() == 0
+        ok = reply.wait() == 0 and ok  # stay until the target has its "done"
     sys.exit(0 if ok else 1)
 
 

@@ -877,10 +877,11 @@ def test_peer_process_killed_mid_transfer_fails_pending_futures(transport, new_b
             box = new_buffer(ep, 64)
             futures.append(ep.recv((box.ptr, 0, 64)))  # can only fail
         recvs = len(futures)
-        for _ in range(4):
-            futures.append(ep.write([(h_local, h_peer, 0, 0, PEER_REGION)]))
-            futures.append(ep.read([(h_sink, h_peer, 0, 0, PEER_REGION)]))
-        # 512 MiB queued: the kill comes mid-transfer. Whether a transfer already running is
+        quarter = PEER_REGION // 4  # each op its own: ops in flight at once never overlap
+        for i in range(4):
+            futures.append(ep.write([(h_local, h_peer, i * quarter, i * quarter, quarter)]))
+            futures.append(ep.read([(h_sink, h_peer, i * quarter, i * quarter, quarter)]))
+        # 128 MiB queued: the kill comes mid-transfer. Whether a transfer already running is
         # cut is the transport's (a GPU copy, once queued, runs): every one must complete.
         pending_at_kill = [not f.done() for f in futures[recvs:]]
         peer.kill()
@@ -888,7 +889,7 @@ def test_peer_process_killed_mid_transfer_fails_pending_futures(transport, new_b
         statuses = [f.wait_for(15) for f in futures]
         assert None not in statuses, f"a future hung after the peer died: {statuses}"
         assert time.monotonic() - t0 < 15
-        assert any(pending_at_kill), "every 64 MiB transfer finished before the kill"
+        assert any(pending_at_kill), "every 16 MiB transfer finished before the kill"
         if recvs:
             assert statuses[0] == PEER_CLOSED, futures[0].message
         # Submission may reach the transport after it has seen the loss: NOT_CONNECTED then.
