@@ -18,7 +18,10 @@ uint64_t payload_size(const FrameHeader& h) noexcept {
     case FrameType::kNotifyAck:
     case FrameType::kSameHost:
     case FrameType::kPullWrite:
-    case FrameType::kPullDone: return h.length;
+    case FrameType::kPullDone:
+    case FrameType::kPullRead:
+    case FrameType::kReadGrant:
+    case FrameType::kReadRelease: return h.length;
     case FrameType::kGoodbye: return 0;
   }
   return 0;
@@ -62,7 +65,7 @@ Status parse_frame_header(const uint8_t* in, FrameHeader* out) noexcept {
     return Status::protocol_error(fmt::format("bad frame magic {:#06x} (expected {:#06x})", magic, kFrameMagic));
   }
   const uint8_t type = r.u8();
-  if (type < static_cast<uint8_t>(FrameType::kWriteData) || type > static_cast<uint8_t>(FrameType::kPullDone)) {
+  if (type < static_cast<uint8_t>(FrameType::kWriteData) || type > static_cast<uint8_t>(FrameType::kReadRelease)) {
     return Status(StatusCode::kUnknownOpcode, fmt::format("unknown frame type {}", type));
   }
   FrameHeader h;
@@ -76,8 +79,9 @@ Status parse_frame_header(const uint8_t* in, FrameHeader* out) noexcept {
   h.length = r.u64();
   if ((h.flags & ~kFlagLast) != 0) return Status::protocol_error(fmt::format("unknown frame flags {:#x}", h.flags));
 
-  const bool lists_pieces =
-      h.type == FrameType::kWriteData || h.type == FrameType::kReadData || h.type == FrameType::kPullWrite;
+  const bool lists_pieces = h.type == FrameType::kWriteData || h.type == FrameType::kReadData ||
+                            h.type == FrameType::kPullWrite || h.type == FrameType::kPullRead ||
+                            h.type == FrameType::kReadGrant || h.type == FrameType::kReadRelease;
   if (lists_pieces && (h.offset == 0 || h.offset > kMaxPieces)) {
     return Status::protocol_error(fmt::format("one-sided frame for {} pieces (1..{})", h.offset, kMaxPieces));
   }
@@ -85,6 +89,15 @@ Status parse_frame_header(const uint8_t* in, FrameHeader* out) noexcept {
     if (h.length == 0 || h.length % kPieceSize != 0 || h.length > kMaxPieces * kPieceSize) {
       return Status::protocol_error(fmt::format("read request of {} bytes is not a list of 1..{} pieces of {} bytes",
                                                 h.length, kMaxPieces, kPieceSize));
+    }
+  } else if (h.type == FrameType::kPullRead || h.type == FrameType::kReadRelease ||
+             (h.type == FrameType::kReadGrant && h.status == 0)) {
+    const uint64_t expected = h.type == FrameType::kPullRead    ? h.offset * kPieceSize
+                              : h.type == FrameType::kReadGrant ? h.offset * 8
+                                                                : 0;
+    if (h.length != expected) {
+      return Status::protocol_error(fmt::format("same-host read frame (type {}) of {} bytes for {} pieces (expected {})",
+                                                static_cast<int>(type), h.length, h.offset, expected));
     }
   } else if (h.type == FrameType::kPullWrite) {
     if (h.length != h.offset * kPullPieceSize) {
@@ -100,7 +113,7 @@ Status parse_frame_header(const uint8_t* in, FrameHeader* out) noexcept {
   } else {
     const bool carries_text = h.type == FrameType::kWriteAck || h.type == FrameType::kSendAck ||
                               h.type == FrameType::kNotifyAck || h.type == FrameType::kSameHost ||
-                              h.type == FrameType::kPullDone || (h.type == FrameType::kReadData && h.status != 0);
+                              h.type == FrameType::kPullDone || h.type == FrameType::kReadGrant || (h.type == FrameType::kReadData && h.status != 0);
     const uint64_t limit = carries_text                      ? kMaxErrorText
                            : h.type == FrameType::kNotify ? kMaxNotification
                                                             : kMaxDataPayload;

@@ -53,6 +53,10 @@ enum class FrameType : uint8_t {
   kPullWrite = 11,   // ->target: `offset` pieces (Piece layout), then each piece's source address (u64) in the
                      // initiator's memory; the target copies them itself (process_vm_readv)
   kPullDone = 12,    // ->initiator: the pull of op_id's request `index` finished (status 0) or failed; payload = error text
+  kPullRead = 13,    // ->target: `offset` pieces (Piece layout) the initiator will copy out of the target itself
+  kReadGrant = 14,   // ->initiator: the pieces' addresses (u64 each, 0 for an empty piece), held until released
+                     // (status 0), or error text
+  kReadRelease = 15, // ->target: the initiator has copied (status: how it went) request `index`; answered by kPullDone
 };
 
 // kSameHost stages, in order: the initiator offers (payload: SameHostOffer), the target

@@ -42,7 +42,14 @@ void SameHostPath::settle(bool on, std::string reason) {
 
 nlohmann::json SameHostPath::describe() const {
   std::lock_guard lock(mu_);
-  return {{"path", active() ? "cma" : "tcp"}, {"reason", settled_ ? reason_ : std::string("negotiating")}};
+  const bool reads = active() && proven_peer_pid() != 0;
+  return {{"path", active() ? "cma" : "tcp"},
+          {"reason", settled_ ? reason_ : std::string("negotiating")},
+          {"reads", reads ? "cma" : "tcp"},
+          {"reads_reason", reads        ? std::string("this endpoint's probe of the peer passed as well")
+                           : !active()  ? std::string("as the writes")
+                                        : std::string("this endpoint has not probed the peer: the peer did not connect "
+                                                      "back, or its offer was refused here")}};
 }
 
 bool SameHostPath::wait_settled(std::chrono::steady_clock::time_point deadline) {
@@ -64,6 +71,7 @@ void SameHostPath::reset(const char* why) {
   offered_probe_ = 0;
   challenged_ = false;
   trusted_pid_ = 0;
+  proven_pid_.store(0, std::memory_order_release);
   trusted_conn_.reset();
   challenged_conn_.reset();
 }
@@ -172,6 +180,7 @@ void SameHostPath::on_request(TcpConnection& conn, const FrameHeader& h, std::st
     const CrossCopy write{back.data(), offered_probe_ + tcp::kSameHostNonce, back.size()};
     if (Status st = cross_copy(pid, {&write, 1}, false); !st) return refuse(conn, "probe failed: " + st.message());
     trusted_pid_ = offered_pid_;
+    proven_pid_.store(trusted_pid_, std::memory_order_release);
     trusted_conn_ = conn.weak_from_this();
     DLSLIME_INFO("same-host path on: pulling the writes of peer process {} (cross-memory attach)", pid);
     return send(conn, SameHostStage::kVerdict, Status::ok(), {});

@@ -44,7 +44,8 @@ class SameHostPath {
   void on_answer(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view payload);
   // Any thread: our writes may be pulled by the peer now.
   bool active() const { return active_.load(std::memory_order_acquire); }
-  // Any thread: {"path": "cma" | "tcp", "reason": why}.
+  // Any thread: {"path": "cma" | "tcp", "reason": why} for the writes, and "reads",
+  // "reads_reason" for the reads.
   nlohmann::json describe() const;
   // Any thread: waits until the negotiation started by start() has ended, at most until
   // `deadline`; false if it has not.
@@ -58,6 +59,11 @@ class SameHostPath {
   uint32_t trusted_pid(const tcp::TcpConnection& conn) const {
     return trusted_conn_.lock().get() == &conn ? trusted_pid_ : 0;
   }
+
+  // Any thread: the peer's pid once our probe of its own offer passed (0: not proved). Our
+  // reads copy out of the peer with it, so they take the path only when each side has
+  // proved the other (both connected to each other, as PeerAgent and symmetric pairs do).
+  uint32_t proven_peer_pid() const { return proven_pid_.load(std::memory_order_acquire); }
 
   // The peer is gone: both roles start over at the next connection.
   void reset(const char* why);
@@ -85,6 +91,7 @@ class SameHostPath {
   std::array<uint8_t, tcp::kSameHostNonce> nonce_{};
   bool challenged_ = false;
   uint32_t trusted_pid_ = 0;
+  std::atomic<uint32_t> proven_pid_{0};  // trusted_pid_, for other threads
   std::weak_ptr<tcp::TcpConnection> trusted_conn_;  // weak: a later connection at its address is not it
   std::weak_ptr<tcp::TcpConnection> challenged_conn_;
 };

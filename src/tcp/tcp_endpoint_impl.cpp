@@ -34,6 +34,10 @@ uint64_t random_id() {
 
 bool is_wildcard(const asio::ip::address& a) { return a.is_unspecified(); }
 
+// How long shutdown waits for the peer's pull requests being copied: at most 64 of them,
+// of one chunk each (64 MiB at the default), so well under this even on a loaded host.
+constexpr auto kSettlePulls = std::chrono::seconds(2);
+
 static_assert(tcp::GpuStaging::kMaxSlots == 64, "TcpOptions::gpu_staging_chunks allows 1..64 (tcp_options.cpp)");
 
 // The address a peer should dial: the bind address, or for a wildcard bind the
@@ -170,13 +174,13 @@ void TcpEndpointImpl::start() {
     if (!pairing_.dialed().empty()) same_host_.start(*pairing_.dialed().front());
   });
   if (options_.same_host) {
-    // The peer's pull requests are copied on the shared copy workers; each reports back on
-    // this endpoint's I/O thread, if the endpoint still lives.
-    target_.set_pull_runner({&CopyWorkers::shared(), [weak](std::function<void()> fn) {
-                               if (auto self = weak.lock()) {
-                                 self->post([fn = std::move(fn)](TcpEndpointImpl&) { fn(); });
-                               }
-                             }});
+    // Same-host copies (the peer's pulled writes, our pulled reads) run on the shared copy
+    // workers; each reports back on this endpoint's I/O thread, if the endpoint still lives.
+    const auto post_back = [weak](std::function<void()> fn) {
+      if (auto self = weak.lock()) self->post([fn = std::move(fn)](TcpEndpointImpl&) { fn(); });
+    };
+    target_.set_pull_runner({&CopyWorkers::shared(), post_back});
+    initiator_.set_pull_runner({&CopyWorkers::shared(), post_back, [this] { return same_host_.proven_peer_pid(); }});
   }
   run_on_io([&] {
     listener_->start(
@@ -351,7 +355,7 @@ void TcpEndpointImpl::revoke_region(const RegionLifetime& lifetime) {
     initiator_.revoke(lifetime);
     std::vector<std::shared_ptr<TcpConnection>> holding;
     pairing_.for_each_connection([&](const std::shared_ptr<TcpConnection>& conn) {
-      if (conn->holds(&lifetime)) holding.push_back(conn);
+      if (conn->holds(&lifetime) || target_.grants_hold(conn.get(), &lifetime)) holding.push_back(conn);
     });
     for (auto& conn : holding) {
       conn->close(Status::failed(fmt::format(
@@ -424,6 +428,8 @@ void TcpEndpointImpl::shutdown() {
     run_on_io([this] {
       listener_->close();
       sweep_timer_.cancel();
+      // Pulls being copied are answered first: their bytes may be in place already.
+      target_.settle_pulls(std::chrono::steady_clock::now() + kSettlePulls);
       fail_all(Status::cancelled("the endpoint was shut down"));
     });
   } catch (const std::exception& e) {

@@ -30,6 +30,9 @@ RxAction TcpEndpointImpl::on_header(TcpConnection& conn, const FrameHeader& h, P
     case FrameType::kSameHost:
     case FrameType::kPullDone: sink.collect = true; return RxAction::kContinue;
     case FrameType::kPullWrite: sink.collect = true; return target_.admit_pull(conn);
+    case FrameType::kPullRead: sink.collect = true; return RxAction::kContinue;  // bounded by grant_read
+    case FrameType::kReadGrant: sink.collect = true; return RxAction::kContinue;
+    case FrameType::kReadRelease: return RxAction::kContinue;
   }
   return RxAction::kContinue;
 }
@@ -54,19 +57,23 @@ void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const 
       if (conn.role() == TcpConnection::Role::kDialed) return same_host_.on_answer(conn, h, text);
       return same_host_.on_request(conn, h, text);
     case FrameType::kPullWrite:
+    case FrameType::kPullRead:
       if (conn.role() != TcpConnection::Role::kAccepted || same_host_.trusted_pid(conn) == 0 || !options_.same_host) {
-        // Not a violation: a write planned for the path may meet a connection made since.
+        // Not a violation: an op planned for the path may meet a connection made since.
         FrameHeader r;
-        r.type = FrameType::kPullDone;
+        r.type = h.type == FrameType::kPullRead ? FrameType::kReadGrant : FrameType::kPullDone;
         r.op_id = h.op_id;
         r.index = h.index;
         r.offset = h.offset;
         return TargetServer::add_status(
             conn.control(), r,
-            Status::not_connected("the same-host path is not established on this connection; write again"));
+            Status::not_connected("the same-host path is not established on this connection; submit the op again"));
       }
+      if (h.type == FrameType::kPullRead) return target_.grant_read(conn, h, text);
       return target_.serve_pull(conn, h, text, same_host_.trusted_pid(conn));
     case FrameType::kPullDone: initiator_.on_pull_done(conn, h, text); return;
+    case FrameType::kReadGrant: initiator_.on_read_grant(conn, h, text); return;
+    case FrameType::kReadRelease: target_.release_read(conn, h); return;
     case FrameType::kGoodbye:
       // The peer sends nothing more on this connection, but what it sent earlier on its
       // other connections (the acknowledgement of a message, say) may still be unread

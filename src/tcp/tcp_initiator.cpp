@@ -5,7 +5,9 @@
 #include <fmt/format.h>
 
 #include "core/log.h"
+#include "core/same_host.h"
 #include "tcp/tcp_pairing.h"
+#include "tcp/wire.h"
 
 namespace dlslime {
 
@@ -105,8 +107,10 @@ bool Initiator::cancel(uint64_t op_id) {
   PendingOp* op = pending_.find(op_id);
   if (!op) return false;  // ended, or waiting for copies of its memory to finish
   // A same-host write's requests were handed to the lanes at once, and the peer copies as
-  // each arrives: withdrawing one would not stop a copy already started.
-  if (op->pulled) return false;
+  // each arrives: withdrawing one would not stop a copy already started. A same-host read
+  // is withdrawn unless our workers are copying into it right now (its grants that come
+  // later are released unused, on_read_grant).
+  if (op->pulled && (!op->copying || op->copying->load(std::memory_order_acquire) > 0)) return false;
   if (const GpuOp* gpu = op->gpu.get()) {
     if (gpu->copies > 0) return false;  // a stream is copying its memory: end_op would wait
     if (gpu->message) {
@@ -162,7 +166,8 @@ bool Initiator::end_op(uint64_t op_id, PendingOp& op, Status status, uint64_t nb
       return false;
     }
   }
-  if (op.pulled && op.parts_left > 0 && !op.uses.empty()) {
+  if (op.copying) wait_for_copies(op);  // our workers are writing its memory
+  if (op.pulled && op.parts_left > 0 && !op.uses.empty() && !op.copying) {
     // The peer may be copying out of its memory right now: the regions stay held until
     // the requests are answered (on_pull_done) or the peer is lost.
     lingering_[op_id] = Lingering{op.parts_left, std::move(op.uses)};
@@ -318,9 +323,11 @@ void Initiator::on_pull_done(TcpConnection& conn, const FrameHeader& h, std::str
   }
   PendingOp& op = *found;
   // One answer per request, naming it exactly (its first piece and piece count), on one of
-  // our connections: anything else is a peer claiming bytes it never copied.
+  // our connections: anything else is a peer claiming bytes it never copied. A read's
+  // request is answered after its grant was released.
+  const uint16_t expected = static_cast<uint16_t>(h.offset | (op.copying ? kGranted : 0));
   if (!op.pulled || conn.role() != TcpConnection::Role::kDialed || h.index >= op.read_runs.size() ||
-      h.offset == 0 || op.read_runs[h.index] != h.offset) {
+      h.offset == 0 || h.offset > tcp::kMaxPieces || op.read_runs[h.index] != expected) {
     return violation(conn, fmt::format("a pull answer for pieces {}..{} of op {} ({}) that answers no outstanding "
                                        "request",
                                        h.index, h.index + h.offset, h.op_id, op_kind_name(op.state->kind())));
@@ -330,6 +337,87 @@ void Initiator::on_pull_done(TcpConnection& conn, const FrameHeader& h, std::str
   if (--op.parts_left == 0) {
     const uint64_t nbytes = op.error.is_ok() ? op.nbytes : 0;
     finish_op(h.op_id, std::move(op.error), nbytes);
+  }
+}
+
+void Initiator::on_read_grant(TcpConnection& conn, const FrameHeader& h, std::string_view payload) {
+  PendingOp* found = pending_.find(h.op_id);
+  if (!found) {
+    // It ended before its grant came: the peer holds its region for it until released.
+    if (h.status == 0) release_grant(conn, h.op_id, h.index, static_cast<uint32_t>(h.offset), OpState::cancelled_by_user());
+    return;
+  }
+  PendingOp& op = *found;
+  if (!op.pulled || !op.copying || conn.role() != TcpConnection::Role::kDialed || h.index >= op.read_runs.size() ||
+      op.read_runs[h.index] != h.offset) {
+    return violation(conn, fmt::format("a read grant for pieces {}..{} of op {} ({}) that answers no outstanding request",
+                                       h.index, h.index + h.offset, h.op_id, op_kind_name(op.state->kind())));
+  }
+  if (h.status != 0) {  // refused: the peer holds nothing, and the request is answered
+    op.read_runs[h.index] = 0;
+    if (op.error.is_ok()) op.error = remote_status(h, payload);
+    if (--op.parts_left == 0) finish_op(h.op_id, std::move(op.error), 0);
+    return;
+  }
+  const auto count = static_cast<uint32_t>(h.offset);
+  std::vector<CrossCopy> pieces;
+  pieces.reserve(count);
+  uint64_t bytes = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    const tcp::PayloadSegment& dst = op.reads[h.index + i];
+    const uint64_t source = tcp::WireReader(reinterpret_cast<const uint8_t*>(payload.data()) + 8 * i).u64();
+    if (dst.length == 0) continue;
+    if (source == 0 || dst.length > UINT64_MAX - source) {
+      return violation(conn, fmt::format("a read grant of op {} names no memory for piece {}", h.op_id, h.index + i));
+    }
+    pieces.push_back({dst.addr, source, dst.length});
+    bytes += dst.length;
+  }
+  op.read_runs[h.index] = static_cast<uint16_t>(count | kGranted);
+  const uint32_t pid = pull_.peer_pid ? pull_.peer_pid() : 0;
+  if (pid == 0 || !pull_.workers) {  // the path ended since the read was planned
+    if (op.error.is_ok()) op.error = Status::not_connected("the same-host path ended while the read was in flight; read again");
+    return release_grant(conn, h.op_id, h.index, count, op.error);
+  }
+  op.copying->fetch_add(1, std::memory_order_acq_rel);
+  pull_.workers->submit([pieces = std::move(pieces), pid, copying = op.copying, post = pull_.post, this,
+                         weak = conn.weak_from_this(), op_id = h.op_id, index = h.index, count, bytes]() mutable {
+    Status copied = cross_copy(static_cast<int>(pid), pieces, true);
+    copying->fetch_sub(1, std::memory_order_acq_rel);
+    copying->notify_all();
+    post([this, weak, op_id, index, count, bytes, copied = std::move(copied)] {
+      read_pulled(weak, op_id, index, count, bytes, copied);
+    });
+  });
+}
+
+void Initiator::read_pulled(const std::weak_ptr<TcpConnection>& weak, uint64_t op_id, uint32_t index, uint32_t count,
+                            uint64_t bytes, const Status& copied) {
+  if (auto conn = weak.lock(); conn && conn->is_open()) release_grant(*conn, op_id, index, count, copied);
+  PendingOp* op = pending_.find(op_id);
+  if (!op) return;  // it ended; its memory was left alone once this copy finished (end_op waited)
+  if (!copied) {
+    if (op->error.is_ok()) op->error = copied;
+  } else {
+    op->nbytes += bytes;
+  }
+}
+
+void Initiator::release_grant(TcpConnection& conn, uint64_t op_id, uint32_t index, uint32_t count, const Status& copied) {
+  FrameHeader r;
+  r.type = tcp::FrameType::kReadRelease;
+  r.op_id = op_id;
+  r.index = index;
+  r.offset = count;
+  r.status = copied.raw_code();
+  tcp::WriteItem item(0);
+  item.add_header(r);
+  conn.send(std::move(item));
+}
+
+void Initiator::wait_for_copies(const PendingOp& op) {
+  for (uint32_t n = op.copying->load(std::memory_order_acquire); n != 0; n = op.copying->load(std::memory_order_acquire)) {
+    op.copying->wait(n, std::memory_order_acquire);
   }
 }
 
@@ -471,8 +559,10 @@ Initiator::Dropped Initiator::drop_all() {
 }
 
 void Initiator::Dropped::fail(const Status& why) {
-  // The lanes are closed: nothing touches the ops' memory any more.
+  // The lanes are closed: nothing touches the ops' memory any more, once our own copy
+  // workers are done with it.
   ops.for_each([&](uint64_t, PendingOp& op) {
+    if (op.copying) wait_for_copies(op);
     op.uses.clear();
     op.state->complete(why);
   });

@@ -1,6 +1,8 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -10,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/copy_workers.h"
 #include "core/memory_registry.h"
 #include "core/op_limit.h"
 #include "core/op_state.h"
@@ -82,10 +85,24 @@ class Initiator {
     Status error;             // the first error an answer reported
     OpLimit limit;  // its deadline's source, for the timeout's message
     std::shared_ptr<GpuOp> gpu;  // local memory on a GPU (null: the host path)
-    // A write on the same-host path: its frames are pull requests, one part each, answered
-    // by kPullDone once the peer has copied their bytes out of our memory.
+    // On the same-host path (docs/tcp.md "Same-host path"), one part per request, each
+    // answered by kPullDone: a write's requests once the peer has copied their bytes out of
+    // our memory, a read's once we have copied them out of the peer's (granted) and
+    // released the grant.
     bool pulled = false;
+    // A pulled read: our copy workers' jobs still writing its memory (end_op waits for them).
+    std::shared_ptr<std::atomic<uint32_t>> copying;
   };
+  // How pulled reads copy: on `workers`, reporting back through `post` (runs its function
+  // on the I/O thread while the endpoint lives), out of process `peer_pid()` (0: the path
+  // is not established).
+  struct PullRunner {
+    CopyWorkers* workers = nullptr;
+    std::function<void(std::function<void()>)> post;
+    std::function<uint32_t()> peer_pid;
+  };
+  // read_runs marks a pulled read's request granted (its copy done or running) with this.
+  static constexpr uint16_t kGranted = 0x8000;  // > kMaxPieces
   // A prepared op on its way from the submitting thread to the I/O thread.
   struct Submission {
     uint64_t op_id = 0;
@@ -112,8 +129,12 @@ class Initiator {
   // A notification's own acknowledgement (not cumulative: notifications are answered
   // as they arrive, messages possibly later).
   void on_notify_ack(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view text);
-  // The answer to one pull request of a same-host write (docs/tcp.md "Same-host path").
+  // The answer to one pull request of a same-host write or read (docs/tcp.md "Same-host path").
   void on_pull_done(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view text);
+  // The grant of one pull-read request: our copy workers copy its pieces out of the peer,
+  // then the grant is released.
+  void on_read_grant(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view payload);
+  void set_pull_runner(PullRunner runner) { pull_ = std::move(runner); }
   tcp::RxAction on_read_header(tcp::TcpConnection& conn, const tcp::FrameHeader& h, tcp::PayloadSink& sink);
   void on_read_frame(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view text);
   // Stages the next frames of device-memory writes while staging slots are free.
@@ -154,6 +175,14 @@ class Initiator {
   void advance_outbox();
   // A copy of an op's memory finished: completes it if it ended meanwhile.
   static void copy_finished(GpuOp& gpu);
+  // A pulled read's copy of one request finished (or failed): the grant is released, and
+  // the bytes counted.
+  void read_pulled(const std::weak_ptr<tcp::TcpConnection>& conn, uint64_t op_id, uint32_t index, uint32_t count,
+                   uint64_t bytes, const Status& copied);
+  static void release_grant(tcp::TcpConnection& conn, uint64_t op_id, uint32_t index, uint32_t count,
+                            const Status& copied);
+  // Blocks until no copy job writes `op`'s memory any more (bounded: one request's copy).
+  static void wait_for_copies(const PendingOp& op);
   // Fails the connection: a frame that contradicts the state of its op.
   void violation(tcp::TcpConnection& conn, std::string what);
 
@@ -185,6 +214,7 @@ class Initiator {
     RegionUses uses;
   };
   std::unordered_map<uint64_t, Lingering> lingering_;
+  PullRunner pull_;
 };
 
 }  // namespace dlslime

@@ -215,6 +215,45 @@ class PullWriter final : public DataMover {
   uint32_t next_index_ = 0;
 };
 
+// The same-host path's mover for reads: a read's pieces go out as pull-read requests, each
+// run of a lane's pieces one kPullRead frame naming the target's pieces. The target grants
+// them (their addresses), our copy workers copy them out of the target into our memory,
+// and the grant is released (Initiator::on_read_grant); one part per request.
+class PullReader final : public DataMover {
+ public:
+  PullReader(Initiator::Submission& sub, std::span<const int32_t> peer_handles, uint64_t chunk_size)
+      : sub_(sub), peer_handles_(peer_handles), chunk_size_(chunk_size) {}
+
+  uint32_t claim(const PlannedOp& op, uint16_t lane) override {
+    const std::span<const PlannedPiece> pieces = op.plan.lane(lane);
+    // On lane 0, as PullWriter's requests: the connection the target's probe trusts.
+    WriteItem& item = sub_.items.emplace_back(0, WriteItem(op.op_id)).second;
+    item.reserve(pieces.size() / tcp::kMaxPieces + 1, pieces.size() * tcp::kPieceSize);
+    uint32_t requests = 0;
+    for_each_run(pieces, chunk_size_, [&](std::span<const PlannedPiece> run, uint64_t, bool) {
+      FrameHeader h;
+      h.type = FrameType::kPullRead;
+      h.op_id = op.op_id;
+      h.index = next_index_;
+      h.offset = run.size();
+      h.length = run.size() * tcp::kPieceSize;
+      item.add_header(h);
+      add_piece_list(item, op, run, peer_handles_);
+      sub_.op.read_runs[next_index_] = static_cast<uint16_t>(run.size());
+      for (const PlannedPiece& p : run) sub_.op.reads.push_back({op.local[p.item] + p.offset, p.length});
+      next_index_ += static_cast<uint32_t>(run.size());
+      ++requests;
+    });
+    return requests;
+  }
+
+ private:
+  Initiator::Submission& sub_;
+  const std::span<const int32_t> peer_handles_;
+  const uint64_t chunk_size_;
+  uint32_t next_index_ = 0;
+};
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------
@@ -407,18 +446,22 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
   sub.op_id = op_id;
   sub.op.limit = OpLimit::of(req.timeout, options_.op_timeout, "op_timeout");
   sub.deadline = sub.op.limit.deadline();
+  uint64_t bytes = 0;
+  for (const Assignment& a : items) bytes += a.length;
   if (is_read) {
     sub.op.reads.reserve(plan.pieces.size());
     sub.op.read_runs.assign(plan.pieces.size(), 0);
   } else {
-    for (const Assignment& a : items) sub.op.nbytes += a.length;  // what the write reports moved
+    sub.op.nbytes = bytes;  // what the write reports moved
   }
   // The op completes once each part its mover claimed is done.
   const PlannedOp planned{.op_id = op_id, .kind = req.kind, .items = items, .local = scratch.local, .plan = plan};
   if (device) sub.op.gpu = std::make_shared<Initiator::GpuOp>();
-  // Host-memory writes to a peer on this host that proved it can copy out of our memory
-  // go as pull requests (docs/tcp.md "Same-host path"); everything else as frames.
-  sub.op.pulled = req.kind == OpKind::kWrite && !device && same_host_.active() && worth_pulling(nonempty, sub.op.nbytes);
+  // Host-memory writes to a peer on this host that proved it can copy out of our memory go
+  // as pull requests, and so do reads from a peer we proved we can copy out of (docs/tcp.md
+  // "Same-host path"); everything else as frames.
+  const bool pull_kind = req.kind == OpKind::kWrite || (is_read && same_host_.proven_peer_pid() != 0);
+  sub.op.pulled = pull_kind && !device && same_host_.active() && worth_pulling(nonempty, bytes);
   if (sub.op.pulled && any_remote_device_.load(std::memory_order_acquire)) {
     // Into the peer's device memory: the peer stages the bytes from frames.
     std::lock_guard lock(remote_device_mu_);
@@ -430,9 +473,13 @@ bool TcpEndpointImpl::prepare_one_sided(const OpRequest& req, uint64_t op_id, Su
     }
   }
   if (sub.op.pulled) sub.op.read_runs.assign(plan.pieces.size(), 0);  // its requests, by first piece
+  if (sub.op.pulled && is_read) sub.op.copying = std::make_shared<std::atomic<uint32_t>>(0);
   LaneWriter lane_writer(sub, scratch.peer_handles, options_.chunk_size, sub.op.gpu.get());
   PullWriter pull_writer(sub, scratch.peer_handles, options_.chunk_size);
-  DataMover& mover = sub.op.pulled ? static_cast<DataMover&>(pull_writer) : lane_writer;
+  PullReader pull_reader(sub, scratch.peer_handles, options_.chunk_size);
+  DataMover& mover = !sub.op.pulled ? static_cast<DataMover&>(lane_writer)
+                     : is_read      ? static_cast<DataMover&>(pull_reader)
+                                    : pull_writer;
   for (uint16_t lane = 0; lane < lanes; ++lane) {
     if (plan.lanes[lane].count > 0) sub.op.parts_left += mover.claim(planned, lane);
   }

@@ -1,6 +1,9 @@
 #include "tcp/tcp_target_server.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <limits>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -205,6 +208,7 @@ void TargetServer::place_staged(TcpConnection& conn, const FrameHeader& h, Stage
 
 void TargetServer::clear() {
   inbound_writes_.clear();
+  grants_.clear();  // the peer is gone: it copies nothing more
   if (tcp::GpuStaging* staging = gpu_.staging()) {
     for (auto& [conn, f] : staged_) staging->release(f.slot);
   }
@@ -375,6 +379,21 @@ void TargetServer::answer_staged(TcpConnection& conn, const FrameHeader& r, tcp:
 
 namespace dlslime {
 
+namespace {
+
+// A test fault (docs/tcp.md): DLSLIME_TCP_SAME_HOST_FAULT=slow_report makes each copy of a
+// pull request report 300 ms after its bytes are in place, widening the window in which
+// the application sees them and shuts down before the answer is sent.
+bool slow_report_fault() {
+  static const bool on = [] {
+    const char* v = std::getenv("DLSLIME_TCP_SAME_HOST_FAULT");
+    return v && std::strcmp(v, "slow_report") == 0;
+  }();
+  return on;
+}
+
+}  // namespace
+
 tcp::RxAction TargetServer::admit_pull(TcpConnection& conn) {
   if (pulls_in_flight_ < kMaxPullsInFlight) return tcp::RxAction::kContinue;
   pull_waiting_.push_back(conn.weak_from_this());
@@ -417,21 +436,53 @@ void TargetServer::serve_pull(TcpConnection& conn, const FrameHeader& h, std::st
   if (!st) return answer_error(conn, r, st);
   if (copies.empty()) return answer_error(conn, r, Status::ok());  // nothing to move
   ++pulls_in_flight_;
+  {
+    std::lock_guard lock(outcomes_->mu);
+    ++outcomes_->copying;
+  }
   pull_.workers->submit([copies = std::move(copies), uses = std::move(uses), pid, post = pull_.post, this,
-                         conn = conn.weak_from_this(), r]() mutable {
+                         outcomes = outcomes_, conn = conn.weak_from_this(), r]() mutable {
     Status copied = cross_copy(static_cast<int>(pid), copies, true);
     uses.clear();  // the bytes are in place (or not): the regions are free for unregister
-    post([this, conn, r, copied = std::move(copied)] { pull_finished(conn, r, copied); });
+    if (slow_report_fault()) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    {
+      std::lock_guard lock(outcomes->mu);
+      outcomes->ended.push_back({std::move(conn), r, std::move(copied)});
+      --outcomes->copying;
+    }
+    outcomes->cv.notify_all();
+    post([this] { answer_copied_pulls(); });
   });
 }
 
+void TargetServer::answer_copied_pulls() {
+  std::vector<CopiedPull> ended;
+  {
+    std::lock_guard lock(outcomes_->mu);
+    ended.swap(outcomes_->ended);
+  }
+  for (const CopiedPull& c : ended) pull_finished(c.conn, c.answer, c.copied);
+}
+
+void TargetServer::settle_pulls(std::chrono::steady_clock::time_point deadline) {
+  {
+    std::unique_lock lock(outcomes_->mu);
+    outcomes_->cv.wait_until(lock, deadline, [&] { return outcomes_->copying == 0; });
+  }
+  answer_copied_pulls();
+}
+
 void TargetServer::pull_finished(const std::weak_ptr<TcpConnection>& weak, const FrameHeader& r, const Status& copied) {
-  --pulls_in_flight_;
   if (auto conn = weak.lock(); conn && conn->is_open()) {
     WriteItem item(0);  // not conn.control(): this runs outside a frame handler
     add_status(item, r, copied);
     conn->send(std::move(item));
   }
+  pull_slot_freed();
+}
+
+void TargetServer::pull_slot_freed() {
+  --pulls_in_flight_;
   if (pulls_in_flight_ <= kMaxPullsInFlight / 2 && !pull_waiting_.empty()) {
     auto waiting = std::move(pull_waiting_);
     pull_waiting_.clear();
@@ -439,6 +490,65 @@ void TargetServer::pull_finished(const std::weak_ptr<TcpConnection>& weak, const
       if (auto conn = w.lock()) conn->resume_reading();
     }
   }
+}
+
+void TargetServer::grant_read(TcpConnection& conn, const FrameHeader& h, std::string_view list) {
+  const size_t count = h.offset;  // the parser checked the list's size
+  uint64_t total = 0;
+  bool device = false;
+  RegionUses uses;
+  Status st = resolve_pieces(list, h.index, tcp::kMaxDataPayload, read_scratch_, uses, &total, &device, [](size_t i) {
+    return Status(StatusCode::kBatchOverflow,
+                  fmt::format("the pieces up to {} ask for more than {} bytes in one request", i, tcp::kMaxDataPayload));
+  });
+  if (st && device) {
+    st = Status::invalid_argument("the same-host path cannot copy out of device memory; the reader must use frames");
+  }
+  FrameHeader r;
+  r.type = FrameType::kReadGrant;
+  r.op_id = h.op_id;
+  r.index = h.index;
+  r.offset = count;
+  const GrantKey key{&conn, h.op_id, h.index};
+  if (st && grants_.count(key)) st = Status::protocol_error(fmt::format("request {} of op {} is granted already", h.index, h.op_id));
+  if (st && grants_.size() >= kMaxGrants) {
+    // Refused, not paused: the releases that would free grants arrive on this connection.
+    st = Status(StatusCode::kBatchOverflow, fmt::format("{} read grants are outstanding already", kMaxGrants));
+  }
+  if (!st) return answer_error(conn, r, st);
+  // Each piece's address (0 for an empty one: resolve_pieces kept only the others, in order).
+  WriteItem& item = conn.control();
+  r.length = count * 8;
+  item.add_header(r);
+  for (size_t i = 0, k = 0; i < count; ++i) {
+    const tcp::Piece p = tcp::parse_piece(reinterpret_cast<const uint8_t*>(list.data()) + i * tcp::kPieceSize);
+    uint8_t addr[8];
+    tcp::WireWriter(addr).u64(p.length == 0 ? 0 : reinterpret_cast<uintptr_t>(read_scratch_[k++].addr));
+    item.add_copy(addr, sizeof addr);
+  }
+  grants_.emplace(key, std::move(uses));
+}
+
+void TargetServer::release_read(TcpConnection& conn, const FrameHeader& h) {
+  FrameHeader r;
+  r.type = FrameType::kPullDone;
+  r.op_id = h.op_id;
+  r.index = h.index;
+  r.offset = h.offset;
+  auto it = grants_.find(GrantKey{&conn, h.op_id, h.index});
+  if (it == grants_.end()) {
+    return answer_error(conn, r, Status::protocol_error(fmt::format(
+                                     "request {} of op {} holds no grant here to release", h.index, h.op_id)));
+  }
+  grants_.erase(it);  // the regions are free for unregister
+  answer_error(conn, r, Status::ok());  // the region was held throughout the peer's copy
+}
+
+bool TargetServer::grants_hold(const TcpConnection* conn, const RegionLifetime* lifetime) const {
+  for (const auto& [key, uses] : grants_) {
+    if (key.conn == conn && uses.holds(lifetime)) return true;
+  }
+  return false;
 }
 
 }  // namespace dlslime

@@ -1,9 +1,12 @@
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -64,6 +67,20 @@ class TargetServer {
   // the peer's memory by a worker; kPullDone reports the outcome. A bad piece fails the
   // request alone and nothing of it is copied.
   void serve_pull(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view payload, uint32_t pid);
+  // Shutdown: waits (until `deadline`) for the pull requests being copied and queues their
+  // answers, so a peer whose bytes arrived learns so before the connections close (the
+  // bytes are in place once the copy ends, and an application may see them and shut down
+  // before the worker's report reached the I/O thread).
+  void settle_pulls(std::chrono::steady_clock::time_point deadline);
+  // A pull-read request (same-host reads: the peer copies out of our regions itself): its
+  // pieces are checked as a read request's, their addresses go back in kReadGrant, and
+  // their regions stay held until the peer releases the grant (release_read, answered by
+  // kPullDone) or the connection ends. A bad piece fails the request alone.
+  void grant_read(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view list);
+  void release_read(tcp::TcpConnection& conn, const tcp::FrameHeader& h);
+  // Whether a grant to `conn` holds `lifetime`'s region: unregister closes that connection,
+  // the one way to end the peer's copies (docs/tcp.md "Same-host path").
+  bool grants_hold(const tcp::TcpConnection* conn, const RegionLifetime* lifetime) const;
 
   // Appends answer `r` to `item` carrying `st`: its code, and its message (cut to
   // kMaxErrorText) as the payload; an OK status carries none.
@@ -124,6 +141,10 @@ class TargetServer {
   }
   tcp::GpuStaging::Slot* take_reserved(const tcp::TcpConnection* conn);
   void pull_finished(const std::weak_ptr<tcp::TcpConnection>& conn, const tcp::FrameHeader& r, const Status& copied);
+  // The copies' outcomes, handed from the copy workers to the I/O thread.
+  void answer_copied_pulls();
+  // A pull's copy ended: connections paused by admit_pull read on once half are free.
+  void pull_slot_freed();
 
   const MemoryRegistry& regions_;
   tcp::GpuPath& gpu_;
@@ -152,6 +173,34 @@ class TargetServer {
   static constexpr size_t kMaxPullsInFlight = 64;
   size_t pulls_in_flight_ = 0;
   std::vector<std::weak_ptr<tcp::TcpConnection>> pull_waiting_;
+  // Shared with the copy workers (a copy may outlive a shutdown that stopped waiting).
+  struct CopiedPull {
+    std::weak_ptr<tcp::TcpConnection> conn;
+    tcp::FrameHeader answer;
+    Status copied;
+  };
+  struct PullOutcomes {
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t copying = 0;             // copies submitted and not yet ended
+    std::vector<CopiedPull> ended;  // not yet answered
+  };
+  std::shared_ptr<PullOutcomes> outcomes_ = std::make_shared<PullOutcomes>();
+  // Read grants held for the peer, by request. Bounded by refusing more (not by pausing:
+  // the releases that free them arrive on the same connection).
+  static constexpr size_t kMaxGrants = 65536;
+  struct GrantKey {
+    const tcp::TcpConnection* conn;
+    uint64_t op_id;
+    uint32_t index;
+    bool operator==(const GrantKey&) const = default;
+  };
+  struct GrantKeyHash {
+    size_t operator()(const GrantKey& k) const noexcept {
+      return std::hash<const void*>()(k.conn) ^ (std::hash<uint64_t>()(k.op_id) * 0x9E3779B97F4A7C15ull) ^ k.index;
+    }
+  };
+  std::unordered_map<GrantKey, RegionUses, GrantKeyHash> grants_;
 };
 
 }  // namespace dlslime

@@ -32,7 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   // Accepted: the documented limits hold.
   const auto type = static_cast<uint8_t>(h.type);
-  FUZZ_CHECK(type >= 1 && type <= static_cast<uint8_t>(FrameType::kPullDone));
+  FUZZ_CHECK(type >= 1 && type <= static_cast<uint8_t>(FrameType::kReadRelease));
   FUZZ_CHECK((h.flags & ~kFlagLast) == 0);
   const uint64_t payload = payload_size(h);
   // A write frame's piece list comes on top of its data.

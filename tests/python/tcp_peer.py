@@ -16,7 +16,8 @@ def serve_region(conn, size, seed, ip="127.0.0.1"):
     """Registers a `size`-byte region 'peer' filled with a pattern, connects, then answers
     commands: ("bytes", start, end) -> the bytes; ("send", data) -> sends a message and
     reports its status; ("recv", n) -> posts a recv and returns (status, bytes);
-    ("exit",) -> shuts down."""
+    ("shutdown_when", start, end, sha256, seconds) -> shuts down once those bytes
+    hold that digest, replies "seen" (or "timeout"); ("exit",) -> shuts down."""
     buf = ctypes.create_string_buffer(size)
     fill_pattern(buf, size, seed)
     ep = dlslime.TcpEndpoint(ip=ip, port=0)
@@ -37,6 +38,19 @@ def serve_region(conn, size, seed, ip="127.0.0.1"):
             fut = ep.recv((ctypes.addressof(rbuf), 0, cmd[1]))
             status = fut.wait()
             conn.send((status, rbuf.raw[: fut.nbytes]))
+        elif cmd[0] == "shutdown_when":
+            # ("shutdown_when", start, end, sha256 hex, seconds): shuts down the moment those
+            # bytes hold that digest (an application that sees its data and leaves at once).
+            _, start, end, want, seconds = cmd
+            deadline = time.monotonic() + seconds
+            seen = False
+            while not seen and time.monotonic() < deadline:
+                seen = hashlib.sha256(ctypes.string_at(addr + start, end - start)).hexdigest() == want
+                if not seen:
+                    time.sleep(0.001)
+            ep.shutdown()
+            conn.send("seen" if seen else "timeout")
+            return
         elif cmd[0] == "exit":
             ep.shutdown()
             conn.send("bye")
@@ -50,10 +64,12 @@ def serve_target(conn, size, options, env):
     answers: ("digest", start, end) -> sha256 hex of those bytes; ("bytes", start, end);
     ("same_host",) -> ep.same_host; ("unregister",) -> unregisters 'peer', replies "done";
     ("munmap",) -> unmaps 'peer' WITHOUT unregistering it (a careless owner), replies
-    "done"; ("exit",) -> shuts down."""
+    "done"; ("fill", byte) -> sets every byte of 'peer', replies "done"; ("shutdown_when", start, end, sha256, seconds) -> shuts down once those bytes
+    hold that digest, replies "seen" (or "timeout"); ("exit",) -> shuts down."""
     import hashlib
     import mmap
     import os
+    import time
 
     os.environ.update(env)
     region = mmap.mmap(-1, size)
@@ -74,6 +90,9 @@ def serve_target(conn, size, options, env):
             conn.send(hashlib.sha256(ctypes.string_at(addr + cmd[1], cmd[2] - cmd[1])).hexdigest())
         elif cmd[0] == "bytes":
             conn.send(ctypes.string_at(addr + cmd[1], cmd[2] - cmd[1]))
+        elif cmd[0] == "fill":
+            ctypes.memset(addr, cmd[1], size)
+            conn.send("done")
         elif cmd[0] == "spare":
             conn.send(ctypes.string_at(spare_addr, 4096))
         elif cmd[0] == "same_host":
@@ -84,6 +103,19 @@ def serve_target(conn, size, options, env):
         elif cmd[0] == "munmap":
             assert libc.munmap(addr, size) == 0
             conn.send("done")
+        elif cmd[0] == "shutdown_when":
+            # ("shutdown_when", start, end, sha256 hex, seconds): shuts down the moment those
+            # bytes hold that digest (an application that sees its data and leaves at once).
+            _, start, end, want, seconds = cmd
+            deadline = time.monotonic() + seconds
+            seen = False
+            while not seen and time.monotonic() < deadline:
+                seen = hashlib.sha256(ctypes.string_at(addr + start, end - start)).hexdigest() == want
+                if not seen:
+                    time.sleep(0.001)
+            ep.shutdown()
+            conn.send("seen" if seen else "timeout")
+            return
         elif cmd[0] == "exit":
             ep.shutdown()
             conn.send("bye")

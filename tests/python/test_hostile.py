@@ -404,7 +404,7 @@ def test_hello_flood_from_many_senders_pairs_with_the_first_only(server):
     "data",
     [
         write_frame([(1, 0, 4)], magic=0x0000),
-        frame(13),  # unknown frame type
+        frame(16),  # unknown frame type
         frame(0),
         write_frame([(1, 0, 4)], flags=0x80),  # unknown flags
         write_frame([(1, 0, 0)], data=b"", length=PIECE + MAX_PAYLOAD + 1),  # D > 64 MiB per frame
@@ -431,7 +431,7 @@ def test_hello_flood_from_many_senders_pairs_with_the_first_only(server):
         frame(NOTIFY_ACK, status=400, length=1025),  # its ack's error text > 1 KiB
         bytes(random.Random(2).randrange(256) for _ in range(4096)),
     ],
-    ids=["magic", "type13", "type0", "flags", "write-64MiB+1", "write-1TiB", "write-2^64", "write-0-pieces",
+    ids=["magic", "type16", "type0", "flags", "write-64MiB+1", "write-1TiB", "write-2^64", "write-0-pieces",
          "write-0-pieces-24", "write-1025-pieces", "write-2^64-pieces", "write-length-below-list",
          "write-1024-length-below-list", "send-2^64", "read-list-64MiB+1",
          "read-list-empty", "read-list-25", "read-list-1025-pieces", "ack-text", "send-ack-1GiB", "read-data-text",

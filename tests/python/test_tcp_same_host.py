@@ -254,6 +254,20 @@ def test_a_target_killed_mid_copy_fails_every_pending_write(pairs):
     assert statuses
 
 
+def test_a_target_that_sees_the_bytes_and_shuts_down_at_once_still_answers_the_write(pairs):
+    # The bytes are in place when the copy ends, before its answer is queued: a target that
+    # polls for them and shuts down at once must still answer (CI saw "write status 407"
+    # from an agent pair doing this). The fault makes each copy report 300 ms late.
+    size = 1 << 20
+    p = pairs(size, target_env={"DLSLIME_TCP_SAME_HOST_FAULT": "slow_report"})
+    assert p.ep.same_host["path"] == "cma", p.ep.same_host
+    fill(p.local, 21)
+    want = hashlib.sha256(p.local.tobytes()).hexdigest()
+    f = p.ep.write([(p.h_local, p.h_peer, 0, 0, size)])
+    assert ask(p.pipe, "shutdown_when", 0, size, want, DEADLINE) == "seen"
+    assert f.wait_for(DEADLINE) == OK, (f.status, f.message)
+
+
 # --- refusals by the kernel itself, and fork() --------------------------------------------
 
 TARGET_SCRIPT = r"""
@@ -383,3 +397,118 @@ def test_a_forged_lane_with_the_peers_id_cannot_make_the_target_pull(pairs):
     assert p.ep.write([(p.h_local, p.h_peer, 0, 0, 65536)]).wait_for(DEADLINE) == OK
     assert ask(p.pipe, "bytes", 0, 65536) == p.local[:65536].tobytes()
     raw.sock.close()
+
+
+# --- reads: this side copies out of the target, which grants its pieces -----------------
+
+
+def test_reads_are_pulled_when_both_sides_proved_each_other_and_arrive_byte_exact(pairs):
+    size = 64 << 20
+    p = pairs(size)
+    state = p.ep.same_host
+    assert state["reads"] == "cma", state
+    fill(p.local, 13)
+    assert p.ep.write([(p.h_local, p.h_peer, 0, 0, size)]).wait_for(DEADLINE) == OK
+    back = np.zeros(size, dtype=np.uint8)
+    h_back = p.ep.register_memory_region("back", back.ctypes.data, 0, size)
+    offset = 0
+    for n in [1, 4097, 65537, (1 << 20) + 3, 5 << 20]:
+        src, dst = offset + 5, (offset * 3 + 1) % (size - n)
+        f = p.ep.read([(h_back, p.h_peer, src, dst, n)])
+        assert f.wait_for(DEADLINE) == OK and f.nbytes == n, (n, f.message)
+        assert np.array_equal(back[dst:dst + n], p.local[src:src + n]), n
+        offset += n
+    items = [(h_back, p.h_peer, 65536 * i + 7, 65536 * ((i * 37) % 256), 50000) for i in range(256)]
+    f = p.ep.read(items)
+    assert f.wait_for(DEADLINE) == OK and f.nbytes == 256 * 50000, f.message
+    for _, _, src, dst, n in items:
+        assert np.array_equal(back[dst:dst + n], p.local[src:src + n])
+    assert p.ep.read([(h_back, p.h_peer, 0, 0, size)]).wait_for(DEADLINE) == OK
+    assert np.array_equal(back, p.local)
+
+
+def test_reads_stay_on_frames_when_the_peer_was_not_probed(spawn_ctx):
+    """A target that does not connect back was never probed by this side: its writes are
+    pulled by it, but this side's reads go as frames, and say why."""
+    from tcp_peer import serve_region
+
+    parent, child = spawn_ctx.Pipe()
+    proc = spawn_ctx.Process(target=serve_region, args=(child, 1 << 20, 3), daemon=True)
+    proc.start()
+    try:
+        assert parent.poll(60)
+        info = parent.recv()
+        ep = dlslime.TcpEndpoint(ip="127.0.0.1", port=0)
+        local = np.zeros(1 << 20, dtype=np.uint8)
+        h = ep.register_memory_region("local", local.ctypes.data, 0, local.nbytes)
+        ep.connect(info)
+        peer = ep.register_remote_memory_region("peer", info["mr_info"]["peer"])
+        before = ep.same_host  # serve_region connects back only once it has our info
+        assert before["path"] == "cma" and before["reads"] == "tcp" and "did not connect back" in before["reads_reason"]
+        assert ep.read([(h, peer, 0, 0, 1 << 20)]).wait_for(DEADLINE) == OK
+        # Now it connects back: its offer passes this side's probe, and reads are pulled too.
+        parent.send(ep.endpoint_info())
+        assert parent.poll(30) and parent.recv() == "connected"
+        wait_until(lambda: ep.same_host["reads"] == "cma", timeout=DEADLINE, what="this side's probe of the peer")
+        again = np.zeros(1 << 20, dtype=np.uint8)
+        h2 = ep.register_memory_region("again", again.ctypes.data, 0, again.nbytes)
+        assert ep.read([(h2, peer, 0, 0, 1 << 20)]).wait_for(DEADLINE) == OK
+        parent.send(("bytes", 0, 1 << 20))
+        assert parent.poll(30)
+        expected = parent.recv()
+        assert local.tobytes() == expected and again.tobytes() == expected
+        parent.send(("exit",))
+        parent.poll(10)
+        ep.shutdown()
+    finally:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+
+
+def test_no_byte_is_read_after_the_target_unregisters_during_reads(pairs):
+    size = 8 << 20
+    p = pairs(size)
+    assert p.ep.same_host["reads"] == "cma"
+    assert ask(p.pipe, "fill", 0xAA) == "done"
+    back = np.zeros(size, dtype=np.uint8)
+    h_back = p.ep.register_memory_region("back", back.ctypes.data, 0, size)
+    stop = threading.Event()
+    seen = []
+
+    def reader():
+        while not stop.is_set():
+            back[:] = 0
+            status = p.ep.read([(h_back, p.h_peer, 0, 0, size)]).wait_for(DEADLINE)
+            seen.append((status, status == OK and bool((back == 0xBB).any())))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        wait_until(lambda: len(seen) >= 3, timeout=DEADLINE, what="reads before the unregister")
+        assert ask(p.pipe, "unregister") == "done"
+        assert ask(p.pipe, "fill", 0xBB) == "done"  # what a read after the unregister would bring
+        n = len(seen)
+        wait_until(lambda: len(seen) >= n + 3, timeout=DEADLINE, what="reads after the unregister")
+    finally:
+        stop.set()
+        t.join(DEADLINE)
+    assert not any(late for _, late in seen), "a read completed with bytes written after unregister returned"
+    assert all(s != OK for s, _ in seen[n + 1:]), "reads of an unregistered region must fail"
+
+
+def test_a_target_killed_mid_read_fails_every_pending_read(pairs):
+    size = 64 << 20
+    p = pairs(size)
+    assert p.ep.same_host["reads"] == "cma"
+    back = np.zeros(size, dtype=np.uint8)
+    h_back = p.ep.register_memory_region("back", back.ctypes.data, 0, size)
+    futures = [p.ep.read([(h_back, p.h_peer, 0, 0, size)]) for _ in range(16)]
+    p.proc.kill()
+    p.proc.join(10)
+    for f in futures:
+        f.wait_for(DEADLINE)
+    assert all(f.done() for f in futures), "a read hung after its target died"
+    failed = [f for f in futures if f.status != OK]
+    assert failed, "the target died before 16 reads of 64 MiB finished"
+    assert all(f.status in (PEER_CLOSED, NOT_CONNECTED) for f in failed), [(f.status, f.message) for f in failed]
