@@ -21,7 +21,9 @@ uint64_t payload_size(const FrameHeader& h) noexcept {
     case FrameType::kPullDone:
     case FrameType::kPullRead:
     case FrameType::kReadGrant:
-    case FrameType::kReadRelease: return h.length;
+    case FrameType::kReadRelease:
+    case FrameType::kPullSend:
+    case FrameType::kSendCopied: return h.length;
     case FrameType::kGoodbye: return 0;
   }
   return 0;
@@ -65,7 +67,7 @@ Status parse_frame_header(const uint8_t* in, FrameHeader* out) noexcept {
     return Status::protocol_error(fmt::format("bad frame magic {:#06x} (expected {:#06x})", magic, kFrameMagic));
   }
   const uint8_t type = r.u8();
-  if (type < static_cast<uint8_t>(FrameType::kWriteData) || type > static_cast<uint8_t>(FrameType::kReadRelease)) {
+  if (type < static_cast<uint8_t>(FrameType::kWriteData) || type > kLastFrameType) {
     return Status(StatusCode::kUnknownOpcode, fmt::format("unknown frame type {}", type));
   }
   FrameHeader h;
@@ -104,6 +106,11 @@ Status parse_frame_header(const uint8_t* in, FrameHeader* out) noexcept {
       return Status::protocol_error(
           fmt::format("pull request of {} bytes for {} pieces (expected {})", h.length, h.offset, h.offset * kPullPieceSize));
     }
+  } else if (h.type == FrameType::kPullSend) {
+    if (h.length != kPulledMessageSize) {
+      return Status::protocol_error(
+          fmt::format("pulled message frame of {} bytes (expected {})", h.length, kPulledMessageSize));
+    }
   } else if (h.type == FrameType::kWriteData) {
     const uint64_t list = h.offset * kPieceSize;
     if (h.length < list || h.length - list > kMaxDataPayload) {
@@ -113,7 +120,8 @@ Status parse_frame_header(const uint8_t* in, FrameHeader* out) noexcept {
   } else {
     const bool carries_text = h.type == FrameType::kWriteAck || h.type == FrameType::kSendAck ||
                               h.type == FrameType::kNotifyAck || h.type == FrameType::kSameHost ||
-                              h.type == FrameType::kPullDone || h.type == FrameType::kReadGrant || (h.type == FrameType::kReadData && h.status != 0);
+                              h.type == FrameType::kPullDone || h.type == FrameType::kReadGrant ||
+                              h.type == FrameType::kSendCopied || (h.type == FrameType::kReadData && h.status != 0);
     const uint64_t limit = carries_text                      ? kMaxErrorText
                            : h.type == FrameType::kNotify ? kMaxNotification
                                                             : kMaxDataPayload;

@@ -57,7 +57,11 @@ enum class FrameType : uint8_t {
   kReadGrant = 14,   // ->initiator: the pieces' addresses (u64 each, 0 for an empty piece), held until released
                      // (status 0), or error text
   kReadRelease = 15, // ->target: the initiator has copied (status: how it went) request `index`; answered by kPullDone
+  kPullSend = 16,    // ->receiver: message op_id of `offset` bytes, which the receiver copies out of the sender itself;
+                     // payload = PulledMessage
+  kSendCopied = 17,  // ->sender: the receiver copied message op_id (status 0) or refused it; payload = error text
 };
+inline constexpr uint8_t kLastFrameType = static_cast<uint8_t>(FrameType::kSendCopied);
 
 // kSameHost stages, in order: the initiator offers (payload: SameHostOffer), the target
 // challenges (payload: kSameHostNonce bytes), the initiator is ready (the nonce is in its
@@ -66,6 +70,9 @@ enum class SameHostStage : uint32_t { kOffer = 1, kChallenge = 2, kReady = 3, kV
 inline constexpr size_t kSameHostNonce = 16;
 // The offer: pid u32, uid u32, pid namespace u64, boot id (16 bytes), probe address u64.
 inline constexpr size_t kSameHostOfferSize = 40;
+// A pulled message's payload: its address in the sender's memory, then the sender's lease
+// on it (core/buffer_lease.h): the word's address and the value that means "still lent".
+inline constexpr size_t kPulledMessageSize = 24;
 // A pull request's bytes per piece: its Piece, then its source address.
 inline constexpr size_t kPullPieceSize = kPieceSize + 8;
 

@@ -17,18 +17,6 @@ using tcp::FrameType;
 using tcp::SameHostStage;
 using tcp::TcpConnection;
 
-namespace {
-
-// A test fault (docs/tcp.md): DLSLIME_TCP_SAME_HOST_FAULT=probe makes this endpoint, as a
-// target, refuse every offer as if its probe had failed, so the fallback can be tested
-// where the real refusal (ptrace rules) cannot be arranged.
-bool probe_fault() {
-  const char* v = std::getenv("DLSLIME_TCP_SAME_HOST_FAULT");
-  return v && std::strcmp(v, "probe") == 0;
-}
-
-}  // namespace
-
 void SameHostPath::settle(bool on, std::string reason) {
   {
     std::lock_guard lock(mu_);
@@ -40,6 +28,14 @@ void SameHostPath::settle(bool on, std::string reason) {
   settled_cv_.notify_all();
 }
 
+bool same_host_fault(std::string_view fault) {
+  static const std::string chosen = [] {
+    const char* v = std::getenv("DLSLIME_TCP_SAME_HOST_FAULT");
+    return std::string(v ? v : "");
+  }();
+  return chosen == fault;
+}
+
 nlohmann::json SameHostPath::describe() const {
   std::lock_guard lock(mu_);
   const bool reads = active() && proven_peer_pid() != 0;
@@ -49,7 +45,11 @@ nlohmann::json SameHostPath::describe() const {
           {"reads_reason", reads        ? std::string("this endpoint's probe of the peer passed as well")
                            : !active()  ? std::string("as the writes")
                                         : std::string("this endpoint has not probed the peer: the peer did not connect "
-                                                      "back, or its offer was refused here")}};
+                                                      "back, or its offer was refused here")},
+          {"copied_bytes",
+           {{"writes", copied_.writes.load(std::memory_order_relaxed)},
+            {"reads", copied_.reads.load(std::memory_order_relaxed)},
+            {"messages", copied_.messages.load(std::memory_order_relaxed)}}}};
 }
 
 bool SameHostPath::wait_settled(std::chrono::steady_clock::time_point deadline) {
@@ -153,7 +153,7 @@ void SameHostPath::on_request(TcpConnection& conn, const FrameHeader& h, std::st
     const ProcessIdentity me = this_process_identity();
     if (std::string why = me.mismatch(peer); !why.empty()) return refuse(conn, why);
     if (peer.pid == me.pid || peer.pid == 0) return refuse(conn, "the peer is this process (the copy would be local)");
-    if (probe_fault()) return refuse(conn, "probe failed: EPERM (simulated by DLSLIME_TCP_SAME_HOST_FAULT=probe)");
+    if (same_host_fault("probe")) return refuse(conn, "probe failed: EPERM (simulated by DLSLIME_TCP_SAME_HOST_FAULT=probe)");
     std::random_device rd;
     for (size_t i = 0; i < nonce_.size(); i += 4) {
       const uint32_t v = rd();

@@ -33,6 +33,11 @@ namespace dlslime {
 //              offered pid is the process at the other end of this connection, so a peer
 //              cannot make us copy from or into a third process.
 // Threads: the I/O thread, except active(), describe() and wait_settled().
+// Test faults (docs/tcp.md): whether DLSLIME_TCP_SAME_HOST_FAULT names `fault` ("probe":
+// a target refuses every offer as if its probe had failed; "slow_report": each copy this
+// endpoint makes reports 300 ms after its bytes are in place). Read once per process.
+bool same_host_fault(std::string_view fault);
+
 class SameHostPath {
  public:
   explicit SameHostPath(const TcpOptions& options) : options_(options) {}
@@ -68,6 +73,15 @@ class SameHostPath {
   // The peer is gone: both roles start over at the next connection.
   void reset(const char* why);
 
+  // Bytes this endpoint copied out of the peer itself, by what they were (the peer's
+  // writes it served, its own reads, messages it received): describe()'s "copied_bytes".
+  struct CopiedBytes {
+    std::atomic<uint64_t> writes{0};
+    std::atomic<uint64_t> reads{0};
+    std::atomic<uint64_t> messages{0};
+  };
+  CopiedBytes& copied_bytes() { return copied_; }
+
  private:
   enum class Stage { kIdle, kOffered, kReady, kSettled };
   void settle(bool on, std::string reason);
@@ -94,6 +108,7 @@ class SameHostPath {
   std::atomic<uint32_t> proven_pid_{0};  // trusted_pid_, for other threads
   std::weak_ptr<tcp::TcpConnection> trusted_conn_;  // weak: a later connection at its address is not it
   std::weak_ptr<tcp::TcpConnection> challenged_conn_;
+  CopiedBytes copied_;
 };
 
 }  // namespace dlslime

@@ -179,8 +179,11 @@ void TcpEndpointImpl::start() {
     const auto post_back = [weak](std::function<void()> fn) {
       if (auto self = weak.lock()) self->post([fn = std::move(fn)](TcpEndpointImpl&) { fn(); });
     };
-    target_.set_pull_runner({&CopyWorkers::shared(), post_back});
-    initiator_.set_pull_runner({&CopyWorkers::shared(), post_back, [this] { return same_host_.proven_peer_pid(); }});
+    SameHostPath::CopiedBytes& copied = same_host_.copied_bytes();
+    target_.set_pull_runner({&CopyWorkers::shared(), post_back, &copied.writes});
+    initiator_.set_pull_runner(
+        {&CopyWorkers::shared(), post_back, [this] { return same_host_.proven_peer_pid(); }, &copied.reads});
+    matcher_.set_pull_runner({&CopyWorkers::shared(), post_back, &copied.messages});
   }
   run_on_io([&] {
     listener_->start(

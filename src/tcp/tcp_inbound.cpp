@@ -33,6 +33,8 @@ RxAction TcpEndpointImpl::on_header(TcpConnection& conn, const FrameHeader& h, P
     case FrameType::kPullRead: sink.collect = true; return RxAction::kContinue;  // bounded by grant_read
     case FrameType::kReadGrant: sink.collect = true; return RxAction::kContinue;
     case FrameType::kReadRelease: return RxAction::kContinue;
+    case FrameType::kPullSend:
+    case FrameType::kSendCopied: sink.collect = true; return RxAction::kContinue;
   }
   return RxAction::kContinue;
 }
@@ -58,20 +60,24 @@ void TcpEndpointImpl::on_frame(TcpConnection& conn, const FrameHeader& h, const 
       return same_host_.on_request(conn, h, text);
     case FrameType::kPullWrite:
     case FrameType::kPullRead:
+    case FrameType::kPullSend:
       if (conn.role() != TcpConnection::Role::kAccepted || same_host_.trusted_pid(conn) == 0 || !options_.same_host) {
         // Not a violation: an op planned for the path may meet a connection made since.
+        const Status refused =
+            Status::not_connected("the same-host path is not established on this connection; submit the op again");
+        if (h.type == FrameType::kPullSend) return TargetServer::ack(conn, FrameType::kSendCopied, h.op_id, refused);
         FrameHeader r;
         r.type = h.type == FrameType::kPullRead ? FrameType::kReadGrant : FrameType::kPullDone;
         r.op_id = h.op_id;
         r.index = h.index;
         r.offset = h.offset;
-        return TargetServer::add_status(
-            conn.control(), r,
-            Status::not_connected("the same-host path is not established on this connection; submit the op again"));
+        return TargetServer::add_status(conn.control(), r, refused);
       }
+      if (h.type == FrameType::kPullSend) return matcher_.on_pulled(conn, h, text, same_host_.trusted_pid(conn));
       if (h.type == FrameType::kPullRead) return target_.grant_read(conn, h, text);
       return target_.serve_pull(conn, h, text, same_host_.trusted_pid(conn));
     case FrameType::kPullDone: initiator_.on_pull_done(conn, h, text); return;
+    case FrameType::kSendCopied: initiator_.on_send_copied(conn, h, text); return;
     case FrameType::kReadGrant: initiator_.on_read_grant(conn, h, text); return;
     case FrameType::kReadRelease: target_.release_read(conn, h); return;
     case FrameType::kGoodbye:

@@ -72,6 +72,7 @@ Initiator::Clock::time_point Initiator::start_op(Submission& sub) {
     }
   }
   std::shared_ptr<GpuOp> staged = staged_frames ? sub.op.gpu : nullptr;
+  const bool pulled = sub.op.pulled;
   pending_.insert(sub.op_id, std::move(sub.op), sub.deadline);
   if (is_send && (staged || !outbox_.empty())) {
     // Behind (or itself) a GPU message still being staged: it leaves in its turn.
@@ -91,7 +92,7 @@ Initiator::Clock::time_point Initiator::start_op(Submission& sub) {
     gpu_queue_.emplace_back(sub.op_id, std::move(staged));
     pump_gpu();
   }
-  if (is_message) {
+  if (is_message && !pulled) {  // a pulled message is answered on its own (on_send_copied)
     sends_.push_back(sub.op_id);
     // Messages that expired unacknowledged need no acknowledgement any more.
     while (sends_.size() > options_.max_inflight_ops && !pending_.contains(sends_.front())) sends_.pop_front();
@@ -110,7 +111,18 @@ bool Initiator::cancel(uint64_t op_id) {
   // each arrives: withdrawing one would not stop a copy already started. A same-host read
   // is withdrawn unless our workers are copying into it right now (its grants that come
   // later are released unused, on_read_grant).
-  if (op->pulled && (!op->copying || op->copying->load(std::memory_order_acquire) > 0)) return false;
+  if (op->lease.held()) {
+    // A pulled message is withdrawn only while its request is still queued: once sent, the
+    // receiver may copy it at any moment (ending it then would fail the receiver's recv,
+    // where a message withdrawn should never arrive).
+    bool queued = false;
+    pairing_.for_each_connection([&](const std::shared_ptr<TcpConnection>& conn) {
+      if (conn->has_queued(op_id)) queued = true;
+    });
+    if (!queued) return false;
+  } else if (op->pulled && (!op->copying || op->copying->load(std::memory_order_acquire) > 0)) {
+    return false;
+  }
   if (const GpuOp* gpu = op->gpu.get()) {
     if (gpu->copies > 0) return false;  // a stream is copying its memory: end_op would wait
     if (gpu->message) {
@@ -173,9 +185,10 @@ bool Initiator::end_op(uint64_t op_id, PendingOp& op, Status status, uint64_t nb
     lingering_[op_id] = Lingering{op.parts_left, std::move(op.uses)};
   }
   std::shared_ptr<OpState> state = std::move(op.state);
-  // Its regions and its in-flight slot go before the future completes (the op itself goes
-  // with its table node, after).
+  // Its regions, its lease and its in-flight slot go before the future completes (the op
+  // itself goes with its table node, after).
   op.uses.clear();
+  op.lease.end();
   op.slot = InflightLimiter::Slot();
   return state->complete(std::move(status), nbytes);
 }
@@ -280,6 +293,16 @@ void Initiator::on_send_ack(TcpConnection& conn, const FrameHeader& h, std::stri
   }
 }
 
+void Initiator::on_send_copied(TcpConnection& conn, const FrameHeader& h, std::string_view text) {
+  PendingOp* op = pending_.find(h.op_id);
+  if (!op) return;  // it ended (its lease with it): the receiver's check fails its copy
+  if (!op->lease.held() || conn.role() != TcpConnection::Role::kDialed) {
+    return violation(conn, fmt::format("a copy report for op {} ({}), which is no pulled message of ours", h.op_id,
+                                       op_kind_name(op->state->kind())));
+  }
+  finish_op(h.op_id, h.status == 0 ? Status::ok() : remote_status(h, text));
+}
+
 void Initiator::on_notify_ack(TcpConnection& conn, const FrameHeader& h, std::string_view text) {
   const PendingOp* op = pending_.find(h.op_id);
   if (!op) return;  // it already ended (expired); a late answer
@@ -381,8 +404,10 @@ void Initiator::on_read_grant(TcpConnection& conn, const FrameHeader& h, std::st
   }
   op.copying->fetch_add(1, std::memory_order_acq_rel);
   pull_.workers->submit([pieces = std::move(pieces), pid, copying = op.copying, post = pull_.post, this,
-                         weak = conn.weak_from_this(), op_id = h.op_id, index = h.index, count, bytes]() mutable {
+                         weak = conn.weak_from_this(), op_id = h.op_id, index = h.index, count, bytes,
+                         counter = pull_.copied_bytes]() mutable {
     Status copied = cross_copy(static_cast<int>(pid), pieces, true);
+    if (copied && counter) counter->fetch_add(bytes, std::memory_order_relaxed);
     copying->fetch_sub(1, std::memory_order_acq_rel);
     copying->notify_all();
     post([this, weak, op_id, index, count, bytes, copied = std::move(copied)] {
@@ -564,6 +589,7 @@ void Initiator::Dropped::fail(const Status& why) {
   ops.for_each([&](uint64_t, PendingOp& op) {
     if (op.copying) wait_for_copies(op);
     op.uses.clear();
+    op.lease.end();
     op.state->complete(why);
   });
 }

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/buffer_lease.h"
 #include "core/copy_workers.h"
 #include "core/memory_registry.h"
 #include "core/op_limit.h"
@@ -92,6 +93,9 @@ class Initiator {
     bool pulled = false;
     // A pulled read: our copy workers' jobs still writing its memory (end_op waits for them).
     std::shared_ptr<std::atomic<uint32_t>> copying;
+    // A pulled message: its buffer is lent to the receiver, which copies it out itself and
+    // checks the lease afterwards; ended before the op completes, however it ends.
+    BufferLease lease;
   };
   // How pulled reads copy: on `workers`, reporting back through `post` (runs its function
   // on the I/O thread while the endpoint lives), out of process `peer_pid()` (0: the path
@@ -100,6 +104,7 @@ class Initiator {
     CopyWorkers* workers = nullptr;
     std::function<void(std::function<void()>)> post;
     std::function<uint32_t()> peer_pid;
+    std::atomic<uint64_t>* copied_bytes = nullptr;  // counts what the copies moved
   };
   // read_runs marks a pulled read's request granted (its copy done or running) with this.
   static constexpr uint16_t kGranted = 0x8000;  // > kMaxPieces
@@ -126,6 +131,9 @@ class Initiator {
   // The peer's answers to our ops.
   void on_write_ack(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view text);
   void on_send_ack(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view text);
+  // The receiver copied a pulled message out of our memory (or refused it): its own answer,
+  // never covered by on_send_ack's cumulative ones.
+  void on_send_copied(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view text);
   // A notification's own acknowledgement (not cumulative: notifications are answered
   // as they arrive, messages possibly later).
   void on_notify_ack(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view text);

@@ -2,12 +2,18 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
+#include <thread>
 
 #include <fmt/format.h>
 
 #include "core/memory_registry.h"
+#include "core/same_host.h"
+#include "core/buffer_lease.h"
+#include "tcp/same_host_path.h"
 #include "tcp/tcp_pairing.h"
 #include "tcp/tcp_target_server.h"
+#include "tcp/wire.h"
 
 namespace dlslime {
 
@@ -50,18 +56,23 @@ void MessageMatcher::paired(bool new_peer) {
   notes_.connected(/*drop_held=*/new_peer);
 }
 
-RxAction MessageMatcher::on_header(TcpConnection& conn, const FrameHeader& h, PayloadSink& sink) {
-  if (current_msg_ && current_msg_->op_id != h.op_id) {
-    // The sender gave up on the previous message half-way (its send timed out).
-    auto old = std::move(current_msg_);
-    if (old->matched) {
-      end_recv(*old, Status::failed(fmt::format("the sender abandoned the message after {} bytes", old->received)));
-    } else {
-      forget_held(*old);
-      unexpected_.erase(std::remove(unexpected_.begin(), unexpected_.end(), old), unexpected_.end());
-    }
+void MessageMatcher::abandon_current() {
+  // The sender gave up on the message half-way (its send timed out) and started another.
+  auto old = std::move(current_msg_);
+  if (old->matched) {
+    end_recv(*old, Status::failed(fmt::format("the sender abandoned the message after {} bytes", old->received)));
+  } else {
+    forget_held(*old);
+    unexpected_.erase(std::remove(unexpected_.begin(), unexpected_.end(), old), unexpected_.end());
   }
+}
+
+RxAction MessageMatcher::on_header(TcpConnection& conn, const FrameHeader& h, PayloadSink& sink) {
+  if (current_msg_ && current_msg_->op_id != h.op_id) abandon_current();
   if (!current_msg_) {
+    // A posted recv takes it unless held messages (pulled ones still being copied) are
+    // ahead of it: they take the recvs first.
+    const bool matchable = !recvs_.empty() && unexpected_.empty();
     if (h.offset != 0) {
       conn.close(Status::protocol_error(fmt::format("message frame at offset {} without its start", h.offset)));
       return RxAction::kContinue;
@@ -69,14 +80,14 @@ RxAction MessageMatcher::on_header(TcpConnection& conn, const FrameHeader& h, Pa
     // A held message costs its bytes plus kHeldMessageOverhead, so that empty or tiny
     // messages are bounded by unexpected_buffer_bytes too (their count at most
     // unexpected_buffer_bytes / kHeldMessageOverhead).
-    if (recvs_.empty() && unexpected_bytes_ + kHeldMessageOverhead + h.length > options_.unexpected_buffer_bytes) {
+    if (!matchable && unexpected_bytes_ + kHeldMessageOverhead + h.length > options_.unexpected_buffer_bytes) {
       paused_conn_ = conn.shared_from_this();  // flow control: wait for a recv
       return RxAction::kPause;
     }
     auto msg = std::make_shared<InboundMessage>();
     msg->op_id = h.op_id;
     msg->conn = conn.shared_from_this();
-    if (!recvs_.empty()) {
+    if (matchable) {
       msg->matched = true;
       msg->recv = std::move(recvs_.front());
       recvs_.pop_front();
@@ -212,7 +223,9 @@ void MessageMatcher::finish_message(InboundMessage& m) {
   m.recv.state.reset();
   if (m.acked) return;
   m.acked = true;
-  if (auto conn = m.conn.lock()) TargetServer::ack(*conn, tcp::FrameType::kSendAck, m.op_id, st);
+  if (auto conn = m.conn.lock()) {
+    TargetServer::ack(*conn, m.pulled ? tcp::FrameType::kSendCopied : tcp::FrameType::kSendAck, m.op_id, st);
+  }
 }
 
 void MessageMatcher::forget_held(const InboundMessage& msg) {
@@ -291,7 +304,7 @@ void MessageMatcher::copied(const std::shared_ptr<InboundMessage>& msg, const St
 void MessageMatcher::end_recv(InboundMessage& m, Status why) {
   std::shared_ptr<OpState> state = std::move(m.recv.state);
   if (!state) return;
-  if (m.copies > 0) {  // its memory is still being written: completes in copied()
+  if (m.copies > 0 || m.pulling > 0) {  // its memory is still being written: completes after
     m.ended = std::move(state);
     m.ended_status = std::move(why);
     return;
@@ -315,10 +328,11 @@ MessageMatcher::Clock::time_point MessageMatcher::post_recv(PostedRecv recv, Clo
     return Clock::time_point::max();
   }
   // Either nothing is here yet, or the oldest held message is still arriving: it takes
-  // this recv at its next frame boundary (on_header) or when it completes.
+  // this recv at its next frame boundary (on_header) or when it completes. A pulled one
+  // whose bytes still wait in the sender takes it now (match_held).
   recv.deadline = deadline;
   recvs_.push_back(std::move(recv));
-  resume_paused();
+  match_held();
   return deadline;
 }
 
@@ -340,6 +354,9 @@ void MessageMatcher::expire(Clock::time_point now) {
   NotificationInbox::EndedList ended;
   notes_.expire(now, ended);
   complete_all(ended);
+  for (const auto& msg : pulling_) {  // being copied into: completes once the copies end
+    if (msg->matched && msg->recv.state && msg->recv.deadline <= now) end_recv(*msg, timeout(msg->recv));
+  }
   if (auto msg = current_msg_; msg && msg->matched && msg->recv.state && msg->recv.deadline <= now) {
     auto conn = msg->conn.lock();
     end_recv(*msg, timeout(msg->recv));
@@ -356,6 +373,9 @@ MessageMatcher::Clock::time_point MessageMatcher::next_deadline() const {
   for (const PostedRecv& r : recvs_) next = std::min(next, r.deadline);
   if (current_msg_ && current_msg_->matched && current_msg_->recv.state) {
     next = std::min(next, current_msg_->recv.deadline);
+  }
+  for (const auto& msg : pulling_) {
+    if (msg->matched && msg->recv.state) next = std::min(next, msg->recv.deadline);
   }
   return next;
 }
@@ -377,6 +397,19 @@ MessageMatcher::Dropped MessageMatcher::drop_all(bool shutting_down) {
     if (m->ended) dropped.copying.emplace_back(std::move(m->ended), std::move(m->ended_status));
   }
   copying_.clear();
+  // Pulled messages being copied: our workers may be writing a recv's memory, which the
+  // recv's failure gives back to the user, so they finish first (bounded: a chunk each).
+  // Their late reports find them dropped (pulling == 0).
+  for (auto& m : pulling_) {
+    for (uint32_t n = m->writing->load(std::memory_order_acquire); n != 0;
+         n = m->writing->load(std::memory_order_acquire)) {
+      m->writing->wait(n, std::memory_order_acquire);
+    }
+    m->pulling = 0;
+    if (m->recv.state) dropped.copying.emplace_back(std::move(m->recv.state), Status::ok());
+    if (m->ended) dropped.copying.emplace_back(std::move(m->ended), std::move(m->ended_status));
+  }
+  pulling_.clear();
   // Messages that arrived whole were acknowledged to the sender: they stay deliverable
   // to later recvs even though the peer is gone (but not past shutdown()).
   std::erase_if(unexpected_, [&](const auto& m) { return shutting_down || !m->complete; });
@@ -386,6 +419,155 @@ MessageMatcher::Dropped MessageMatcher::drop_all(bool shutting_down) {
   // Notifications that arrived were acknowledged: they stay to be received, as messages.
   notes_.gone(Status::peer_closed("the connection to the peer was lost"), shutting_down, dropped.notify_waits);
   return dropped;
+}
+
+void MessageMatcher::on_pulled(TcpConnection& conn, const FrameHeader& h, std::string_view payload, uint32_t pid) {
+  if (current_msg_) abandon_current();  // messages are sent one at a time on this lane
+  tcp::WireReader r(reinterpret_cast<const uint8_t*>(payload.data()));  // the parser checked its size
+  auto msg = std::make_shared<InboundMessage>();
+  msg->op_id = h.op_id;
+  msg->conn = conn.shared_from_this();
+  msg->pulled = true;
+  msg->pid = pid;
+  msg->length = h.offset;
+  msg->source = r.u64();
+  msg->lease_address = r.u64();
+  msg->lease_value = r.u64();
+  if (msg->length > 0 && (msg->source == 0 || msg->length > std::numeric_limits<uint64_t>::max() - msg->source)) {
+    return TargetServer::ack(conn, tcp::FrameType::kSendCopied, h.op_id,
+                             Status::invalid_argument(fmt::format("a message of {} bytes at {:#x} is not a range",
+                                                                  msg->length, msg->source)));
+  }
+  if (!recvs_.empty() && unexpected_.empty()) {
+    msg->matched = true;
+    msg->recv = std::move(recvs_.front());
+    recvs_.pop_front();
+    return start_pull(msg);
+  }
+  // Held: it costs what a frame message costs, and its bytes are copied now only if the
+  // budget has room for them; otherwise they wait in the sender (whose send waits too)
+  // until a recv takes the message. No lane is paused for it: the sender's later frames
+  // on this lane must still be read.
+  if (unexpected_bytes_ + kHeldMessageOverhead > options_.unexpected_buffer_bytes) {
+    return TargetServer::ack(
+        conn, tcp::FrameType::kSendCopied, h.op_id,
+        Status(StatusCode::kBatchOverflow, fmt::format("the receiver holds as many unreceived messages as "
+                                                       "TcpOptions::unexpected_buffer_bytes ({}) allows",
+                                                       options_.unexpected_buffer_bytes)));
+  }
+  unexpected_.push_back(msg);
+  unexpected_bytes_ += kHeldMessageOverhead;
+  if (unexpected_bytes_ <= options_.unexpected_buffer_bytes &&
+      msg->length <= options_.unexpected_buffer_bytes - unexpected_bytes_) {  // no overflow: length is the peer's
+    msg->buffered.resize(msg->length);
+    unexpected_bytes_ += msg->length;
+    start_pull(msg);
+  }
+}
+
+void MessageMatcher::start_pull(const std::shared_ptr<InboundMessage>& msg) {
+  InboundMessage& m = *msg;
+  m.writing = std::make_shared<std::atomic<uint32_t>>(0);
+  if (m.matched) {
+    // Known before any byte moves, unlike a frame message's length.
+    if (m.length > m.recv.length) {
+      m.too_large = true;
+    } else if (m.recv.exact_size && m.length != m.recv.length) {
+      m.copy_error = exact_size_mismatch(m.length, m.recv.length);
+    }
+    if (m.too_large || !m.copy_error.is_ok()) {
+      m.received = m.length;
+      m.complete = true;
+      return finish_message(m);
+    }
+    // GPU memory cannot be copied into from another process: the bytes land in host
+    // memory first and are copied to the device as a held message's are (pull_finished).
+    if (m.recv.device) m.buffered.resize(m.length);
+  }
+  uint8_t* const dest = m.matched && !m.recv.device ? m.recv.addr : m.buffered.data();
+  pulling_.push_back(msg);
+  if (m.length == 0) {
+    m.pulling = 1;
+    return pull_reported(msg, Status::ok());
+  }
+  // In chunks, so that one large message cannot hold every worker (and others' copies wait
+  // behind a chunk, not the whole message).
+  const uint64_t chunk = options_.chunk_size;
+  for (uint64_t pos = 0; pos < m.length; pos += chunk) {
+    const uint64_t n = std::min(chunk, m.length - pos);
+    ++m.pulling;
+    m.writing->fetch_add(1, std::memory_order_acq_rel);
+    pull_.workers->submit([this, msg, piece = CrossCopy{dest + pos, m.source + pos, n}, pid = m.pid,
+                           writing = m.writing, post = pull_.post] {
+      Status st = cross_copy(static_cast<int>(pid), {&piece, 1}, true);
+      if (same_host_fault("slow_report")) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      writing->fetch_sub(1, std::memory_order_acq_rel);
+      writing->notify_all();
+      post([this, msg, st = std::move(st)] { pull_reported(msg, st); });
+    });
+  }
+}
+
+void MessageMatcher::pull_reported(const std::shared_ptr<InboundMessage>& msg, const Status& st) {
+  InboundMessage& m = *msg;
+  if (m.pulling == 0) return;  // dropped with the peer (drop_all)
+  if (!st && m.pull_error.is_ok()) m.pull_error = st;
+  if (--m.pulling > 0) return;
+  std::erase(pulling_, msg);
+  // Every byte is here (or a copy failed). They are the message only if the sender's
+  // buffer was still lent to us throughout: its lease says so.
+  Status pulled = m.pull_error;
+  if (pulled.is_ok() && m.length > 0) pulled = check_lease(static_cast<int>(m.pid), m.lease_address, m.lease_value);
+  if (pulled.is_ok() && pull_.copied_bytes) pull_.copied_bytes->fetch_add(m.length, std::memory_order_relaxed);
+  m.received = m.length;
+  m.complete = true;
+  if (!m.matched) {
+    if (!pulled.is_ok()) {  // never deliverable
+      forget_held(m);
+      unexpected_.erase(std::remove(unexpected_.begin(), unexpected_.end(), msg), unexpected_.end());
+    }
+    m.acked = true;  // held whole: the sender's buffer is free again (as for a frame message)
+    if (auto conn = m.conn.lock()) TargetServer::ack(*conn, tcp::FrameType::kSendCopied, m.op_id, pulled);
+    return match_held();
+  }
+  if (!pulled.is_ok() && m.copy_error.is_ok()) m.copy_error = pulled;
+  if (m.ended) {
+    // The recv ended (its deadline) while its memory was being written: it completes now.
+    std::shared_ptr<OpState> state = std::move(m.ended);
+    state->complete(std::move(m.ended_status));
+  } else if (m.recv.device && m.recv.state && m.copy_error.is_ok()) {
+    tcp::GpuStaging& staging = *gpu_.staging();
+    auto held = std::make_shared<std::vector<uint8_t>>(std::move(m.buffered));
+    try {
+      staging.copy(tcp::GpuStaging::kIn, m.recv.addr, held->data(), m.length);
+      track_copy(msg, nullptr, std::move(held));
+    } catch (const std::exception& e) {
+      m.copy_error = Status::failed(fmt::format("copying a message to the GPU failed: {}", e.what()));
+    }
+  }
+  finish_message(m);
+}
+
+void MessageMatcher::match_held() {
+  while (!recvs_.empty() && !unexpected_.empty()) {
+    InboundMessage& front = *unexpected_.front();
+    if (front.complete) {
+      auto msg = take_held_front();
+      PostedRecv recv = std::move(recvs_.front());
+      recvs_.pop_front();
+      attach(msg, std::move(recv));
+      finish_message(*msg);
+    } else if (front.pulled && !front.writing) {  // its bytes wait in the sender: straight into the recv
+      auto msg = take_held_front();
+      msg->matched = true;
+      msg->recv = std::move(recvs_.front());
+      recvs_.pop_front();
+      start_pull(msg);
+    } else {
+      break;  // still arriving, or being copied
+    }
+  }
+  resume_paused();
 }
 
 void MessageMatcher::Dropped::fail(const Status& why) {

@@ -1,11 +1,15 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
+#include <string_view>
 #include <vector>
 
+#include "core/copy_workers.h"
 #include "core/notification_inbox.h"
 #include "core/op_limit.h"
 #include "core/op_state.h"
@@ -56,6 +60,22 @@ class MessageMatcher {
 
   MessageMatcher(const TcpOptions& options, const Pairing& pairing, tcp::GpuPath& gpu);
 
+  // The same-host path (docs/tcp.md "Same-host path"): pulled messages are copied out of
+  // the sender by `workers`, never on the I/O thread, each copy reporting back through
+  // `post` (which runs its function on the I/O thread while the endpoint lives).
+  struct PullRunner {
+    CopyWorkers* workers = nullptr;
+    std::function<void(std::function<void()>)> post;
+    std::atomic<uint64_t>* copied_bytes = nullptr;  // counts the messages' bytes received
+  };
+  void set_pull_runner(PullRunner runner) { pull_ = std::move(runner); }
+  // A pulled message (kPullSend) from the peer process `pid` (proved by SameHostPath): it
+  // takes its place among the messages as a frame message would. Its bytes are copied out
+  // of the sender into the matched recv's buffer, or into a held buffer when the budget
+  // has room (else it waits, bytes and all, in the sender until a recv is posted), and
+  // the sender's lease is checked after the copy; kSendCopied answers it.
+  void on_pulled(tcp::TcpConnection& conn, const tcp::FrameHeader& h, std::string_view payload, uint32_t pid);
+
   // Matches `recv` to the oldest held message, or queues it until `deadline` (set on
   // this thread, so that recvs_ stays in deadline order). Returns the deadline it now
   // waits for (max: none), for the endpoint's sweeper.
@@ -98,6 +118,18 @@ class MessageMatcher {
     bool complete = false;
     bool too_large = false;  // longer than the posted receive buffer
     bool acked = false;      // the sender has been told the message arrived
+    // A pulled message (on_pulled): where it is in the sender and the sender's lease on it.
+    // `pulling` counts its copy jobs not reported back yet; `writing` those still writing
+    // (drop_all waits for them before a recv's memory is given back).
+    bool pulled = false;
+    uint32_t pid = 0;
+    uint64_t length = 0;
+    uint64_t source = 0;
+    uint64_t lease_address = 0;
+    uint64_t lease_value = 0;
+    uint32_t pulling = 0;
+    std::shared_ptr<std::atomic<uint32_t>> writing;
+    Status pull_error;
     // A GPU recv: copies of its bytes to the device not finished yet. Until they have,
     // neither the recv completes nor the sender is acknowledged: a finish or an end that
     // comes meanwhile waits here.
@@ -121,6 +153,14 @@ class MessageMatcher {
   void copied(const std::shared_ptr<InboundMessage>& msg, const Status& st);
   // `msg`, if it is the oldest held message, takes the oldest posted recv (if any).
   void match_held_front(const std::shared_ptr<InboundMessage>& msg);
+  // The sender abandoned the message whose frames were arriving (a new one starts).
+  void abandon_current();
+  // Starts copying pulled message `msg` into its recv's buffer (matched) or its held one.
+  void start_pull(const std::shared_ptr<InboundMessage>& msg);
+  void pull_reported(const std::shared_ptr<InboundMessage>& msg, const Status& st);
+  // Held messages at the front that are whole (or pulled and not started) take the posted
+  // recvs, in order.
+  void match_held();
   void finish_message(InboundMessage& msg);
   void resume_paused();
   void forget_held(const InboundMessage& msg);
@@ -131,6 +171,9 @@ class MessageMatcher {
   tcp::GpuPath& gpu_;
   // GPU recvs with copies pending, for drop_all (the copies' callbacks hold them too).
   std::vector<std::shared_ptr<InboundMessage>> copying_;
+  PullRunner pull_;
+  // Pulled messages being copied (matched or held), for expire() and drop_all().
+  std::vector<std::shared_ptr<InboundMessage>> pulling_;
   // Posting order. With per-recv timeouts that is not deadline order: expire() and
   // next_deadline() look at every one (they run at deadlines, not per message).
   std::deque<PostedRecv> recvs_;

@@ -53,6 +53,11 @@ bool worth_pulling(uint64_t nonempty_items, uint64_t bytes) {
   return nonempty_items > 0 && bytes >= kPullMinAverageItem * nonempty_items;
 }
 
+// A message at least this large goes to a receiver on the same-host path as one kPullSend
+// request, which the receiver copies out of our memory itself: below it, the request's
+// round trip through a copy worker costs more than the bytes through the socket.
+constexpr uint64_t kPullMinMessage = 64 << 10;
+
 // Cuts a lane's pieces into the runs that one frame each carries: at most kMaxPieces
 // pieces and chunk_size bytes (a larger piece is a run of its own). emit(run, bytes, last).
 template <class Emit>
@@ -517,6 +522,26 @@ void TcpEndpointImpl::prepare_send(const OpRequest& req, uint64_t op_id, int dev
   // Messages always travel on lane 0, so they arrive in the order they were sent. A GPU
   // buffer's frames wait in the op for the Initiator to stage them (as a write's do).
   WriteItem item(op_id);
+  if (device < 0 && length >= kPullMinMessage && same_host_.active()) {
+    // To a receiver on this host that proved it can copy out of our memory: the buffer is
+    // lent (docs/tcp.md "Same-host path"), and the receiver answers with kSendCopied.
+    sub.op.pulled = true;
+    sub.op.lease = BufferLease::take();
+    FrameHeader h;
+    h.type = FrameType::kPullSend;
+    h.op_id = op_id;
+    h.offset = length;
+    h.length = tcp::kPulledMessageSize;
+    uint8_t payload[tcp::kPulledMessageSize];
+    tcp::WireWriter w(payload);
+    w.u64(reinterpret_cast<uintptr_t>(data));
+    w.u64(sub.op.lease.address());
+    w.u64(sub.op.lease.value());
+    item.add_header(h);
+    item.add_copy(payload, sizeof payload);
+    sub.items.emplace_back(0, std::move(item));
+    return;
+  }
   if (device >= 0) {
     sub.op.gpu = std::make_shared<Initiator::GpuOp>();
   } else {

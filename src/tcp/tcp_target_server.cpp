@@ -1,13 +1,12 @@
 #include "tcp/tcp_target_server.h"
 
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "core/same_host.h"
+#include "tcp/same_host_path.h"
 #include "tcp/wire.h"
 
 namespace dlslime {
@@ -379,21 +378,6 @@ void TargetServer::answer_staged(TcpConnection& conn, const FrameHeader& r, tcp:
 
 namespace dlslime {
 
-namespace {
-
-// A test fault (docs/tcp.md): DLSLIME_TCP_SAME_HOST_FAULT=slow_report makes each copy of a
-// pull request report 300 ms after its bytes are in place, widening the window in which
-// the application sees them and shuts down before the answer is sent.
-bool slow_report_fault() {
-  static const bool on = [] {
-    const char* v = std::getenv("DLSLIME_TCP_SAME_HOST_FAULT");
-    return v && std::strcmp(v, "slow_report") == 0;
-  }();
-  return on;
-}
-
-}  // namespace
-
 tcp::RxAction TargetServer::admit_pull(TcpConnection& conn) {
   if (pulls_in_flight_ < kMaxPullsInFlight) return tcp::RxAction::kContinue;
   pull_waiting_.push_back(conn.weak_from_this());
@@ -441,10 +425,12 @@ void TargetServer::serve_pull(TcpConnection& conn, const FrameHeader& h, std::st
     ++outcomes_->copying;
   }
   pull_.workers->submit([copies = std::move(copies), uses = std::move(uses), pid, post = pull_.post, this,
-                         outcomes = outcomes_, conn = conn.weak_from_this(), r]() mutable {
+                         outcomes = outcomes_, conn = conn.weak_from_this(), r, total,
+                         counter = pull_.copied_bytes]() mutable {
     Status copied = cross_copy(static_cast<int>(pid), copies, true);
+    if (copied && counter) counter->fetch_add(total, std::memory_order_relaxed);
     uses.clear();  // the bytes are in place (or not): the regions are free for unregister
-    if (slow_report_fault()) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (same_host_fault("slow_report")) std::this_thread::sleep_for(std::chrono::milliseconds(300));
     {
       std::lock_guard lock(outcomes->mu);
       outcomes->ended.push_back({std::move(conn), r, std::move(copied)});

@@ -57,6 +57,7 @@ class TargetServer {
   struct PullRunner {
     CopyWorkers* workers = nullptr;
     std::function<void(std::function<void()>)> post;
+    std::atomic<uint64_t>* copied_bytes = nullptr;  // counts what the copies moved
   };
   void set_pull_runner(PullRunner runner) { pull_ = std::move(runner); }
   // A pull request's header: kPause while kMaxPullsInFlight requests are being copied

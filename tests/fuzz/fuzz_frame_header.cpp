@@ -32,14 +32,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   // Accepted: the documented limits hold.
   const auto type = static_cast<uint8_t>(h.type);
-  FUZZ_CHECK(type >= 1 && type <= static_cast<uint8_t>(FrameType::kReadRelease));
+  FUZZ_CHECK(type >= 1 && type <= kLastFrameType);
   FUZZ_CHECK((h.flags & ~kFlagLast) == 0);
   const uint64_t payload = payload_size(h);
   // A write frame's piece list comes on top of its data.
   FUZZ_CHECK(payload <= kMaxDataPayload + (h.type == FrameType::kWriteData ? kMaxPieces * kPieceSize : 0));
   const bool text = h.type == FrameType::kWriteAck || h.type == FrameType::kSendAck ||
-                    h.type == FrameType::kNotifyAck || (h.type == FrameType::kReadData && h.status != 0);
+                    h.type == FrameType::kNotifyAck || h.type == FrameType::kSendCopied ||
+                    (h.type == FrameType::kReadData && h.status != 0);
   if (text) FUZZ_CHECK(payload <= kMaxErrorText);
+  if (h.type == FrameType::kPullSend) FUZZ_CHECK(payload == kPulledMessageSize);
   if (h.type == FrameType::kNotify) FUZZ_CHECK(payload <= kMaxNotification);
   if (h.type == FrameType::kReadRequest) {
     FUZZ_CHECK(payload == h.length && payload > 0 && payload % kPieceSize == 0 &&

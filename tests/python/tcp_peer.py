@@ -16,6 +16,8 @@ def serve_region(conn, size, seed, ip="127.0.0.1"):
     """Registers a `size`-byte region 'peer' filled with a pattern, connects, then answers
     commands: ("bytes", start, end) -> the bytes; ("send", data) -> sends a message and
     reports its status; ("recv", n) -> posts a recv and returns (status, bytes);
+    ("post", [(offset, length)...]) / ("wait", seconds) -> recvs into 'peer' and their
+    outcomes; ("send", offset, length, seconds) -> a send out of 'peer' and its outcome;
     ("shutdown_when", start, end, sha256, seconds) -> shuts down once those bytes
     hold that digest, replies "seen" (or "timeout"); ("exit",) -> shuts down."""
     buf = ctypes.create_string_buffer(size)
@@ -51,6 +53,18 @@ def serve_region(conn, size, seed, ip="127.0.0.1"):
             ep.shutdown()
             conn.send("seen" if seen else "timeout")
             return
+        elif cmd[0] == "post":
+            # ("post", [(offset, length), ...]) -> recvs into 'peer' at those places, kept for "wait"
+            posted.extend(ep.recv((addr, off, n)) for off, n in cmd[1])
+            conn.send("posted")
+        elif cmd[0] == "wait":
+            # ("wait", seconds) -> [(status, nbytes, message)] of the posted recvs, oldest first
+            conn.send([(f.wait_for(cmd[1]), f.nbytes, f.message) for f in posted])
+            posted.clear()
+        elif cmd[0] == "send":
+            # ("send", offset, length, seconds) -> (status, message) of a send out of 'peer'
+            f = ep.send((addr, cmd[1], cmd[2]))
+            conn.send((f.wait_for(cmd[3]), f.message))
         elif cmd[0] == "exit":
             ep.shutdown()
             conn.send("bye")
@@ -64,7 +78,9 @@ def serve_target(conn, size, options, env):
     answers: ("digest", start, end) -> sha256 hex of those bytes; ("bytes", start, end);
     ("same_host",) -> ep.same_host; ("unregister",) -> unregisters 'peer', replies "done";
     ("munmap",) -> unmaps 'peer' WITHOUT unregistering it (a careless owner), replies
-    "done"; ("fill", byte) -> sets every byte of 'peer', replies "done"; ("shutdown_when", start, end, sha256, seconds) -> shuts down once those bytes
+    "done"; ("fill", byte) -> sets every byte of 'peer', replies "done"; ("post", [(offset, length)...]) / ("wait", seconds) -> recvs into 'peer' and their
+    outcomes; ("send", offset, length, seconds) -> a send out of 'peer' and its outcome;
+    ("shutdown_when", start, end, sha256, seconds) -> shuts down once those bytes
     hold that digest, replies "seen" (or "timeout"); ("exit",) -> shuts down."""
     import hashlib
     import mmap
@@ -84,6 +100,7 @@ def serve_target(conn, size, options, env):
     conn.send(ep.endpoint_info())
     ep.connect(conn.recv())
     conn.send("connected")
+    posted = []
     while True:
         cmd = conn.recv()
         if cmd[0] == "digest":
@@ -116,6 +133,18 @@ def serve_target(conn, size, options, env):
             ep.shutdown()
             conn.send("seen" if seen else "timeout")
             return
+        elif cmd[0] == "post":
+            # ("post", [(offset, length), ...]) -> recvs into 'peer' at those places, kept for "wait"
+            posted.extend(ep.recv((addr, off, n)) for off, n in cmd[1])
+            conn.send("posted")
+        elif cmd[0] == "wait":
+            # ("wait", seconds) -> [(status, nbytes, message)] of the posted recvs, oldest first
+            conn.send([(f.wait_for(cmd[1]), f.nbytes, f.message) for f in posted])
+            posted.clear()
+        elif cmd[0] == "send":
+            # ("send", offset, length, seconds) -> (status, message) of a send out of 'peer'
+            f = ep.send((addr, cmd[1], cmd[2]))
+            conn.send((f.wait_for(cmd[3]), f.message))
         elif cmd[0] == "exit":
             ep.shutdown()
             conn.send("bye")

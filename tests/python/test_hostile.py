@@ -404,7 +404,7 @@ def test_hello_flood_from_many_senders_pairs_with_the_first_only(server):
     "data",
     [
         write_frame([(1, 0, 4)], magic=0x0000),
-        frame(16),  # unknown frame type
+        frame(99),  # unknown frame type
         frame(0),
         write_frame([(1, 0, 4)], flags=0x80),  # unknown flags
         write_frame([(1, 0, 0)], data=b"", length=PIECE + MAX_PAYLOAD + 1),  # D > 64 MiB per frame

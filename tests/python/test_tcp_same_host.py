@@ -512,3 +512,110 @@ def test_a_target_killed_mid_read_fails_every_pending_read(pairs):
     failed = [f for f in futures if f.status != OK]
     assert failed, "the target died before 16 reads of 64 MiB finished"
     assert all(f.status in (PEER_CLOSED, NOT_CONNECTED) for f in failed), [(f.status, f.message) for f in failed]
+
+
+# --- messages: the receiver copies them out of the sender ----------------------------------
+
+MESSAGE_TOO_LARGE = 408
+CANCELLED = 406
+TIMEOUT = 402
+
+
+def copied_messages(info):
+    return info["copied_bytes"]["messages"]
+
+
+@pytest.mark.parametrize("order", ["recv_first", "send_first"])
+def test_messages_are_pulled_in_both_posting_orders_and_arrive_byte_exact(pairs, order):
+    # The third message is larger than the receiver's 16 MiB budget for held messages: sent
+    # first, its bytes wait in the sender until its recv is posted (its send waits too).
+    sizes = [64 << 10, (1 << 20) + 3, (16 << 20) + 5]
+    p = pairs(64 << 20)
+    fill(p.local, 31)
+    places, off = [], 0
+    for n in sizes:
+        places.append((off + 7, n))
+        off += n + 4096
+    before = copied_messages(ask(p.pipe, "same_host"))
+    if order == "recv_first":
+        assert ask(p.pipe, "post", places) == "posted"
+    sends = [p.ep.send((p.local.ctypes.data, src, n)) for src, n in zip([0, 100, 3 << 20], sizes)]
+    if order == "send_first":
+        assert not sends[2].done(), "a message larger than the held budget completed with no recv posted"
+        assert ask(p.pipe, "post", places) == "posted"
+    assert [f.wait_for(DEADLINE) for f in sends] == [OK] * 3, [f.message for f in sends]
+    outcomes = ask(p.pipe, "wait", DEADLINE)
+    assert [(st, nb) for st, nb, _ in outcomes] == [(OK, n) for n in sizes], outcomes
+    for (dst, n), src in zip(places, [0, 100, 3 << 20]):
+        assert ask(p.pipe, "digest", dst, dst + n) == hashlib.sha256(p.local[src:src + n].tobytes()).hexdigest(), n
+    assert copied_messages(ask(p.pipe, "same_host")) - before == sum(sizes)
+
+
+def test_the_peer_pulls_our_recv_buffer_full_in_the_other_direction(pairs):
+    p = pairs(4 << 20)
+    assert ask(p.pipe, "fill", 0x5A) == "done"
+    before = copied_messages(p.ep.same_host)
+    f = p.ep.recv((p.local.ctypes.data, 0, 4 << 20))
+    assert ask(p.pipe, "send", 0, 3 << 20, DEADLINE) == (OK, "")
+    assert f.wait_for(DEADLINE) == OK and f.nbytes == 3 << 20, f.message
+    assert np.all(p.local[:3 << 20] == 0x5A)
+    assert copied_messages(p.ep.same_host) - before == 3 << 20
+
+
+def test_small_messages_go_as_frames_and_keep_their_order_among_pulled_ones(pairs):
+    sizes = [100, 256 << 10, 1, 300 << 10, 65535, 65536, 0, 128 << 10]
+    p = pairs(4 << 20)
+    fill(p.local, 32)
+    places, off = [], 0
+    for n in sizes:
+        places.append((off, max(n, 1)))
+        off += n + 1024
+    assert ask(p.pipe, "post", places) == "posted"
+    sends = [p.ep.send((p.local.ctypes.data, 11 * i, n)) for i, n in enumerate(sizes)]
+    assert [f.wait_for(DEADLINE) for f in sends] == [OK] * len(sizes), [f.message for f in sends]
+    outcomes = ask(p.pipe, "wait", DEADLINE)
+    assert [(st, nb) for st, nb, _ in outcomes] == [(OK, n) for n in sizes], outcomes
+    for i, ((dst, _), n) in enumerate(zip(places, sizes)):
+        assert ask(p.pipe, "digest", dst, dst + n) == hashlib.sha256(p.local[11 * i:11 * i + n].tobytes()).hexdigest()
+    assert copied_messages(ask(p.pipe, "same_host")) == sum(n for n in sizes if n >= 64 << 10)
+
+
+def test_a_pulled_message_too_large_for_its_recv_fails_both_sides_and_moves_nothing(pairs):
+    p = pairs(4 << 20)
+    fill(p.local, 33)
+    assert ask(p.pipe, "post", [(0, 64 << 10)]) == "posted"
+    f = p.ep.send((p.local.ctypes.data, 0, 1 << 20))
+    assert f.wait_for(DEADLINE) == MESSAGE_TOO_LARGE, f.message
+    [(st, nbytes, message)] = ask(p.pipe, "wait", DEADLINE)
+    assert (st, nbytes) == (MESSAGE_TOO_LARGE, 0) and "does not fit" in message, message
+    assert ask(p.pipe, "bytes", 0, 64 << 10) == bytes(64 << 10)
+    assert copied_messages(ask(p.pipe, "same_host")) == 0
+
+
+def test_a_send_that_ends_while_its_bytes_are_copied_fails_the_recv_instead_of_delivering(pairs):
+    # The receiver's copy reports 300 ms late; the sender's send times out at 50 ms and its
+    # buffer is the owner's again. The receiver must not deliver what it copied: the
+    # sender's lease ended, so the recv fails, and nothing is counted as received.
+    p = pairs(1 << 20, target_env={"DLSLIME_TCP_SAME_HOST_FAULT": "slow_report"})
+    fill(p.local, 34)
+    assert ask(p.pipe, "post", [(0, 1 << 20)]) == "posted"
+    f = p.ep.send((p.local.ctypes.data, 0, 1 << 20), timeout_ms=50)
+    assert f.wait_for(DEADLINE) == TIMEOUT, f.message
+    [(st, _, message)] = ask(p.pipe, "wait", DEADLINE)
+    assert st == CANCELLED and "ended" in message, (st, message)
+    assert copied_messages(ask(p.pipe, "same_host")) == 0
+    # The pair still works: the next message arrives whole.
+    assert ask(p.pipe, "post", [(0, 1 << 20)]) == "posted"
+    assert p.ep.send((p.local.ctypes.data, 0, 1 << 20)).wait_for(DEADLINE) == OK
+    assert [st for st, _, _ in ask(p.pipe, "wait", DEADLINE)] == [OK]
+
+
+def test_a_sender_killed_mid_message_fails_the_recv_and_nothing_hangs(pairs):
+    p = pairs(64 << 20)
+    f = p.ep.recv((p.local.ctypes.data, 0, 64 << 20))
+    p.pipe.send(("send", 0, 64 << 20, DEADLINE))  # killed at once: before, during or after the copy
+    p.proc.kill()
+    p.proc.join(10)
+    st = f.wait_for(DEADLINE)
+    assert f.done(), "a recv hung after its sender died"
+    assert st in (OK, PEER_CLOSED, NOT_CONNECTED, CANCELLED) or "ESRCH" in f.message, (st, f.message)
