@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/buffer_lease.h"
 #include "core/same_host.h"
 
 namespace dlslime {
@@ -124,6 +125,32 @@ TEST(SameHost, TheKernelsPtraceRefusalIsAccessDeniedNamingEperm) {
   ASSERT_EQ(waitpid(copier, &status, 0), copier);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0) << "the copier was not refused with EPERM (3: could not change uid)";
+}
+
+// A lease holds its value until it ends; the borrower's check (a real process_vm_readv of
+// the word, here out of this very process) passes before and fails after, and a word is
+// reused by a later loan with a new value, so an old borrower's check still fails.
+TEST(BufferLease, TheCheckPassesWhileLentAndFailsOnceTheLoanEnded) {
+  const int me = static_cast<int>(getpid());
+  BufferLease lease = BufferLease::take();
+  ASSERT_TRUE(lease.held());
+  const uint64_t address = lease.address(), value = lease.value();
+  EXPECT_TRUE(check_lease(me, address, value).is_ok());
+  lease.end();
+  EXPECT_FALSE(lease.held());
+  const Status ended = check_lease(me, address, value);
+  EXPECT_EQ(ended.code(), StatusCode::kCancelled) << ended.to_string();
+  BufferLease again = BufferLease::take();  // the word just freed, with the next value
+  EXPECT_EQ(again.address(), address);
+  EXPECT_NE(again.value(), value);
+  EXPECT_FALSE(check_lease(me, address, value).is_ok());
+  EXPECT_TRUE(check_lease(me, again.address(), again.value()).is_ok());
+  // Moved: one loan, ended once.
+  BufferLease moved = std::move(again);
+  EXPECT_FALSE(again.held());
+  EXPECT_TRUE(check_lease(me, moved.address(), moved.value()).is_ok());
+  // A word that is not there is the copy's error, not "still lent".
+  EXPECT_EQ(check_lease(me, 8, 0).code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace
