@@ -1,6 +1,8 @@
 #include "dlslime/nanoctrl_client.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <vector>
 
@@ -38,6 +40,11 @@ std::string resolve_token(const std::string& token) {
   return env;
 }
 
+// httplib waits with poll(), whose timeout is an int of milliseconds: a longer wait wrapped
+// around (49.7 days became 1 ms, and the request failed at once). Waits are capped at the
+// longest poll() takes, 24.8 days, which is "no limit" in practice.
+constexpr std::chrono::milliseconds kMaxSocketWait{std::numeric_limits<int>::max()};
+
 template <typename Rep, typename Period>
 std::pair<time_t, time_t> split(std::chrono::duration<Rep, Period> d) {
   auto us = std::chrono::duration_cast<std::chrono::microseconds>(d).count();
@@ -62,9 +69,11 @@ class NanoCtrlClientImpl {
                std::chrono::milliseconds extra_wait = std::chrono::milliseconds(0)) {
     if (!scope_.empty() && body.is_object() && !body.contains("scope")) body["scope"] = scope_;
     auto client = acquire();
-    auto [cs, cus] = split(timeout_);
+    const auto wait = std::min(timeout_, kMaxSocketWait);
+    const auto read_wait = std::min(timeout_ + extra_wait, kMaxSocketWait);
+    auto [cs, cus] = split(wait);
     client->set_connection_timeout(cs, cus);
-    auto [rs, rus] = split(timeout_ + extra_wait);
+    auto [rs, rus] = split(read_wait);
     client->set_read_timeout(rs, rus);
     client->set_write_timeout(cs, cus);
 
@@ -74,7 +83,7 @@ class NanoCtrlClientImpl {
       auto err = res.error();
       auto elapsed = std::chrono::steady_clock::now() - started;
       std::string what = "NanoCtrl " + method + " " + url_ + path + " failed: " + httplib::to_string(err);
-      if (err == httplib::Error::Read && elapsed >= timeout_ + extra_wait) {
+      if (err == httplib::Error::Read && elapsed >= read_wait) {
         throw TimeoutError(what + " (no reply within the client timeout)");
       }
       if (err == httplib::Error::ConnectionTimeout) throw TimeoutError(what);

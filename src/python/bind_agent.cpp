@@ -197,7 +197,7 @@ void bind_agent(py::module_& m) {
                                                      "Finds peers and connects them through NanoCtrl.")
       .def(py::init([](py::handle ctrl_url, py::handle alias, py::handle device, py::handle scope,
                        py::handle nanoctrl_url, py::handle heartbeat_interval, py::handle nvlink_device,
-                       py::handle max_connecting, const py::kwargs& kwargs) {
+                       py::handle max_connecting, py::handle ctrl_timeout, const py::kwargs& kwargs) {
              PeerAgentOptions o;
              const std::string url = optional_str_arg(ctrl_url, "ctrl_url");
              const std::string url2 = optional_str_arg(nanoctrl_url, "nanoctrl_url");
@@ -212,6 +212,8 @@ void bind_agent(py::module_& m) {
              if (!heartbeat_interval.is_none()) {
                o.heartbeat_interval = millis_arg(heartbeat_interval, "heartbeat_interval");
              }
+             // Seconds, as every timeout from Python; > 0: a request with no time to answer fails at once.
+             if (!ctrl_timeout.is_none()) o.ctrl_timeout = positive_millis_arg(ctrl_timeout, "ctrl_timeout");
              if (!nvlink_device.is_none()) {
                // bool is an int in Python; a GPU ordinal is not a flag.
                if (!py::isinstance<py::int_>(nvlink_device) || py::isinstance<py::bool_>(nvlink_device)) {
@@ -277,7 +279,7 @@ void bind_agent(py::module_& m) {
            py::arg("ctrl_url") = py::none(), py::arg("alias") = py::none(), py::arg("device") = py::none(),
            py::arg("scope") = py::none(), py::kw_only(), py::arg("nanoctrl_url") = py::none(),
            py::arg("heartbeat_interval") = py::none(), py::arg("nvlink_device") = py::none(),
-           py::arg("max_connecting") = py::none())
+           py::arg("max_connecting") = py::none(), py::arg("ctrl_timeout") = py::none())
       .def_property_readonly("alias", &PeerAgent::alias)
       .def_property_readonly("scope", &PeerAgent::scope)
       .def_property_readonly("ctrl_url", &PeerAgent::ctrl_url)

@@ -222,7 +222,9 @@ std::vector<std::string> str_list_arg(py::handle v, const char* what) {
 
 namespace {
 
-double seconds_value(py::handle v, const char* what) {
+// `positive`: 0 is refused too, for a deadline where 0 would not mean "none" but fail at once.
+double seconds_value(py::handle v, const char* what, bool positive = false) {
+  const char* bound = positive ? "> 0" : ">= 0";
   if (PyUnicode_Check(v.ptr()) || PyBytes_Check(v.ptr()) || PyByteArray_Check(v.ptr()) || v.is_none()) {
     throw py::type_error(fmt::format("{} must be a number of seconds, not {}", what, type_name(v)));
   }
@@ -233,14 +235,14 @@ double seconds_value(py::handle v, const char* what) {
     PyErr_Clear();
     if (huge_int) {
       if (detail::is_negative(py::reinterpret_borrow<py::int_>(v))) {
-        throw py::value_error(fmt::format("{}={} must be >= 0 seconds", what, py::str(v).cast<std::string>()));
+        throw py::value_error(fmt::format("{}={} must be {} seconds", what, py::str(v).cast<std::string>(), bound));
       }
       return kMaxSeconds;
     }
     throw py::type_error(fmt::format("{} must be a number of seconds, not {}", what, type_name(v)));
   }
   if (std::isnan(s)) throw py::value_error(fmt::format("{} is NaN; give a number of seconds", what));
-  if (s < 0) throw py::value_error(fmt::format("{}={} must be >= 0 seconds", what, s));
+  if (s < 0 || (positive && s == 0)) throw py::value_error(fmt::format("{}={} must be {} seconds", what, s, bound));
   return std::min(s, kMaxSeconds);
 }
 
@@ -252,6 +254,11 @@ std::chrono::nanoseconds seconds_arg(py::handle v, const char* what) {
 
 std::chrono::milliseconds millis_arg(py::handle v, const char* what) {
   return std::chrono::milliseconds(std::llround(seconds_value(v, what) * 1e3));
+}
+
+std::chrono::milliseconds positive_millis_arg(py::handle v, const char* what) {
+  const auto ms = std::chrono::milliseconds(std::llround(seconds_value(v, what, /*positive=*/true) * 1e3));
+  return std::max(ms, std::chrono::milliseconds(1));
 }
 
 std::vector<Assignment> to_assignments(py::handle obj) {

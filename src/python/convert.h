@@ -119,6 +119,9 @@ constexpr double kMaxSeconds = 1e9;
 std::chrono::nanoseconds seconds_arg(pybind11::handle v, const char* what);
 // The same, rounded to the nearest millisecond, for options the library keeps in ms.
 std::chrono::milliseconds millis_arg(pybind11::handle v, const char* what);
+// The same for a deadline that must be positive (PeerAgent's ctrl_timeout): 0 also raises
+// ValueError, and a positive value under half a millisecond is 1 ms, never 0.
+std::chrono::milliseconds positive_millis_arg(pybind11::handle v, const char* what);
 
 // --- Transfers --------------------------------------------------------------------------
 // (local_handle, remote_handle, target_offset, source_offset, length), one or a list;
