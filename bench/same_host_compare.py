@@ -4,15 +4,17 @@
 For each of --runs rounds, interleaved so that drift hits every measurement alike:
   cma_loop           the raw process_vm_readv loop (bench/cma_loop.cpp): two processes, the
                      same sizes, batch and strided slots, no protocol: the memory-copy limit
-  same-host on       dlslime-bench --op write --same-host on
-  same-host off      dlslime-bench --op write --same-host off (the TCP path)
+  same-host on       dlslime-bench --op OP --same-host on (OP: --op, write by default; read
+                     and send as well: the path pulls all three)
+  same-host off      dlslime-bench --op OP --same-host off (the TCP path)
   and, with --one-slot, the same three with every item on the first slot (cache-resident, the
   working set of ucx_perftest), plus ucx_perftest tag_bw at 1 MiB with UCX_TLS=sm,self and
   UCX_TLS=cma,tcp,self where ucx_perftest is installed (Debian: ucx-utils).
 Prints every run, the medians and the ratios the issue sets (>= 0.9x cma_loop at 1 MiB x 256,
 no slower than the TCP path at 8 B x 256). Loopback and this host only.
 
-usage: bench/same_host_compare.py [-b BUILD_DIR] [--runs N] [--one-slot] [--iters-big N] [--iters-small N]
+usage: bench/same_host_compare.py [-b BUILD_DIR] [--op write|read|send] [--runs N] [--one-slot]
+                                  [--iters-big N] [--iters-small N]
 """
 import argparse
 import json
@@ -27,9 +29,9 @@ import time
 BIG, SMALL = 1 << 20, 8
 
 
-def dlslime(build, size, iters, same_host, one_slot):
+def dlslime(build, op, size, iters, same_host, one_slot):
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        cmd = [os.path.join(build, "bench", "dlslime-bench"), "--op", "write", "--sizes", str(size), "--batch", "256",
+        cmd = [os.path.join(build, "bench", "dlslime-bench"), "--op", op, "--sizes", str(size), "--batch", "256",
                "--iters", str(iters), "--same-host", same_host, "--json", out.name, "--quiet", "--progress", "none"]
         if one_slot:
             cmd.append("--one-slot")
@@ -66,6 +68,7 @@ def ucx(tls, port):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-b", "--build", default="build/test")
+    ap.add_argument("--op", choices=["write", "read", "send"], default="write")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--one-slot", action="store_true")
     ap.add_argument("--iters-big", type=int, default=20)
@@ -79,13 +82,13 @@ def main():
             results.setdefault((tag, "cma_loop"), []).append(cma_loop(args.build, size, iters, args.one_slot))
             for mode in ("on", "off"):
                 results.setdefault((tag, f"same-host {mode}"), []).append(
-                    dlslime(args.build, size, iters, mode, args.one_slot))
+                    dlslime(args.build, args.op, size, iters, mode, args.one_slot))
         if have_ucx:
             for tls in ("sm,self", "cma,tcp,self"):
                 results.setdefault((f"{BIG} B (one buffer)", f"ucx tag_bw {tls}"), []).append(ucx(tls, 13400 + run))
         print(f"run {run + 1}: " + "; ".join(f"{t} {m}: {v[-1][0]:.2f} GB/s" for (t, m), v in results.items()),
               flush=True)
-    print(f"\nmedians of {args.runs} interleaved runs ({'one slot' if args.one_slot else 'strided slots'}):")
+    print(f"\n{args.op}: medians of {args.runs} interleaved runs ({'one slot' if args.one_slot else 'strided slots'}):")
     med = {}
     for (tag, mode), values in results.items():
         bw = statistics.median(v[0] for v in values if v[0] is not None) if any(v[0] for v in values) else None
