@@ -1,6 +1,9 @@
 #include "tcp/tcp_pairing.h"
 
 #include <algorithm>
+#include <chrono>
+
+#include <asio/steady_timer.hpp>
 
 #include <fmt/format.h>
 
@@ -95,7 +98,14 @@ void Pairing::pair_with(uint64_t peer_id) {
                     previous_peer_id_, peer_id));
   }
   peer_id_ = previous_peer_id_ = peer_id;
+  left_in_order_ = 0;
 }
+
+namespace {
+// How long a dial refused by a peer still connected to us waits for that peer's lanes to
+// end (its goodbye arrives within a round trip of its shutdown).
+constexpr auto kDepartureGrace = std::chrono::seconds(2);
+}  // namespace
 
 void Pairing::dial(tcp::DialRequest request, std::shared_ptr<ConnectWait> wait, std::weak_ptr<void> owner) {
   if (!dialed_.empty()) {
@@ -104,10 +114,29 @@ void Pairing::dial(tcp::DialRequest request, std::shared_ptr<ConnectWait> wait, 
                                fmt::format("already connected to peer {:#x}; a TcpEndpoint serves one peer", peer_id_)));
   }
   const std::string label = request.peer_label;
+  const uint64_t request_target = request.target_id;
   tcp::dial_lanes(io_, std::move(request), options_,
-                  [this, owner = std::move(owner), wait, label](tcp::DialResult r) {
+                  [this, owner = std::move(owner), wait, label, request_target](tcp::DialResult r) {
                     const auto alive = owner.lock();
                     if (!alive) return wait->finish(Status::cancelled("the endpoint is gone"));
+                    if (!r.status && request_target != 0 && request_target == left_in_order_) {
+                      // The peer connected to us, did its work and shut down in order before
+                      // our side of a symmetric pair dialed back (a receiver slower than its
+                      // sender): nothing failed, and what it sent is here.
+                      DLSLIME_INFO("connect() to {}: peer {:#x} already connected to this endpoint and shut down "
+                                   "in order; nothing to connect to ({})",
+                                   label, request_target, r.status.message());
+                      return wait->finish(Status::ok());
+                    }
+                    if (!r.status && request_target != 0 && request_target == peer_id_ && dialed_.empty() &&
+                        !accepted_.empty()) {
+                      // Refused by a peer still connected to us: it is shutting down, and
+                      // whether in order is known when its lanes end (remove_lane).
+                      parked_dials_.push_back({wait, r.status});
+                      auto grace = std::make_shared<asio::steady_timer>(io_, kDepartureGrace);
+                      grace->async_wait([grace, wait, failure = r.status](std::error_code) { wait->finish(failure); });
+                      return;
+                    }
                     if (!r.status) return wait->finish(r.status);
                     Status verdict = Status::ok();
                     if (shut_down_) {
@@ -140,7 +169,16 @@ bool Pairing::remove_lane(TcpConnection& conn) {
   std::erase(dialed_, closing);
   std::erase(accepted_, closing);
   conn.close_quietly();
-  return !has_connections();
+  if (has_connections()) return false;
+  left_in_order_ = peer_id_;
+  finish_parked_dials(/*in_order=*/true);
+  return true;
+}
+
+void Pairing::finish_parked_dials(bool in_order) {
+  auto parked = std::move(parked_dials_);
+  parked_dials_.clear();
+  for (auto& p : parked) p.wait->finish(in_order ? Status::ok() : std::move(p.failure));
 }
 
 void Pairing::drop_lanes() {
@@ -151,6 +189,7 @@ void Pairing::drop_lanes() {
   connected_ = false;
   lanes_up_ = 0;
   peer_id_ = 0;  // a new peer may connect now
+  finish_parked_dials(/*in_order=*/false);
   for (auto& c : dialed) c->close_quietly();
   for (auto& c : accepted) c->close_quietly();
 }

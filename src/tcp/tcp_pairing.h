@@ -115,6 +115,19 @@ class Pairing {
   // Answers queued to the peer on all its connections (bounded per peer, not per lane).
   std::shared_ptr<tcp::AnswerBudget> answer_budget_ = std::make_shared<tcp::AnswerBudget>();
   std::string last_loss_;  // why the last connection was lost, for NOT_CONNECTED errors
+  // The peer whose connections all ended with a goodbye (it shut down in order), until
+  // another peer pairs: a dial to it that fails then is no failure (dial()).
+  uint64_t left_in_order_ = 0;
+  // Dials that failed while their peer was still connected to us (its lanes only): it is
+  // most likely shutting down, and its goodbye is on the way. Each finishes when those
+  // lanes end: OK if every one said goodbye, else with the dial's own error (after
+  // kDepartureGrace at the latest).
+  struct ParkedDial {
+    std::shared_ptr<ConnectWait> wait;
+    Status failure;
+  };
+  std::vector<ParkedDial> parked_dials_;
+  void finish_parked_dials(bool in_order);
   std::function<void()> on_dialed_;
 };
 

@@ -149,3 +149,16 @@ def serve_target(conn, size, options, env):
             ep.shutdown()
             conn.send("bye")
             return
+
+
+def connect_then_die(conn, peer_info):
+    """Connects an endpoint to `peer_info`, sends its endpoint_info() up `conn`, and on
+    ("die",) kills itself with SIGKILL: its connections end without a goodbye."""
+    import os
+    import signal
+
+    ep = dlslime.TcpEndpoint(ip="127.0.0.1", port=0)
+    ep.connect(peer_info)
+    conn.send(ep.endpoint_info())
+    conn.recv()
+    os.kill(os.getpid(), signal.SIGKILL)
