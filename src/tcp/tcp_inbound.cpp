@@ -33,7 +33,7 @@ RxAction TcpEndpointImpl::on_header(TcpConnection& conn, const FrameHeader& h, P
     case FrameType::kPullRead: sink.collect = true; return RxAction::kContinue;  // bounded by grant_read
     case FrameType::kReadGrant: sink.collect = true; return RxAction::kContinue;
     case FrameType::kReadRelease: return RxAction::kContinue;
-    case FrameType::kPullSend:
+    case FrameType::kPullSend: sink.collect = true; return matcher_.admit_pulled(conn);
     case FrameType::kSendCopied: sink.collect = true; return RxAction::kContinue;
   }
   return RxAction::kContinue;

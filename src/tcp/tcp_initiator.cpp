@@ -111,18 +111,10 @@ bool Initiator::cancel(uint64_t op_id) {
   // each arrives: withdrawing one would not stop a copy already started. A same-host read
   // is withdrawn unless our workers are copying into it right now (its grants that come
   // later are released unused, on_read_grant).
-  if (op->lease.held()) {
-    // A pulled message is withdrawn only while its request is still queued: once sent, the
-    // receiver may copy it at any moment (ending it then would fail the receiver's recv,
-    // where a message withdrawn should never arrive).
-    bool queued = false;
-    pairing_.for_each_connection([&](const std::shared_ptr<TcpConnection>& conn) {
-      if (conn->has_queued(op_id)) queued = true;
-    });
-    if (!queued) return false;
-  } else if (op->pulled && (!op->copying || op->copying->load(std::memory_order_acquire) > 0)) {
-    return false;
-  }
+  // A pulled message is never withdrawn: the receiver may be copying it at any moment, and
+  // ending it then would fail the receiver's recv, where a withdrawn message never arrives.
+  if (op->lease.held()) return false;
+  if (op->pulled && (!op->copying || op->copying->load(std::memory_order_acquire) > 0)) return false;
   if (const GpuOp* gpu = op->gpu.get()) {
     if (gpu->copies > 0) return false;  // a stream is copying its memory: end_op would wait
     if (gpu->message) {
@@ -296,7 +288,7 @@ void Initiator::on_send_ack(TcpConnection& conn, const FrameHeader& h, std::stri
 void Initiator::on_send_copied(TcpConnection& conn, const FrameHeader& h, std::string_view text) {
   PendingOp* op = pending_.find(h.op_id);
   if (!op) return;  // it ended (its lease with it): the receiver's check fails its copy
-  if (!op->lease.held() || conn.role() != TcpConnection::Role::kDialed) {
+  if (!op->lease.held() || conn.role() != TcpConnection::Role::kDialed || conn.lane() != 0) {
     return violation(conn, fmt::format("a copy report for op {} ({}), which is no pulled message of ours", h.op_id,
                                        op_kind_name(op->state->kind())));
   }

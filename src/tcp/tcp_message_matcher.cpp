@@ -421,6 +421,15 @@ MessageMatcher::Dropped MessageMatcher::drop_all(bool shutting_down) {
   return dropped;
 }
 
+RxAction MessageMatcher::admit_pulled(TcpConnection& conn) {
+  const bool matchable = !recvs_.empty() && unexpected_.empty();
+  if (!matchable && unexpected_bytes_ + kHeldMessageOverhead > options_.unexpected_buffer_bytes) {
+    paused_conn_ = conn.shared_from_this();  // flow control: wait for a recv (match_held resumes it)
+    return RxAction::kPause;
+  }
+  return RxAction::kContinue;
+}
+
 void MessageMatcher::on_pulled(TcpConnection& conn, const FrameHeader& h, std::string_view payload, uint32_t pid) {
   if (current_msg_) abandon_current();  // messages are sent one at a time on this lane
   tcp::WireReader r(reinterpret_cast<const uint8_t*>(payload.data()));  // the parser checked its size
@@ -444,17 +453,9 @@ void MessageMatcher::on_pulled(TcpConnection& conn, const FrameHeader& h, std::s
     recvs_.pop_front();
     return start_pull(msg);
   }
-  // Held: it costs what a frame message costs, and its bytes are copied now only if the
-  // budget has room for them; otherwise they wait in the sender (whose send waits too)
-  // until a recv takes the message. No lane is paused for it: the sender's later frames
-  // on this lane must still be read.
-  if (unexpected_bytes_ + kHeldMessageOverhead > options_.unexpected_buffer_bytes) {
-    return TargetServer::ack(
-        conn, tcp::FrameType::kSendCopied, h.op_id,
-        Status(StatusCode::kBatchOverflow, fmt::format("the receiver holds as many unreceived messages as "
-                                                       "TcpOptions::unexpected_buffer_bytes ({}) allows",
-                                                       options_.unexpected_buffer_bytes)));
-  }
+  // Held (admit_pulled made room for its overhead): its bytes are copied now only if the
+  // budget has room for them too; otherwise they wait in the sender (whose send waits as
+  // well) until a recv takes the message.
   unexpected_.push_back(msg);
   unexpected_bytes_ += kHeldMessageOverhead;
   if (unexpected_bytes_ <= options_.unexpected_buffer_bytes &&
@@ -480,45 +481,74 @@ void MessageMatcher::start_pull(const std::shared_ptr<InboundMessage>& msg) {
       m.complete = true;
       return finish_message(m);
     }
-    // GPU memory cannot be copied into from another process: the bytes land in host
-    // memory first and are copied to the device as a held message's are (pull_finished).
-    if (m.recv.device) m.buffered.resize(m.length);
   }
-  uint8_t* const dest = m.matched && !m.recv.device ? m.recv.addr : m.buffered.data();
   pulling_.push_back(msg);
-  if (m.length == 0) {
-    m.pulling = 1;
-    return pull_reported(msg, Status::ok());
-  }
-  // In chunks, so that one large message cannot hold every worker (and others' copies wait
-  // behind a chunk, not the whole message).
+  pull_chunks(msg);
+  if (m.pulling == 0) pull_finished(msg);  // nothing to copy
+}
+
+void MessageMatcher::pull_chunks(const std::shared_ptr<InboundMessage>& msg) {
+  InboundMessage& m = *msg;
+  if (!m.pull_error.is_ok() || (m.matched && !m.recv.state)) return;  // failed, or its recv ended
   const uint64_t chunk = options_.chunk_size;
-  for (uint64_t pos = 0; pos < m.length; pos += chunk) {
-    const uint64_t n = std::min(chunk, m.length - pos);
+  while (m.pulling < kPullChunksInFlight && m.next < m.length) {
+    const uint64_t pos = m.next, n = std::min(chunk, m.length - pos);
+    m.next += n;
+    // GPU memory cannot be copied into from another process: each chunk lands in host
+    // memory first and goes to the device through the staging (pull_reported).
+    std::shared_ptr<std::vector<uint8_t>> bounce;
+    uint8_t* dest = nullptr;
+    if (!m.matched) {
+      dest = m.buffered.data() + pos;
+    } else if (m.recv.device) {
+      bounce = std::make_shared<std::vector<uint8_t>>(n);
+      dest = bounce->data();
+    } else {
+      dest = m.recv.addr + pos;
+    }
     ++m.pulling;
     m.writing->fetch_add(1, std::memory_order_acq_rel);
-    pull_.workers->submit([this, msg, piece = CrossCopy{dest + pos, m.source + pos, n}, pid = m.pid,
+    pull_.workers->submit([this, msg, piece = CrossCopy{dest, m.source + pos, n}, pos, bounce, pid = m.pid,
                            writing = m.writing, post = pull_.post] {
       Status st = cross_copy(static_cast<int>(pid), {&piece, 1}, true);
       if (same_host_fault("slow_report")) std::this_thread::sleep_for(std::chrono::milliseconds(300));
       writing->fetch_sub(1, std::memory_order_acq_rel);
       writing->notify_all();
-      post([this, msg, st = std::move(st)] { pull_reported(msg, st); });
+      post([this, msg, pos, n = piece.length, bounce, st = std::move(st)] { pull_reported(msg, pos, n, bounce, st); });
     });
   }
 }
 
-void MessageMatcher::pull_reported(const std::shared_ptr<InboundMessage>& msg, const Status& st) {
+void MessageMatcher::pull_reported(const std::shared_ptr<InboundMessage>& msg, uint64_t pos, uint64_t n,
+                                   const std::shared_ptr<std::vector<uint8_t>>& bounce, const Status& st) {
   InboundMessage& m = *msg;
   if (m.pulling == 0) return;  // dropped with the peer (drop_all)
-  if (!st && m.pull_error.is_ok()) m.pull_error = st;
-  if (--m.pulling > 0) return;
+  --m.pulling;
+  if (!st) {
+    if (m.pull_error.is_ok()) m.pull_error = st;
+  } else if (bounce && m.recv.state && m.copy_error.is_ok()) {
+    tcp::GpuStaging& staging = *gpu_.staging();
+    try {
+      staging.copy(tcp::GpuStaging::kIn, m.recv.addr + pos, bounce->data(), n);
+      track_copy(msg, nullptr, bounce);
+    } catch (const std::exception& e) {
+      m.copy_error = Status::failed(fmt::format("copying a message to the GPU failed: {}", e.what()));
+    }
+  }
+  pull_chunks(msg);
+  if (m.pulling == 0) pull_finished(msg);
+}
+
+void MessageMatcher::pull_finished(const std::shared_ptr<InboundMessage>& msg) {
+  InboundMessage& m = *msg;
   std::erase(pulling_, msg);
-  // Every byte is here (or a copy failed). They are the message only if the sender's
-  // buffer was still lent to us throughout: its lease says so.
+  // The bytes are here (or a copy failed, or the recv ended and the rest was not copied).
+  // They are the message only if the sender's buffer was still lent to us throughout: its
+  // lease says so.
   Status pulled = m.pull_error;
-  if (pulled.is_ok() && m.length > 0) pulled = check_lease(static_cast<int>(m.pid), m.lease_address, m.lease_value);
-  if (pulled.is_ok() && pull_.copied_bytes) pull_.copied_bytes->fetch_add(m.length, std::memory_order_relaxed);
+  const bool whole = pulled.is_ok() && m.next == m.length;
+  if (whole && m.length > 0) pulled = check_lease(static_cast<int>(m.pid), m.lease_address, m.lease_value);
+  if (whole && pulled.is_ok() && pull_.copied_bytes) pull_.copied_bytes->fetch_add(m.length, std::memory_order_relaxed);
   m.received = m.length;
   m.complete = true;
   if (!m.matched) {
@@ -535,17 +565,8 @@ void MessageMatcher::pull_reported(const std::shared_ptr<InboundMessage>& msg, c
     // The recv ended (its deadline) while its memory was being written: it completes now.
     std::shared_ptr<OpState> state = std::move(m.ended);
     state->complete(std::move(m.ended_status));
-  } else if (m.recv.device && m.recv.state && m.copy_error.is_ok()) {
-    tcp::GpuStaging& staging = *gpu_.staging();
-    auto held = std::make_shared<std::vector<uint8_t>>(std::move(m.buffered));
-    try {
-      staging.copy(tcp::GpuStaging::kIn, m.recv.addr, held->data(), m.length);
-      track_copy(msg, nullptr, std::move(held));
-    } catch (const std::exception& e) {
-      m.copy_error = Status::failed(fmt::format("copying a message to the GPU failed: {}", e.what()));
-    }
   }
-  finish_message(m);
+  finish_message(m);  // after the GPU copies still running, if any (finish_due)
 }
 
 void MessageMatcher::match_held() {
@@ -557,8 +578,15 @@ void MessageMatcher::match_held() {
       recvs_.pop_front();
       attach(msg, std::move(recv));
       finish_message(*msg);
-    } else if (front.pulled && !front.writing) {  // its bytes wait in the sender: straight into the recv
+    } else if (front.pulled && !front.writing) {
+      // Its bytes wait in the sender: straight into the recv, unless the sender's send
+      // ended meanwhile (its deadline), in which case it never arrives, as a frame message
+      // dropped from the sender's queue, and the recv takes the next one.
       auto msg = take_held_front();
+      if (Status lent = check_lease(static_cast<int>(msg->pid), msg->lease_address, msg->lease_value); !lent) {
+        if (auto conn = msg->conn.lock()) TargetServer::ack(*conn, tcp::FrameType::kSendCopied, msg->op_id, lent);
+        continue;
+      }
       msg->matched = true;
       msg->recv = std::move(recvs_.front());
       recvs_.pop_front();

@@ -69,6 +69,9 @@ class MessageMatcher {
     std::atomic<uint64_t>* copied_bytes = nullptr;  // counts the messages' bytes received
   };
   void set_pull_runner(PullRunner runner) { pull_ = std::move(runner); }
+  // A pulled message's header: kPause while it can be neither matched nor held (the held
+  // messages fill the budget), as a frame message's first frame waits.
+  tcp::RxAction admit_pulled(tcp::TcpConnection& conn);
   // A pulled message (kPullSend) from the peer process `pid` (proved by SameHostPath): it
   // takes its place among the messages as a frame message would. Its bytes are copied out
   // of the sender into the matched recv's buffer, or into a held buffer when the budget
@@ -119,8 +122,9 @@ class MessageMatcher {
     bool too_large = false;  // longer than the posted receive buffer
     bool acked = false;      // the sender has been told the message arrived
     // A pulled message (on_pulled): where it is in the sender and the sender's lease on it.
-    // `pulling` counts its copy jobs not reported back yet; `writing` those still writing
-    // (drop_all waits for them before a recv's memory is given back).
+    // `pulling` counts its copy jobs not reported back yet (at most kPullChunksInFlight),
+    // `writing` those still writing (drop_all waits for them before a recv's memory is
+    // given back), `next` where the next job starts.
     bool pulled = false;
     uint32_t pid = 0;
     uint64_t length = 0;
@@ -128,6 +132,7 @@ class MessageMatcher {
     uint64_t lease_address = 0;
     uint64_t lease_value = 0;
     uint32_t pulling = 0;
+    uint64_t next = 0;
     std::shared_ptr<std::atomic<uint32_t>> writing;
     Status pull_error;
     // A GPU recv: copies of its bytes to the device not finished yet. Until they have,
@@ -141,6 +146,10 @@ class MessageMatcher {
   };
   // Messages held before a recv was posted: each costs its bytes plus this much.
   static constexpr uint64_t kHeldMessageOverhead = 256;
+  // Copy jobs of one pulled message queued at a time: the process's copy workers are shared
+  // (FIFO), so a large message must not queue all its chunks ahead of everyone else's, and
+  // an ended recv or a lost peer waits for these few only.
+  static constexpr uint32_t kPullChunksInFlight = 4;
 
   void attach(const std::shared_ptr<InboundMessage>& msg, PostedRecv recv);
   // Ends msg's recv early with `why` (once its copies have finished).
@@ -157,7 +166,13 @@ class MessageMatcher {
   void abandon_current();
   // Starts copying pulled message `msg` into its recv's buffer (matched) or its held one.
   void start_pull(const std::shared_ptr<InboundMessage>& msg);
-  void pull_reported(const std::shared_ptr<InboundMessage>& msg, const Status& st);
+  // Queues its next chunks (up to kPullChunksInFlight), unless it failed or its recv ended.
+  void pull_chunks(const std::shared_ptr<InboundMessage>& msg);
+  // A chunk [pos, pos + n) was copied (into `bounce` for a GPU recv) or failed.
+  void pull_reported(const std::shared_ptr<InboundMessage>& msg, uint64_t pos, uint64_t n,
+                     const std::shared_ptr<std::vector<uint8_t>>& bounce, const Status& st);
+  // Every chunk has been reported: checks the lease, then delivers, holds or refuses it.
+  void pull_finished(const std::shared_ptr<InboundMessage>& msg);
   // Held messages at the front that are whole (or pulled and not started) take the posted
   // recvs, in order.
   void match_held();

@@ -619,3 +619,89 @@ def test_a_sender_killed_mid_message_fails_the_recv_and_nothing_hangs(pairs):
     st = f.wait_for(DEADLINE)
     assert f.done(), "a recv hung after its sender died"
     assert st in (OK, PEER_CLOSED, NOT_CONNECTED, CANCELLED) or "ESRCH" in f.message, (st, f.message)
+
+
+def test_a_message_whose_send_ended_while_it_waited_in_the_sender_never_takes_a_recv(pairs):
+    # A 1 MiB budget: the 4 MiB message is held without its bytes; its send times out; the
+    # next message (as frames, and a pulled one) takes the recv posted afterwards.
+    p = pairs(8 << 20, target_options={"unexpected_buffer_bytes": 1 << 20})
+    fill(p.local, 35)
+    stale = p.ep.send((p.local.ctypes.data, 0, 4 << 20), timeout_ms=100)
+    assert stale.wait_for(DEADLINE) == TIMEOUT, stale.message
+    small = p.ep.send((p.local.ctypes.data, 5, 100))
+    big = p.ep.send((p.local.ctypes.data, 1000, 3 << 20))
+    assert ask(p.pipe, "post", [(0, 4 << 20), (4 << 20, 4 << 20)]) == "posted"
+    assert small.wait_for(DEADLINE) == OK and big.wait_for(DEADLINE) == OK, (small.message, big.message)
+    outcomes = ask(p.pipe, "wait", DEADLINE)
+    assert [(st, nb) for st, nb, _ in outcomes] == [(OK, 100), (OK, 3 << 20)], outcomes
+    assert ask(p.pipe, "bytes", 0, 100) == p.local[5:105].tobytes()
+    assert ask(p.pipe, "digest", 4 << 20, (4 << 20) + (3 << 20)) == \
+        hashlib.sha256(p.local[1000:1000 + (3 << 20)].tobytes()).hexdigest()
+
+
+def test_with_no_budget_for_held_messages_a_pulled_send_waits_for_its_recv(pairs):
+    p = pairs(2 << 20, target_options={"unexpected_buffer_bytes": 0})
+    fill(p.local, 36)
+    f = p.ep.send((p.local.ctypes.data, 0, 1 << 20))
+    g = p.ep.send((p.local.ctypes.data, 7, 1 << 20))
+    assert not f.done() and not g.done(), "a message completed with no recv posted and no budget to hold it"
+    assert ask(p.pipe, "post", [(0, 1 << 20), (1 << 20, 1 << 20)]) == "posted"
+    assert f.wait_for(DEADLINE) == OK and g.wait_for(DEADLINE) == OK, (f.message, g.message)
+    assert [st for st, _, _ in ask(p.pipe, "wait", DEADLINE)] == [OK, OK]
+    assert ask(p.pipe, "digest", 1 << 20, 2 << 20) == hashlib.sha256(p.local[7:7 + (1 << 20)].tobytes()).hexdigest()
+
+
+GPU_RECV_SCENARIO = r"""
+import ctypes, json, subprocess, sys, textwrap
+import dlslime
+from dlslime import testing
+
+SENDER = textwrap.dedent('''
+    import ctypes, json, sys
+    import dlslime
+    n = int(sys.argv[1])
+    buf = ctypes.create_string_buffer(bytes((i * 13 + 1) & 0xFF for i in range(n)), n)
+    ep = dlslime.TcpEndpoint("127.0.0.1", 0, chunk_size=1 << 20)
+    ep.connect(json.loads(sys.stdin.readline()))
+    print(json.dumps(ep.same_host), flush=True)
+    sys.stdin.readline()  # the receiver has posted its first recv
+    st = [ep.send((ctypes.addressof(buf), 0, n)).wait_for(60) for _ in range(2)]
+    print(json.dumps(st), flush=True)
+    sys.stdin.readline()
+    ep.shutdown()
+''')
+
+n = (3 << 20) + 5  # pulled (>= 64 KiB), four chunks, into simulated device memory
+want = bytes((i * 13 + 1) & 0xFF for i in range(n))
+ep = dlslime.TcpEndpoint("127.0.0.1", 0, chunk_size=1 << 20)
+gpu = [testing.device_buffer(n + 64) for _ in range(2)]
+sender = subprocess.Popen([sys.executable, "-c", SENDER, str(n)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True)
+sender.stdin.write(json.dumps(ep.endpoint_info()) + "\n")
+sender.stdin.flush()
+path = json.loads(sender.stdout.readline())
+assert path["path"] == "cma", path
+first = ep.recv((gpu[0].ptr, 0, n + 64))           # posted first: matched, chunks staged to the device
+sender.stdin.write("go\n")
+sender.stdin.flush()
+statuses = json.loads(sender.stdout.readline())  # the second send completes held (host buffer)
+assert statuses == [0, 0], statuses
+second = ep.recv((gpu[1].ptr, 64, n))             # the held message's bytes go to the device
+assert first.wait_for(60) == 0 and first.nbytes == n, first.message
+assert second.wait_for(60) == 0 and second.nbytes == n, second.message
+assert gpu[0].read(0, n) == want and gpu[1].read(64, n) == want
+assert ep.same_host["copied_bytes"]["messages"] == 2 * n, ep.same_host
+sender.stdin.write("bye\n")
+sender.stdin.flush()
+assert sender.wait(60) == 0
+ep.shutdown()
+print("OK")
+"""
+
+
+def test_pulled_messages_reach_gpu_recvs_through_the_staging(tmp_path):
+    # The simulated GPU's memory is PROT_NONE to host code: a pull straight into it (or any
+    # host touch of it) would fail the scenario with EFAULT or SIGSEGV.
+    from conftest import run_script
+
+    run_script(tmp_path, GPU_RECV_SCENARIO, env={"DLSLIME_GPU_SIM": "1"})
