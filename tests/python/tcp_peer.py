@@ -16,10 +16,7 @@ def serve_region(conn, size, seed, ip="127.0.0.1"):
     """Registers a `size`-byte region 'peer' filled with a pattern, connects, then answers
     commands: ("bytes", start, end) -> the bytes; ("send", data) -> sends a message and
     reports its status; ("recv", n) -> posts a recv and returns (status, bytes);
-    ("post", [(offset, length)...]) / ("wait", seconds) -> recvs into 'peer' and their
-    outcomes; ("send", offset, length, seconds) -> a send out of 'peer' and its outcome;
-    ("shutdown_when", start, end, sha256, seconds) -> shuts down once those bytes
-    hold that digest, replies "seen" (or "timeout"); ("exit",) -> shuts down."""
+    ("exit",) -> shuts down."""
     buf = ctypes.create_string_buffer(size)
     fill_pattern(buf, size, seed)
     ep = dlslime.TcpEndpoint(ip=ip, port=0)
@@ -40,31 +37,6 @@ def serve_region(conn, size, seed, ip="127.0.0.1"):
             fut = ep.recv((ctypes.addressof(rbuf), 0, cmd[1]))
             status = fut.wait()
             conn.send((status, rbuf.raw[: fut.nbytes]))
-        elif cmd[0] == "shutdown_when":
-            # ("shutdown_when", start, end, sha256 hex, seconds): shuts down the moment those
-            # bytes hold that digest (an application that sees its data and leaves at once).
-            _, start, end, want, seconds = cmd
-            deadline = time.monotonic() + seconds
-            seen = False
-            while not seen and time.monotonic() < deadline:
-                seen = hashlib.sha256(ctypes.string_at(addr + start, end - start)).hexdigest() == want
-                if not seen:
-                    time.sleep(0.001)
-            ep.shutdown()
-            conn.send("seen" if seen else "timeout")
-            return
-        elif cmd[0] == "post":
-            # ("post", [(offset, length), ...]) -> recvs into 'peer' at those places, kept for "wait"
-            posted.extend(ep.recv((addr, off, n)) for off, n in cmd[1])
-            conn.send("posted")
-        elif cmd[0] == "wait":
-            # ("wait", seconds) -> [(status, nbytes, message)] of the posted recvs, oldest first
-            conn.send([(f.wait_for(cmd[1]), f.nbytes, f.message) for f in posted])
-            posted.clear()
-        elif cmd[0] == "send":
-            # ("send", offset, length, seconds) -> (status, message) of a send out of 'peer'
-            f = ep.send((addr, cmd[1], cmd[2]))
-            conn.send((f.wait_for(cmd[3]), f.message))
         elif cmd[0] == "exit":
             ep.shutdown()
             conn.send("bye")
@@ -78,7 +50,8 @@ def serve_target(conn, size, options, env):
     answers: ("digest", start, end) -> sha256 hex of those bytes; ("bytes", start, end);
     ("same_host",) -> ep.same_host; ("unregister",) -> unregisters 'peer', replies "done";
     ("munmap",) -> unmaps 'peer' WITHOUT unregistering it (a careless owner), replies
-    "done"; ("fill", byte) -> sets every byte of 'peer', replies "done"; ("post", [(offset, length)...]) / ("wait", seconds) -> recvs into 'peer' and their
+    "done"; ("fill", byte) -> sets every byte of 'peer', replies "done";
+    ("post", [(offset, length)...]) / ("wait", seconds) -> recvs into 'peer' and their
     outcomes; ("send", offset, length, seconds) -> a send out of 'peer' and its outcome;
     ("shutdown_when", start, end, sha256, seconds) -> shuts down once those bytes
     hold that digest, replies "seen" (or "timeout"); ("exit",) -> shuts down."""
