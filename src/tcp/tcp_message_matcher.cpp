@@ -422,6 +422,9 @@ MessageMatcher::Dropped MessageMatcher::drop_all(bool shutting_down) {
 }
 
 RxAction MessageMatcher::admit_pulled(TcpConnection& conn) {
+  // Messages are sent one at a time on this lane: one whose frames were arriving was
+  // abandoned by the sender (and frees its share of the budget now).
+  if (current_msg_) abandon_current();
   const bool matchable = !recvs_.empty() && unexpected_.empty();
   if (!matchable && unexpected_bytes_ + kHeldMessageOverhead > options_.unexpected_buffer_bytes) {
     paused_conn_ = conn.shared_from_this();  // flow control: wait for a recv (match_held resumes it)
@@ -431,7 +434,6 @@ RxAction MessageMatcher::admit_pulled(TcpConnection& conn) {
 }
 
 void MessageMatcher::on_pulled(TcpConnection& conn, const FrameHeader& h, std::string_view payload, uint32_t pid) {
-  if (current_msg_) abandon_current();  // messages are sent one at a time on this lane
   tcp::WireReader r(reinterpret_cast<const uint8_t*>(payload.data()));  // the parser checked its size
   auto msg = std::make_shared<InboundMessage>();
   msg->op_id = h.op_id;
