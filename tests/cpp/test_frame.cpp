@@ -92,7 +92,7 @@ TEST(Frame, RejectsWrongMagic) {
 }
 
 TEST(Frame, RejectsUnknownType) {
-  for (uint8_t type : {uint8_t{0}, uint8_t{16}, uint8_t{200}}) {
+  for (uint8_t type : {uint8_t{0}, static_cast<uint8_t>(kLastFrameType + 1), uint8_t{200}}) {
     auto raw = encode(sample(FrameType::kWriteData));
     raw[2] = type;
     FrameHeader out;
