@@ -130,9 +130,8 @@ AdvertiseChoice choose_advertise_address(std::string_view bound, const std::stri
   AdvertiseChoice c = choose_advertise_address(bound, advertise_host, advertise_interface, what, HostInterfaces::read());
   static std::atomic<bool> warned{false};
   if (c.loopback_fallback && !warned.exchange(true)) {
-    DLSLIME_WARN("{}: bound to a wildcard address, but no network interface other than loopback is up: advertising "
-                 "127.0.0.1, which peers on other hosts cannot dial (set advertise_host or advertise_interface)",
-                 what);
+    DLSLIME_WARN("a listener bound to a wildcard address advertises 127.0.0.1: no network interface other than "
+                 "loopback is up, and peers on other hosts cannot dial it (set advertise_host or advertise_interface)");
   }
   return c;
 }
