@@ -5,6 +5,9 @@
 # no transport. Guards the transport layer against a core that names a transport.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A wildcard bind advertises the default route's interface (docs/deploy.md); the tests'
+# traffic stays on loopback, so every endpoint they make advertises lo.
+export DLSLIME_TCP_ADVERTISE_INTERFACE=${DLSLIME_TCP_ADVERTISE_INTERFACE:-lo}
 PYTHON=${PYTHON:-python3}
 BUILD=${DLSLIME_NO_TRANSPORT_BUILD_DIR:-build/no-transport}
 JOBS=${JOBS:-$(nproc)}

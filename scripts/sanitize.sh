@@ -19,6 +19,9 @@
 # nothing is pip-installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A wildcard bind advertises the default route's interface (docs/deploy.md); the tests'
+# traffic stays on loopback, so every endpoint they make advertises lo.
+export DLSLIME_TCP_ADVERTISE_INTERFACE=${DLSLIME_TCP_ADVERTISE_INTERFACE:-lo}
 ROOT=$PWD
 JOBS=${JOBS:-2}
 PYTHON=${PYTHON:-python3}

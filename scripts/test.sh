@@ -5,6 +5,9 @@
 # pytest collecting no test at all is a failure too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A wildcard bind advertises the default route's interface (docs/deploy.md); the tests'
+# traffic stays on loopback, so every endpoint they make advertises lo.
+export DLSLIME_TCP_ADVERTISE_INTERFACE=${DLSLIME_TCP_ADVERTISE_INTERFACE:-lo}
 ROOT=$PWD
 PYTHON=${PYTHON:-python3}
 BUILD=${DLSLIME_TEST_BUILD_DIR:-build/test}

@@ -22,7 +22,7 @@ def target(pipe):
     from dlslime import TcpEndpoint
 
     buf = ctypes.create_string_buffer(content(SIZE), SIZE)
-    ep = TcpEndpoint(ip="0.0.0.0", port=0)
+    ep = TcpEndpoint(ip="127.0.0.1", port=0)  # both processes run here; between hosts: docs/deploy.md
     ep.register_memory_region("weights", ctypes.addressof(buf), 0, SIZE)
     pipe.send(ep.endpoint_info())
     ep.connect(pipe.recv())
@@ -40,7 +40,7 @@ def initiator(pipe):
     from dlslime import TcpEndpoint
 
     dst = ctypes.create_string_buffer(SIZE)
-    ep = TcpEndpoint(ip="0.0.0.0", port=0)
+    ep = TcpEndpoint(ip="127.0.0.1", port=0)  # both processes run here; between hosts: docs/deploy.md
     h_local = ep.register_memory_region("dst", ctypes.addressof(dst), 0, SIZE)
     pipe.send(ep.endpoint_info())
     peer = pipe.recv()

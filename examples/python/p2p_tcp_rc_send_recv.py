@@ -14,7 +14,7 @@ MESSAGES = [b"hello", b"from", b"dlslime " * 1000]
 def target(pipe):
     from dlslime import TcpEndpoint
 
-    ep = TcpEndpoint(ip="0.0.0.0", port=0)
+    ep = TcpEndpoint(ip="127.0.0.1", port=0)  # both processes run here; between hosts: docs/deploy.md
     pipe.send(ep.endpoint_info())
     ep.connect(pipe.recv())
     for expected in MESSAGES:
@@ -34,7 +34,7 @@ def target(pipe):
 def initiator(pipe):
     from dlslime import TcpEndpoint
 
-    ep = TcpEndpoint(ip="0.0.0.0", port=0)
+    ep = TcpEndpoint(ip="127.0.0.1", port=0)  # both processes run here; between hosts: docs/deploy.md
     pipe.send(ep.endpoint_info())
     ep.connect(pipe.recv())
     reply = ctypes.create_string_buffer(64)

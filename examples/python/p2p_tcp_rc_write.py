@@ -21,7 +21,7 @@ def target(pipe):
     from dlslime import TcpEndpoint
 
     buf = ctypes.create_string_buffer(SIZE)
-    ep = TcpEndpoint(ip="0.0.0.0", port=0)
+    ep = TcpEndpoint(ip="127.0.0.1", port=0)  # both processes run here; between hosts: docs/deploy.md
     ep.register_memory_region("kv", ctypes.addressof(buf), 0, SIZE)
     pipe.send(ep.endpoint_info())  # carries mr_info["kv"]
     ep.connect(pipe.recv())
@@ -43,7 +43,7 @@ def initiator(pipe):
     from dlslime import TcpEndpoint
 
     src = ctypes.create_string_buffer(pattern(SIZE // 2), SIZE // 2)
-    ep = TcpEndpoint(ip="0.0.0.0", port=0)
+    ep = TcpEndpoint(ip="127.0.0.1", port=0)  # both processes run here; between hosts: docs/deploy.md
     h_local = ep.register_memory_region("src", ctypes.addressof(src), 0, SIZE // 2)
     pipe.send(ep.endpoint_info())
     peer = pipe.recv()

@@ -19,6 +19,11 @@ struct DLSLIME_API NanoCtrlConfig {
   // Bind address and port; port 0 lets the OS choose (read it back with NanoCtrlServer::port()).
   std::string host = "127.0.0.1";
   uint16_t port = 4479;
+  // For a wildcard bind, what advertised_url() names for other hosts: advertise_host, else
+  // advertise_interface's IPv4 address, else the default route's interface (the rule TCP
+  // endpoints follow, docs/deploy.md). Set one, not both.
+  std::string advertise_host;
+  std::string advertise_interface;
   // Empty: the in-memory store. Otherwise redis://[[user]:password@]host[:port][/db].
   std::string redis_url;
   // Prefix of every Redis key this server writes; servers sharing a Redis must agree on it.
@@ -79,10 +84,14 @@ class DLSLIME_API NanoCtrlServer {
   void wait();
   bool running() const;
 
-  // The bound port (the OS-chosen one for port 0) and "http://host:port" (a wildcard bind
-  // address is reported as 127.0.0.1). Valid after start().
+  // The bound port (the OS-chosen one for port 0) and "http://host:port" for clients on
+  // this host (a wildcard bind address is reported as 127.0.0.1). Valid after start().
   uint16_t port() const;
   std::string url() const;
+  // The URL for clients on other hosts: the bind address, or for a wildcard bind the
+  // advertise address (NanoCtrlConfig::advertise_host, advertise_interface, else the
+  // default route's interface). Valid after start().
+  std::string advertised_url() const;
   const NanoCtrlConfig& config() const;
 
  private:

@@ -15,9 +15,17 @@ namespace dlslime {
 // TcpEndpoint options, parsed once at construction. Defaults are documented in docs/tcp.md;
 // from_env() applies the DLSLIME_TCP_* variables on top of them.
 struct DLSLIME_API TcpOptions {
-  // Address put into endpoint_info()["host"] when bound to a wildcard address. Empty:
-  // DLSLIME_TCP_ADVERTISE_HOST, else the address the host name resolves to.
+  // What endpoint_info()["host"] says when bound to a wildcard address (docs/deploy.md):
+  // advertise_host, else advertise_interface's IPv4 address, else the address of the
+  // interface holding the default route, else of the first non-loopback interface that is
+  // up, else 127.0.0.1 (with a warning). Set one of the two, not both; from_env() reads
+  // DLSLIME_TCP_ADVERTISE_HOST and DLSLIME_TCP_ADVERTISE_INTERFACE.
   std::string advertise_host;
+  std::string advertise_interface;
+  // With port 0, listen on a free port of this range ("20000-20100", or one port) instead
+  // of one the OS chooses, so a firewall can be opened for it; an explicit port must lie
+  // in it. Empty: any port. from_env(): DLSLIME_TCP_PORT_RANGE.
+  std::string port_range;
   // Connections ("lanes") this side dials to the peer; batches and large items are striped
   // over them. Two-sided messages always use lane 0, so they stay in order.
   uint32_t lanes = 2;

@@ -4,7 +4,8 @@ table (one-sided write and read through the agents, every batch checked byte for
     python -m dlslime.demo [--sizes 4096,65536,1048576,8388608] [--batch 16] [--iters 20]
                            [--ctrl-url URL]
 
-For the full MORI-IO-style sweep of the raw transport, run ``dlslime-bench``.
+For the full MORI-IO-style sweep of the raw transport, run ``dlslime-bench``. Both agents
+run on this host, so they advertise loopback; docs/deploy.md puts them on two hosts.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def _target(url: str, me: str, peer: str, capacity: int, pipe) -> None:
     from dlslime import PeerAgent
 
     region = ctypes.create_string_buffer(capacity)
-    with PeerAgent(ctrl_url=url, alias=me) as agent:
+    with PeerAgent(ctrl_url=url, alias=me, advertise_interface="lo") as agent:
         agent.register_memory_region("kv", ctypes.addressof(region), 0, capacity)
         agent.connect_to(peer, transport="tcp").wait(30)
         pipe.send(TARGET_READY)
@@ -46,7 +47,7 @@ def _initiator(url: str, me: str, peer: str, sizes, batch: int, iters: int, pipe
     src = ctypes.create_string_buffer(_pattern(capacity, 1), capacity)
     back = ctypes.create_string_buffer(capacity)
     rows = []
-    with PeerAgent(ctrl_url=url, alias=me) as agent:
+    with PeerAgent(ctrl_url=url, alias=me, advertise_interface="lo") as agent:
         agent.register_memory_region("src", ctypes.addressof(src), 0, capacity)
         agent.register_memory_region("back", ctypes.addressof(back), 0, capacity)
         conn = agent.connect_to(peer, transport="tcp")

@@ -49,6 +49,9 @@ const char* kUsage = R"(usage: nanoctrl [server|start|stop|status] [options]
 server / start options:
   --host HOST              bind address (default 127.0.0.1)
   --port PORT              port, 0 = any free one (default 4479)
+  --advertise-host HOST    with a wildcard --host, the address other hosts are told
+                           (default: the default route's interface address)
+  --advertise-interface IF with a wildcard --host, advertise IF's IPv4 address instead
   --redis-url URL          redis://[[user]:password@]host[:port][/db]; default
                            $NANOCTRL_REDIS_URL, else the in-memory store
   --key-prefix STR         prefix of every Redis key (default "nanoctrl:")
@@ -96,7 +99,7 @@ struct Args {
 const std::vector<std::string> kServerOptions = {
     "host",       "port",        "redis-url",   "key-prefix", "ttl",       "max-body",      "max-threads",
     "max-waiters", "max-wait",   "mailbox-max", "mailbox-ttl", "keep-alive", "request-timeout", "redis-timeout",
-    "log-level"};
+    "log-level",  "advertise-host", "advertise-interface"};
 
 bool known_option(const std::string& cmd, const std::string& name) {
   auto in = [&](std::initializer_list<const char*> list) {
@@ -218,6 +221,8 @@ NanoCtrlConfig config_from(const Args& a) {
     return it->second;
   };
   if (auto v = get("host")) c.host = *v;
+  if (auto v = get("advertise-host")) c.advertise_host = *v;
+  if (auto v = get("advertise-interface")) c.advertise_interface = *v;
   if (auto v = get("port")) c.port = static_cast<uint16_t>(to_uint("port", *v, 65535));
   if (auto v = get("redis-url")) {
     c.redis_url = *v;
@@ -378,6 +383,7 @@ int run_server(const Args& a) {
     pid_file = fs::path(a.opts.at("pid-file"));
     json meta = {{"pid", ::getpid()},
                  {"url", server.url()},
+                 {"advertised_url", server.advertised_url()},
                  {"port", server.port()},
                  {"config", config.to_json()},
                  {"started_at", std::chrono::duration_cast<std::chrono::seconds>(
@@ -386,7 +392,9 @@ int run_server(const Args& a) {
     write_atomically(meta_file_of(*pid_file), meta.dump(2) + "\n");
     write_atomically(*pid_file, std::to_string(::getpid()) + "\n");
   }
-  std::cout << "nanoctrl serving " << server.url() << " (store: "
+  std::cout << "nanoctrl serving " << server.url();
+  if (server.advertised_url() != server.url()) std::cout << ", other hosts: " << server.advertised_url();
+  std::cout << " (store: "
             << config.to_json().value("store", std::string("memory"))
             << (config.token.empty() ? "" : ", bearer token required") << ")" << std::endl;
 
@@ -476,8 +484,10 @@ int run_start(const Args& a, const std::vector<std::string>& self_command) {
     if (meta.value("pid", 0L) == child && meta.contains("url")) {
       std::string url = meta["url"].get<std::string>();
       if (health(url, &why)) {
-        std::cout << "nanoctrl started (pid " << child << ") at " << url << "; pid file " << pid_file.string()
-                  << ", log " << log_file.string() << std::endl;
+        const std::string other = meta.value("advertised_url", url);
+        std::cout << "nanoctrl started (pid " << child << ") at " << url
+                  << (other != url ? ", other hosts: " + other : std::string()) << "; pid file "
+                  << pid_file.string() << ", log " << log_file.string() << std::endl;
         return 0;
       }
     }

@@ -1,5 +1,7 @@
 #include <nlohmann/json.hpp>
 
+#include "core/advertise_address.h"
+#include "core/host_name.h"
 #include "dlslime/errors.h"
 #include "dlslime/nanoctrl.h"
 #include "nanoctrl/auth.h"
@@ -10,6 +12,11 @@ namespace dlslime {
 void NanoCtrlConfig::validate() const {
   auto fail = [](const std::string& msg) { throw InvalidArgumentError("NanoCtrl config: " + msg); };
   if (host.empty()) fail("host must not be empty");
+  if (!advertise_host.empty()) check_host_text(advertise_host, "NanoCtrl config: advertise_host");
+  if (!advertise_interface.empty()) check_interface_name(advertise_interface, "NanoCtrl config: advertise_interface");
+  if (!advertise_host.empty() && !advertise_interface.empty()) {
+    fail("advertise_host and advertise_interface are both set: set one");
+  }
   if (!redis_url.empty()) nanoctrl::RedisUrl::parse(redis_url);  // throws with the reason
   if (key_prefix.find_first_of("*?[]\\") != std::string::npos) {
     fail("key_prefix '" + key_prefix + "' must not contain glob characters * ? [ ] \\");
@@ -33,6 +40,8 @@ void NanoCtrlConfig::validate() const {
 nlohmann::json NanoCtrlConfig::to_json() const {
   return {{"host", host},
           {"port", port},
+          {"advertise_host", advertise_host},
+          {"advertise_interface", advertise_interface},
           {"store", redis_url.empty() ? "memory" : nanoctrl::RedisUrl::parse(redis_url).to_string()},
           {"key_prefix", key_prefix},
           {"ttl_ms", ttl.count()},

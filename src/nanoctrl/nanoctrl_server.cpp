@@ -14,6 +14,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "core/advertise_address.h"
 #include "core/log.h"
 #include "dlslime/errors.h"
 #include "dlslime/nanoctrl.h"
@@ -94,6 +95,11 @@ class NanoCtrlServerImpl {
     if (h.find(':') != std::string::npos) h = "[" + h + "]";
     return fmt::format("http://{}:{}", h, port_);
   }
+  std::string advertised_url() const {
+    std::string h = advertised_host_;
+    if (h.find(':') != std::string::npos) h = "[" + h + "]";
+    return fmt::format("http://{}:{}", h, port_);
+  }
   const NanoCtrlConfig& config() const { return config_; }
 
  private:
@@ -146,10 +152,15 @@ class NanoCtrlServerImpl {
   std::mutex stop_mu_;
   std::condition_variable stopped_cv_;
   bool stopped_ = false;
+  std::string advertised_host_;  // set by start() (core/advertise_address.h)
 };
 
 void NanoCtrlServerImpl::start() {
   if (started_.exchange(true)) throw Error(StatusCode::kFailed, "NanoCtrl server already started");
+  // First: a missing advertise interface is the caller's error, before anything is bound.
+  advertised_host_ = choose_advertise_address(config_.host, config_.advertise_host, config_.advertise_interface,
+                                              "NanoCtrl option advertise_interface")
+                         .host;
   if (config_.redis_url.empty()) {
     store_ = std::make_unique<nanoctrl::MemoryStore>();
   } else {
@@ -265,7 +276,8 @@ void NanoCtrlServerImpl::start() {
     throw ConnectionError("NanoCtrl's HTTP server did not start");
   }
   // to_string() says only whether a token is set, never the token.
-  DLSLIME_INFO("nanoctrl: serving {} with store {} ({})", url(), store_->describe(), config_.to_string());
+  DLSLIME_INFO("nanoctrl: serving {} (other hosts: {}) with store {} ({})", url(), advertised_url(),
+               store_->describe(), config_.to_string());
 }
 
 void NanoCtrlServerImpl::stop() {
@@ -586,6 +598,7 @@ void NanoCtrlServer::wait() { impl_->wait(); }
 bool NanoCtrlServer::running() const { return impl_->running(); }
 uint16_t NanoCtrlServer::port() const { return impl_->port(); }
 std::string NanoCtrlServer::url() const { return impl_->url(); }
+std::string NanoCtrlServer::advertised_url() const { return impl_->advertised_url(); }
 const NanoCtrlConfig& NanoCtrlServer::config() const { return impl_->config(); }
 
 }  // namespace dlslime

@@ -55,7 +55,8 @@ void bind_nanoctrl(py::module_& m) {
       .def(py::init([](py::handle host, py::handle port, py::handle redis_url, py::handle ttl,
                        py::handle key_prefix, py::handle max_body, py::handle max_threads, py::handle max_waiters,
                        py::handle max_wait, py::handle mailbox_max, py::handle mailbox_ttl, py::handle keep_alive,
-                       py::handle redis_timeout, py::handle token) {
+                       py::handle redis_timeout, py::handle token, py::handle advertise_host,
+                       py::handle advertise_interface) {
              NanoCtrlConfig c;
              c.host = str_arg(host, "host");
              c.port = int_arg<uint16_t>(port, "port");
@@ -71,19 +72,24 @@ void bind_nanoctrl(py::module_& m) {
              c.keep_alive_timeout = millis_arg(keep_alive, "keep_alive");
              c.redis_timeout = millis_arg(redis_timeout, "redis_timeout");
              c.token = optional_str_arg(token, "token");
+             c.advertise_host = optional_str_arg(advertise_host, "advertise_host");
+             c.advertise_interface = optional_str_arg(advertise_interface, "advertise_interface");
              return std::make_unique<NanoCtrlServer>(c);
            }),
            py::arg("host") = "127.0.0.1", py::arg("port") = 4479, py::arg("redis_url") = py::none(),
            py::arg("ttl") = 60.0, py::arg("key_prefix") = "nanoctrl:", py::arg("max_body") = 1 << 20,
            py::arg("max_threads") = 1024, py::arg("max_waiters") = 0, py::arg("max_wait") = 60.0,
            py::arg("mailbox_max") = 4096, py::arg("mailbox_ttl") = 600.0, py::arg("keep_alive") = 5.0,
-           py::arg("redis_timeout") = 2.0, py::arg("token") = py::none(),
+           py::arg("redis_timeout") = 2.0, py::arg("token") = py::none(), py::arg("advertise_host") = py::none(),
+           py::arg("advertise_interface") = py::none(),
            "token: when set, every request but GET /healthz must carry 'Authorization: Bearer <token>' "
            "(others get 401); None or '' = no authentication.")
       .def("start", &NanoCtrlServer::start, py::call_guard<ReleaseGil>(),
            "Connect the store and start serving; returns once requests are accepted.")
       .def("stop", &NanoCtrlServer::stop, py::call_guard<ReleaseGil>(), "Stop serving (idempotent).")
-      .def_property_readonly("url", &NanoCtrlServer::url)
+      .def_property_readonly("url", &NanoCtrlServer::url, "The URL for clients on this host.")
+      .def_property_readonly("advertised_url", &NanoCtrlServer::advertised_url,
+                             "The URL for clients on other hosts (docs/deploy.md).")
       .def_property_readonly("port", &NanoCtrlServer::port)
       .def_property_readonly("running", &NanoCtrlServer::running)
       .def_property_readonly("config",

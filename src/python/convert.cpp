@@ -309,7 +309,7 @@ namespace {
 // options: Python takes durations in seconds where the JSON keys are milliseconds, and
 // keeps DLSlime's shorter names. Here only the Python type is checked (TypeError naming
 // the keyword); from_json checks each value against its field and range (ValueError).
-enum class TcpKwarg { kInteger, kSeconds, kHost, kToken, kBool };
+enum class TcpKwarg { kInteger, kSeconds, kText, kToken, kBool };
 struct TcpKwargKey {
   const char* python;
   const char* json;
@@ -324,7 +324,9 @@ constexpr TcpKwargKey kTcpKwargs[] = {
     {"recv_timeout", "recv_timeout_ms", TcpKwarg::kSeconds},
     {"sndbuf", "sndbuf", TcpKwarg::kInteger},
     {"rcvbuf", "rcvbuf", TcpKwarg::kInteger},
-    {"advertise_host", "advertise_host", TcpKwarg::kHost},
+    {"advertise_host", "advertise_host", TcpKwarg::kText},
+    {"advertise_interface", "advertise_interface", TcpKwarg::kText},
+    {"port_range", "port_range", TcpKwarg::kText},
     {"keepalive_idle", "keepalive_idle_s", TcpKwarg::kInteger},
     {"keepalive_interval", "keepalive_interval_s", TcpKwarg::kInteger},
     {"keepalive_count", "keepalive_count", TcpKwarg::kInteger},
@@ -360,7 +362,7 @@ json tcp_options_json_from_kwargs(const py::kwargs& kwargs, const std::vector<st
     switch (known->kind) {
       case TcpKwarg::kInteger: options[known->json] = integer_json(v, k); break;
       case TcpKwarg::kSeconds: options[known->json] = millis_arg(v, k).count(); break;
-      case TcpKwarg::kHost: options[known->json] = optional_str_arg(v, k); break;
+      case TcpKwarg::kText: options[known->json] = optional_str_arg(v, k); break;
       case TcpKwarg::kBool:
         if (!py::isinstance<py::bool_>(v)) throw py::type_error(fmt::format("{} must be a bool, not {}", k, type_name(v)));
         options[known->json] = v.cast<bool>();

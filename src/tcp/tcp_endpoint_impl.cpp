@@ -12,6 +12,7 @@
 #include <asio/post.hpp>
 #include <fmt/format.h>
 
+#include "core/advertise_address.h"
 #include "core/env.h"
 #include "core/fork_generation.h"
 #include "core/host_name.h"
@@ -40,19 +41,11 @@ constexpr auto kSettlePulls = std::chrono::seconds(2);
 
 static_assert(tcp::GpuStaging::kMaxSlots == 64, "TcpOptions::gpu_staging_chunks allows 1..64 (tcp_options.cpp)");
 
-// The address a peer should dial: the bind address, or for a wildcard bind the
-// configured advertise host, else what the host name resolves to.
-std::string advertise_host_for(const asio::ip::address& bound, const TcpOptions& o, asio::io_context& io) {
-  if (!is_wildcard(bound)) return bound.to_string();
-  if (!o.advertise_host.empty()) return o.advertise_host;
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) == 0 && name[0] != '\0') {
-    std::error_code ec;
-    asio::ip::tcp::resolver resolver(io);
-    auto results = resolver.resolve(asio::ip::tcp::v4(), name, "", ec);
-    if (!ec && !results.empty()) return results.begin()->endpoint().address().to_string();
-  }
-  return "127.0.0.1";
+// The address a peer should dial (core/advertise_address.h: one rule for every listener).
+std::string advertise_host_for(const asio::ip::address& bound, const TcpOptions& o) {
+  return choose_advertise_address(bound.to_string(), o.advertise_host, o.advertise_interface,
+                                  "TcpEndpoint option advertise_interface")
+      .host;
 }
 
 asio::ip::address parse_bind_address(const std::string& ip, asio::io_context& io) {
@@ -86,7 +79,7 @@ TcpEndpointImpl::TcpEndpointImpl(const std::string& ip, uint16_t port, TcpOption
   options_.validate();
   const auto addr = parse_bind_address(ip, io_);
   listener_ = std::make_shared<tcp::TcpListener>(io_, asio::ip::tcp::endpoint(addr, port), options_, endpoint_id_);
-  advertised_host_ = advertise_host_for(addr, options_, io_);
+  advertised_host_ = advertise_host_for(addr, options_);
 }
 
 TcpEndpointImpl::TcpEndpointImpl(asio::io_context& io, TcpOptions options, std::shared_ptr<MemoryRegistry> regions)

@@ -9,8 +9,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/advertise_address.h"
 #include "core/env.h"
 #include "core/host_name.h"
+#include "core/port_range.h"
 #include "dlslime/errors.h"
 #include "dlslime/tcp_endpoint.h"
 #include "tcp/frame_codec.h"
@@ -72,6 +74,8 @@ void check_option(const char* option, std::chrono::milliseconds value, Range r, 
 TcpOptions TcpOptions::from_env() {
   TcpOptions o;
   if (const char* host = std::getenv("DLSLIME_TCP_ADVERTISE_HOST"); host && *host) o.advertise_host = host;
+  if (const char* name = std::getenv("DLSLIME_TCP_ADVERTISE_INTERFACE"); name && *name) o.advertise_interface = name;
+  if (const char* range = std::getenv("DLSLIME_TCP_PORT_RANGE"); range && *range) o.port_range = range;
   if (const char* token = std::getenv("DLSLIME_TCP_TOKEN"); token && *token) o.token = token;
   if (const char* v = std::getenv("DLSLIME_TCP_SAME_HOST"); v && *v) {
     if (std::string_view(v) != "0" && std::string_view(v) != "1") {
@@ -112,6 +116,14 @@ void TcpOptions::validate() const {
   check_option("unexpected_buffer_bytes", unexpected_buffer_bytes, kUnexpectedBufferBytes);
   check_option("gpu_staging_chunks", gpu_staging_chunks, kGpuStagingChunks);
   if (!advertise_host.empty()) check_host_text(advertise_host, "TcpEndpoint option advertise_host");
+  if (!advertise_interface.empty()) check_interface_name(advertise_interface, "TcpEndpoint option advertise_interface");
+  if (!advertise_host.empty() && !advertise_interface.empty()) {
+    throw InvalidArgumentError(fmt::format("TcpEndpoint options advertise_host ('{}') and advertise_interface ('{}') "
+                                           "are both set (as options or by DLSLIME_TCP_ADVERTISE_HOST and "
+                                           "DLSLIME_TCP_ADVERTISE_INTERFACE): set one",
+                                           advertise_host, advertise_interface));
+  }
+  PortRange::parse(port_range, "TcpEndpoint option port_range");
   // Anyone who can reach the port can get a MAC over a nonce of its choosing and guess
   // the token offline, so a short one is refused rather than silently weak.
   if (!token.empty() && token.size() < kMinTokenSize) {
@@ -127,6 +139,8 @@ TcpOptions TcpOptions::from_json(const nlohmann::json& options, TcpOptions base)
     throw InvalidArgumentError(fmt::format("TcpEndpoint options must be a JSON object, not {}", options.type_name()));
   }
   TcpOptions& o = base;
+  // An advertise option given here beats the environment's value of the other one.
+  bool explicit_host = false, explicit_interface = false;
   // Iterators, not structured bindings: the lambdas below capture the key and value,
   // which clang before 16 does not allow for bindings.
   for (auto it = options.begin(); it != options.end(); ++it) {
@@ -160,7 +174,13 @@ TcpOptions TcpOptions::from_json(const nlohmann::json& options, TcpOptions base)
       integer(ms);
       field = std::chrono::milliseconds(ms);
     };
-    if (key == "advertise_host") o.advertise_host = text();
+    if (key == "advertise_host") {
+      o.advertise_host = text();
+      explicit_host = true;
+    } else if (key == "advertise_interface") {
+      o.advertise_interface = text();
+      explicit_interface = true;
+    } else if (key == "port_range") o.port_range = text();
     else if (key == "token") o.token = text();
     else if (key == "same_host") {
       if (!value.is_boolean()) {
@@ -184,12 +204,16 @@ TcpOptions TcpOptions::from_json(const nlohmann::json& options, TcpOptions base)
     else if (key == "gpu_staging_chunks") integer(o.gpu_staging_chunks);
     else throw InvalidArgumentError(fmt::format("unknown TcpEndpoint option '{}'", key));
   }
+  if (explicit_host && !explicit_interface && !o.advertise_host.empty()) o.advertise_interface.clear();
+  if (explicit_interface && !explicit_host && !o.advertise_interface.empty()) o.advertise_host.clear();
   o.validate();
   return o;
 }
 
 nlohmann::json TcpOptions::to_json() const {
   return {{"advertise_host", advertise_host},
+          {"advertise_interface", advertise_interface},
+          {"port_range", port_range},
           {"lanes", lanes},
           {"chunk_size", chunk_size},
           {"connect_timeout_ms", connect_timeout.count()},

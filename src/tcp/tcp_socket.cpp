@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "core/log.h"
+#include "core/port_range.h"
 #include "dlslime/errors.h"
 
 namespace dlslime::tcp {
@@ -309,16 +310,45 @@ struct TcpListener::Pending {
 TcpListener::TcpListener(asio::io_context& ctx, const asio::ip::tcp::endpoint& bind, const TcpOptions& options,
                          uint64_t endpoint_id)
     : acceptor_(ctx), backoff_timer_(ctx), options_(options), endpoint_id_(endpoint_id) {
-  std::error_code ec;
-  acceptor_.open(bind.protocol(), ec);
-  if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
-  if (!ec) acceptor_.bind(bind, ec);
-  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) {
-    throw ConnectionError(fmt::format("cannot listen on {}:{}: {}", bind.address().to_string(), bind.port(),
-                                      ec.message()));
+  const PortRange range = PortRange::parse(options.port_range, "TcpEndpoint option port_range");
+  const std::string where = bind.address().to_string();
+  if (range.empty() || bind.port() != 0) {
+    if (!range.empty() && !range.contains(bind.port())) {
+      throw InvalidArgumentError(
+          fmt::format("port {} is outside the TcpEndpoint option port_range {}", bind.port(), range.to_string()));
+    }
+    if (const auto ec = try_listen(bind)) {
+      throw ConnectionError(fmt::format("cannot listen on {}:{}: {}", where, bind.port(), ec.message()));
+    }
+  } else {
+    // The first free port of the range, in order: predictable for whoever reads a firewall
+    // log. Only "in use" moves on; any other failure is the same for every port.
+    std::error_code ec;
+    for (uint32_t p = range.first; p <= range.last; ++p) {
+      ec = try_listen(asio::ip::tcp::endpoint(bind.address(), static_cast<uint16_t>(p)));
+      if (!ec) break;
+      if (ec != asio::error::address_in_use) {
+        throw ConnectionError(fmt::format("cannot listen on {}:{}: {}", where, p, ec.message()));
+      }
+    }
+    if (ec) {
+      throw ConnectionError(fmt::format("no free port in the TcpEndpoint option port_range {} on {} (every one of "
+                                        "its {} ports is in use): widen the range (DLSLIME_TCP_PORT_RANGE) or shut "
+                                        "endpoints down",
+                                        range.to_string(), where, range.size()));
+    }
   }
   port_ = acceptor_.local_endpoint().port();
+}
+
+std::error_code TcpListener::try_listen(const asio::ip::tcp::endpoint& at) {
+  std::error_code ec, ignored;
+  acceptor_.open(at.protocol(), ec);
+  if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(at, ec);
+  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) acceptor_.close(ignored);
+  return ec;
 }
 
 void TcpListener::start(Decide decide, Accepted accepted) {

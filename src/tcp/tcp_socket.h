@@ -78,7 +78,9 @@ class TcpListener : public std::enable_shared_from_this<TcpListener> {
     uint64_t handshakes_evicted = 0;    // dropped to make room for a new connection
   };
 
-  // Binds and listens; throws ConnectionError if the address cannot be bound.
+  // Binds and listens; with port 0 and options.port_range, on the range's first free port.
+  // Throws ConnectionError if the address cannot be bound or the range has no free port,
+  // InvalidArgumentError for a port outside the range.
   TcpListener(asio::io_context& ctx, const asio::ip::tcp::endpoint& bind, const TcpOptions& options,
               uint64_t endpoint_id);
   void start(Decide decide, Accepted accepted);
@@ -89,6 +91,8 @@ class TcpListener : public std::enable_shared_from_this<TcpListener> {
   size_t pending_handshakes() const { return pending_.size(); }
 
  private:
+  // Opens, binds and listens the acceptor at `at`; on failure closes it again.
+  std::error_code try_listen(const asio::ip::tcp::endpoint& at);
   struct Pending;
   using PendingList = std::list<std::shared_ptr<Pending>>;
 

@@ -1,9 +1,8 @@
 // The TCP transport's entry in the transport registry (core/transport_registry.h).
-#include <unistd.h>
-
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/advertise_address.h"
 #include "core/transport_registry.h"
 #include "dlslime/errors.h"
 #include "dlslime/tcp_endpoint.h"
@@ -44,12 +43,12 @@ nlohmann::json tcp_settings(const nlohmann::json& settings, const std::string& /
   return j;
 }
 
-// The address an agent publishes: the advertised host, else the host name.
+// The address an agent publishes: what its endpoints advertise for their default wildcard
+// bind (core/advertise_address.h).
 std::string tcp_address(const nlohmann::json& settings) {
-  if (const std::string host = settings.value("advertise_host", ""); !host.empty()) return host;
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) == 0 && name[0]) return name;
-  return "127.0.0.1";
+  return choose_advertise_address("0.0.0.0", settings.value("advertise_host", ""),
+                                  settings.value("advertise_interface", ""), "PeerAgent TCP option advertise_interface")
+      .host;
 }
 
 TransportReach tcp_reach(const ReachQuery& q) { return {true, "both agents serve it", true, q.request}; }

@@ -17,6 +17,11 @@ import dlslime  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
+# A wildcard bind advertises the default route's interface (docs/deploy.md), and this
+# suite's traffic must stay on loopback: every endpoint made here, and in the processes
+# the tests start, advertises lo unless a test says otherwise (scripts/test.sh sets it too).
+os.environ.setdefault("DLSLIME_TCP_ADVERTISE_INTERFACE", "lo")
+
 # Process resources, for the bounded-memory tests. Under scripts/sanitize.sh the allocator keeps freed memory in quarantine and shadow
 # memory grows with use: RSS bounds only mean something in a plain build.
 SANITIZED = any(name in os.environ.get("LD_PRELOAD", "") for name in ("libasan", "libtsan"))

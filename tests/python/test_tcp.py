@@ -6,7 +6,6 @@ of a failed op, and that futures complete instead of hanging."""
 import ctypes
 import os
 import signal
-import socket
 import threading
 import time
 
@@ -85,29 +84,6 @@ def test_seed_snippet_one_sided_write():
     assert isinstance(h_local_b, int)
     ep_a.shutdown()
     ep_b.shutdown()
-
-
-def test_wildcard_bind_advertises_a_dialable_address():
-    ep = TcpEndpoint(ip="0.0.0.0", port=0)
-    info = ep.endpoint_info()
-    assert info["host"] == socket.gethostbyname(socket.gethostname())
-    assert info["host"] != "0.0.0.0"
-    assert 0 < info["port"] < 65536 and info["port"] == ep.port
-    ep.shutdown()
-
-
-def test_advertise_host_option_and_environment(monkeypatch):
-    ep = TcpEndpoint(ip="0.0.0.0", port=0, advertise_host="127.0.0.2")
-    assert ep.endpoint_info()["host"] == "127.0.0.2"
-    ep.shutdown()
-    monkeypatch.setenv("DLSLIME_TCP_ADVERTISE_HOST", "127.0.0.3")
-    ep = TcpEndpoint(ip="0.0.0.0", port=0)
-    assert ep.endpoint_info()["host"] == "127.0.0.3"
-    ep.shutdown()
-    # A concrete bind address is advertised as is.
-    ep = TcpEndpoint(ip="127.0.0.1", port=0)
-    assert ep.endpoint_info()["host"] == "127.0.0.1"
-    ep.shutdown()
 
 
 def test_connect_through_advertised_address():
