@@ -8,7 +8,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libasio-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libcpp-httplib-dev libhiredis-dev libssl-dev
-  redis-server redis-tools iperf3 procps iproute2 util-linux ucx-utils
+  redis-server redis-tools iperf3 procps iproute2 util-linux ucx-utils nftables
   clang libclang-rt-14-dev
   libibverbs-dev
 )
