@@ -89,11 +89,20 @@ namespace {
 // How long shutdown() waits for peers whose dial to this agent is in flight.
 constexpr auto kPeerDialGrace = std::chrono::milliseconds(3000);
 
+// Checked before the control-plane client is made with it: a deadline of 0 or less would
+// fail every request at once (the Python binding refuses it too).
+std::chrono::milliseconds positive_ctrl_timeout(std::chrono::milliseconds t) {
+  if (t.count() <= 0) {
+    throw InvalidArgumentError(fmt::format("ctrl_timeout must be positive, not {} ms", t.count()));
+  }
+  return t;
+}
+
 }  // namespace
 
 PeerAgentImpl::PeerAgentImpl(PeerAgentOptions opts)
     : options(std::move(opts)),
-      ctrl(options.ctrl_url, options.scope, options.ctrl_timeout, options.ctrl_token),
+      ctrl(options.ctrl_url, options.scope, positive_ctrl_timeout(options.ctrl_timeout), options.ctrl_token),
       transports_(options.transport_options, options.device) {
   if (options.heartbeat_interval.count() < 0) throw InvalidArgumentError("heartbeat_interval must be >= 0");
   if (options.max_connecting == 0) throw InvalidArgumentError("max_connecting must be >= 1");

@@ -1100,6 +1100,19 @@ TEST(PeerAgentCpp, ConnectAttemptsInProgressAreBoundedAndFreeTheirPlaceWhenTheyE
   EXPECT_THROW(PeerAgent{none}, InvalidArgumentError);
 }
 
+TEST(PeerAgentCpp, ACtrlTimeoutOfZeroOrLessIsRefusedBeforeAnythingIsDialed) {
+  for (const auto t : {std::chrono::milliseconds(0), std::chrono::milliseconds(-5)}) {
+    PeerAgentOptions o = agent("http://127.0.0.1:9", "ct_zero");  // never dialed
+    o.ctrl_timeout = t;
+    try {
+      PeerAgent a(o);
+      ADD_FAILURE() << "ctrl_timeout " << t.count() << " ms was accepted";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("ctrl_timeout must be positive"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(PeerAgentCpp, ExplicitNvlinkToAPeerThatCannotTakeItFailsAtOnce) {
   StartedCtrl ctrl;
   SimGpu gpu;
