@@ -61,6 +61,7 @@ NOT_RUN = {
     ("docs/api.md", "Notifications"): "fragment",
     ("docs/api.md", "Completion without blocking"): "fragment",
     ("docs/nvlink.md", "NVLinkEndpoint"): "fragment",
+    ("docs/deploy.md", "4. An agent on each host"): "two hosts",
 }
 HARDWARE = {  # needs= value -> (what to call it, Python that prints "" when it is there, else why not)
     "gpu": ("a GPU", "from dlslime import testing; print(testing.gpu_unavailable_reason())"),
