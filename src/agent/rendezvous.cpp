@@ -171,7 +171,17 @@ Rendezvous::Connection Rendezvous::make_passive(const std::string& from, const s
   }
   ConnectOptions requested;
   requested.transport = transport;
-  auto made = make_connection(from, requested, std::nullopt, /*passive=*/true, peer_options);
+  Connection made;
+  try {
+    made = make_connection(from, requested, std::nullopt, /*passive=*/true, peer_options);
+  } catch (const std::exception& e) {
+    // E.g. no free port in this agent's port_range. Without an answer the peer would wait
+    // for a handshake that never comes, and time out without the reason.
+    const std::string why = fmt::format("this agent cannot make a {} endpoint: {}", transport, e.what());
+    DLSLIME_WARN("PeerAgent '{}': refusing the connection '{}' asked for: {}", alias_, from, why);
+    post_refusal(from, msg, why);
+    return nullptr;
+  }
   // connect_to() may have made this connection meanwhile: use that one.
   auto c = table_.match_or_add(from, transport, msg, wanted_nic, sender_nic, made);
   made_here = c == made;
@@ -304,6 +314,22 @@ void Rendezvous::on_connect(const std::string& from, const json& msg) {
 }
 
 
+void Rendezvous::post_refusal(const std::string& from, const json& msg, const std::string& error) {
+  const json out = {{"type", "dialed"},
+                    {"incarnation", ""},
+                    {"instance", instance_},
+                    {"ok", false},
+                    {"error", error},
+                    {"to_incarnation", msg.value("incarnation", "")},
+                    {"to_instance", msg.value("instance", "")}};
+  try {
+    ctrl_.post(from, out, alias_);
+  } catch (const std::exception& e) {
+    // The peer re-posts its connect message while it waits, and is refused again then.
+    DLSLIME_DEBUG("PeerAgent '{}': telling '{}' that its connection is refused failed: {}", alias_, from, e.what());
+  }
+}
+
 void Rendezvous::post_dialed(const Connection& c, const std::string& error) {
   json msg = {{"type", "dialed"}, {"incarnation", c->incarnation}, {"instance", instance_}, {"ok", error.empty()}};
   {
@@ -329,8 +355,12 @@ void Rendezvous::on_dialed(const std::string& from, const json& msg) {
     bool up = false;
     {
       std::lock_guard lock(c->mu);
-      // Only the peer endpoint this connection shook hands with can confirm it.
-      if (c->incarnation != ours || c->peer_incarnation.empty() || c->peer_incarnation != theirs) continue;
+      // Only the peer endpoint this connection shook hands with can confirm it; a refusal
+      // (post_refusal) comes before the peer has one, and names our incarnation only.
+      const bool refusal = !ok && theirs.empty() && c->peer_incarnation.empty();
+      if (c->incarnation != ours || (!refusal && (c->peer_incarnation.empty() || c->peer_incarnation != theirs))) {
+        continue;
+      }
       if (c->state != "connecting") return;
       if (ok) {
         c->peer_dialed = true;

@@ -105,6 +105,9 @@ class Rendezvous {
   bool post_pending();
   // Tells the peer our connect() returned (error empty) or why it failed.
   void post_dialed(const Connection& c, const std::string& error);
+  // Tells the sender of connect message `msg` that this side cannot take part (it could not
+  // make its endpoint): a "dialed" with ok=false and no incarnation of ours.
+  void post_refusal(const std::string& from, const json& msg, const std::string& error);
   // Runs the handshake's endpoint->connect() on a handshake thread.
   void start_dial(const Connection& c, const json& peer_info);
   void dial(const Connection& c, const json& peer_info);

@@ -589,7 +589,8 @@ int nanoctrl_main(const std::vector<std::string>& args, const std::vector<std::s
     if (a.command == "stop") return run_stop(a);
     return run_status(a);
   } catch (const InvalidArgumentError& e) {
-    std::cerr << "nanoctrl: " << e.what() << "\n\n" << kUsage;
+    // The reason last: `nanoctrl start` shows the tail of a daemon's output.
+    std::cerr << kUsage << "\nnanoctrl: " << e.what() << std::endl;
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "nanoctrl: " << e.what() << std::endl;

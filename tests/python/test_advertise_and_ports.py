@@ -284,6 +284,27 @@ def test_peer_agent_with_an_exhausted_port_range_fails_the_connection_naming_it(
         taken.close()
 
 
+def test_a_peer_whose_port_range_is_full_refuses_the_connection_and_says_why(ctrl_url, unique, no_advertise_env):
+    first, _ = free_range(1)
+    taken = socket.socket()
+    taken.bind(("0.0.0.0", first))
+    taken.listen(1)
+    a = PeerAgent(ctrl_url=ctrl_url, alias=f"pfull_a_{unique}", advertise_interface="lo")
+    b = PeerAgent(ctrl_url=ctrl_url, alias=f"pfull_b_{unique}", advertise_interface="lo", port_range=str(first))
+    try:
+        conn = a.connect_to(f"pfull_b_{unique}", transport="tcp")
+        # b cannot make its endpoint when a's connect message arrives: it answers with why,
+        # and a fails with that reason instead of timing out on a handshake that never comes.
+        with pytest.raises(ConnectionError, match=f"cannot make a tcp endpoint: no free port in the TcpEndpoint "
+                                                  f"option port_range {first} "):
+            conn.wait(8)
+        assert conn.state == "failed"
+    finally:
+        a.shutdown()
+        b.shutdown()
+        taken.close()
+
+
 # --- NanoCtrl ---------------------------------------------------------------------------------------------------
 
 def test_nanoctrl_advertises_a_url_for_other_hosts(no_advertise_env):
@@ -317,4 +338,8 @@ def test_nanoctrl_start_prints_and_records_the_url_for_other_hosts(tmp_path):
         subprocess.run(cmd + ["stop", "--pid-file", pid_file], capture_output=True, timeout=60)
     r = subprocess.run(cmd + ["server", "--host", "0.0.0.0", "--port", "0", "--advertise-interface", "nosuchif0"],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and "advertise_interface 'nosuchif0'" in r.stderr, (r.stdout, r.stderr)
+    assert r.returncode == 2 and "advertise_interface 'nosuchif0'" in r.stderr.strip().splitlines()[-1], r.stderr
+    # `start` shows the tail of the daemon's output: the reason is in it, not only the usage.
+    r = subprocess.run(cmd + ["start", "--host", "0.0.0.0", "--port", "0", "--advertise-interface", "nosuchif0",
+                              "--pid-file", str(tmp_path / "bad.pid")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "advertise_interface 'nosuchif0' does not exist" in r.stderr, (r.stdout, r.stderr)
