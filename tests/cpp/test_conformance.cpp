@@ -1326,7 +1326,7 @@ CONFORMANCE_TEST(AReadCancelledInFlightNeverWritesItsBufferAgain, always, OpKind
   connect();
   const int32_t h_src = remote("src");
   int withdrawn = 0, withdrawn_answering = 0;
-  for (int round = 0; round < 20; ++round) {
+  const auto run_round = [&](int round) {
     // Odd rounds cancel once the peer has answered a later read on one lane: the read's own
     // requests are out then, and answers to it may still be arriving (a late answer).
     const bool answering = round % 2 == 1;
@@ -1335,27 +1335,34 @@ CONFORMANCE_TEST(AReadCancelledInFlightNeverWritesItsBufferAgain, always, OpKind
     auto rd = a_->read({{h_dst, h_src, 0, 0, size}});
     if (answering) {
       auto probe = a_->read({{h_other, h_src, 0, 0, 64}});
-      ASSERT_EQ(status_within(probe), 0) << probe.message();
+      EXPECT_EQ(status_within(probe), 0) << probe.message();
     }
     if (rd.cancel()) {
       ++(answering ? withdrawn_answering : withdrawn);
-      ASSERT_TRUE(rd.done());
+      EXPECT_TRUE(rd.done());
       EXPECT_EQ(rd.status(), code(StatusCode::kCancelled)) << rd.message();
       dst->fill(0xEE);  // from here on, no byte of the read may land
       std::vector<Future> later;
       for (int i = 0; i < 4; ++i) later.push_back(a_->read({{h_other, h_src, 0, 0, size}}));
-      for (auto& f : later) ASSERT_EQ(status_within(f), 0) << f.message();
+      for (auto& f : later) EXPECT_EQ(status_within(f), 0) << f.message();
       EXPECT_TRUE(all_are(dst->bytes(), 0xEE)) << "the read wrote its buffer after cancel() returned true";
       EXPECT_EQ(other->bytes(), src_bytes);
     } else {
-      ASSERT_EQ(status_within(rd), 0) << rd.message();
+      EXPECT_EQ(status_within(rd), 0) << rd.message();
       EXPECT_EQ(dst->bytes(), src_bytes);
       EXPECT_FALSE(rd.cancel());
     }
+  };
+  for (int round = 0; round < 20; ++round) run_round(round);
+  // An immediate cancel races the whole read, which on a fast path (the same-host copy
+  // across processes) can finish first every time on a loaded host: try more rounds of it,
+  // as many as it takes, before concluding that reads in flight are never withdrawn.
+  for (int round = 20; cancels_reads_in_flight(GetParam()) && withdrawn == 0 && round < 420; round += 2) {
+    run_round(round);
   }
   RecordProperty("withdrawn", withdrawn);
   RecordProperty("withdrawn_with_requests_out", withdrawn_answering);
-  if (cancels_reads_in_flight(GetParam())) EXPECT_GT(withdrawn, 0) << "no read was cancelled in 10 tries";
+  if (cancels_reads_in_flight(GetParam())) EXPECT_GT(withdrawn, 0) << "no read was cancelled in 210 tries";
 }
 
 // The same for writes: after a true cancel the transport never reads the source again (a
