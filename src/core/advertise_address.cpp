@@ -19,8 +19,6 @@ namespace dlslime {
 
 namespace {
 
-bool is_wildcard_text(std::string_view a) { return a.empty() || a == "0.0.0.0" || a == "::" || a == "[::]"; }
-
 std::string describe(const HostInterfaces& host) {
   std::string out;
   for (const auto& a : host.addresses) {
@@ -61,6 +59,8 @@ std::string read_default_route() {
 
 }  // namespace
 
+bool is_wildcard_address(std::string_view a) { return a.empty() || a == "0.0.0.0" || a == "::" || a == "[::]"; }
+
 HostInterfaces HostInterfaces::read() {
   HostInterfaces host;
   ifaddrs* list = nullptr;
@@ -99,7 +99,7 @@ void check_interface_name(std::string_view name, std::string_view what) {
 AdvertiseChoice choose_advertise_address(std::string_view bound, const std::string& advertise_host,
                                          const std::string& advertise_interface, std::string_view what,
                                          const HostInterfaces& host) {
-  if (!is_wildcard_text(bound)) return {std::string(bound), fmt::format("bound to {}", bound), false};
+  if (!is_wildcard_address(bound)) return {std::string(bound), fmt::format("bound to {}", bound), false};
   if (!advertise_host.empty()) return {advertise_host, "advertise_host", false};
   if (!advertise_interface.empty()) {
     if (const auto* a = first_up(host, advertise_interface)) {
@@ -124,7 +124,7 @@ AdvertiseChoice choose_advertise_address(std::string_view bound, const std::stri
 
 AdvertiseChoice choose_advertise_address(std::string_view bound, const std::string& advertise_host,
                                          const std::string& advertise_interface, std::string_view what) {
-  if (!is_wildcard_text(bound) || !advertise_host.empty()) {
+  if (!is_wildcard_address(bound) || !advertise_host.empty()) {
     return choose_advertise_address(bound, advertise_host, advertise_interface, what, HostInterfaces{});
   }
   AdvertiseChoice c = choose_advertise_address(bound, advertise_host, advertise_interface, what, HostInterfaces::read());

@@ -36,6 +36,9 @@ struct AdvertiseChoice {
   bool loopback_fallback = false;  // no other interface is up: peers on other hosts cannot dial it
 };
 
+// Whether `address` (text) is a wildcard bind address: "", "0.0.0.0", "::" or "[::]".
+bool is_wildcard_address(std::string_view address);
+
 // The address to advertise for a listener bound to `bound` (an IP address as text):
 // - a specific address: that address (the options below apply to wildcard binds only);
 // - else `advertise_host` when set;

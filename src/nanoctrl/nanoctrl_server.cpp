@@ -89,20 +89,15 @@ class NanoCtrlServerImpl {
   void wait();
   bool running() const { return running_; }
   uint16_t port() const { return port_; }
-  std::string url() const {
-    std::string h = config_.host;
-    if (h == "0.0.0.0" || h == "::" || h.empty()) h = "127.0.0.1";
-    if (h.find(':') != std::string::npos) h = "[" + h + "]";
-    return fmt::format("http://{}:{}", h, port_);
-  }
-  std::string advertised_url() const {
-    std::string h = advertised_host_;
-    if (h.find(':') != std::string::npos) h = "[" + h + "]";
-    return fmt::format("http://{}:{}", h, port_);
-  }
+  std::string url() const { return url_of(is_wildcard_address(config_.host) ? "127.0.0.1" : config_.host); }
+  std::string advertised_url() const { return url_of(advertised_host_); }
   const NanoCtrlConfig& config() const { return config_; }
 
  private:
+  std::string url_of(const std::string& host) const {
+    const bool v6 = host.find(':') != std::string::npos;  // an IPv6 literal goes in brackets
+    return fmt::format("http://{}{}{}:{}", v6 ? "[" : "", host, v6 ? "]" : "", port_);
+  }
   using Handler = std::function<json(const json&, const httplib::Request&)>;
 
   void install_routes();

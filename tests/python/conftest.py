@@ -139,3 +139,16 @@ def unique():
     import uuid
 
     return uuid.uuid4().hex[:8]
+
+
+def assert_every_future_failed_within(ended, wait, bound, slack, status=407):
+    """For the link tests (test_link_death.py, test_two_hosts.py): `ended` maps each side to
+    its report {"recv": [status, seconds, message], "write": [...]}; each future must have
+    ended with `status` (PEER_CLOSED) within `bound` (+`slack`) seconds of the cut."""
+    for side, report in ended.items():
+        for fut in ("recv", "write"):
+            assert fut in report, f"{side}'s {fut} did not complete within {wait} s: {report}"
+            got, seconds, message = report[fut]
+            assert got == status, f"{side} {fut}: {got} {message}"
+            assert seconds <= bound + slack, (
+                f"{side} {fut} took {seconds} s; the documented bound is {bound} s (+{slack} s slack)")

@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+from conftest import assert_every_future_failed_within
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 IDLE, INTERVAL, COUNT = 2, 1, 2  # netns_peer.KEEPALIVE
 BOUND = IDLE + INTERVAL * COUNT
@@ -101,13 +103,7 @@ def test_silent_link_death_fails_every_pending_future_within_the_keepalive_bound
         b.tell(arm=wait)
         ended = {"a": a.hear(), "b": b.hear()}
         elapsed = time.monotonic() - cut
-        for side, report in ended.items():
-            for fut in ("recv", "write"):
-                assert fut in report, f"{side}'s {fut} did not complete within {wait} s: {report}"
-                status, seconds, message = report[fut]
-                assert status == PEER_CLOSED, f"{side} {fut}: {status} {message}"
-                assert seconds <= BOUND + SLACK, (
-                    f"{side} {fut} took {seconds} s; the documented bound is {BOUND} s (+{SLACK} s slack)")
+        assert_every_future_failed_within(ended, wait, BOUND, SLACK, PEER_CLOSED)
         assert elapsed <= BOUND + SLACK + 5
     finally:
         a.close()

@@ -32,6 +32,8 @@ import time
 
 import pytest
 
+from conftest import assert_every_future_failed_within
+
 from two_host_peer import pattern
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -478,13 +480,7 @@ def test_a_link_that_drops_everything_fails_pending_ops_and_connect_within_their
     b.tell("arm", seconds=wait)
     ended = {"A": a.hear(wait + 10), "B": b.hear(wait + 10)}
     elapsed = time.monotonic() - cut
-    for side, report in ended.items():
-        for fut in ("recv", "write"):
-            assert fut in report, f"{side}'s {fut} did not complete within {wait} s: {report}"
-            status, seconds, message = report[fut]
-            assert status == PEER_CLOSED, f"{side} {fut}: {status} {message}"
-            assert seconds <= BOUND + SLACK, (
-                f"{side} {fut} took {seconds} s; the documented bound is {BOUND} s (+{SLACK} s slack)")
+    assert_every_future_failed_within(ended, wait, BOUND, SLACK, PEER_CLOSED)
     assert elapsed <= BOUND + SLACK + 5
 
     # Connecting again to the peer behind the dead link: TimeoutError after connect_timeout.
